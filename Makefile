@@ -1,0 +1,37 @@
+# fleetgen: `make demo` runs the DAG end to end on a simulated fleet; `make test` runs every test.
+# Both set up what they need (a virtualenv in .venv with the pinned dependencies) on first use.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast bench ui clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 is required, found {sys.version.split()[0]}"'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check pip==26.3 uv==0.13.9
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -r requirements.txt -c constraints.txt -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m fleetgen.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
+
+ui: $(STAMP)
+	$(BIN)/python -m fleetgen.ui
+
+clean:
+	rm -rf .demo .pytest_cache

@@ -1,0 +1,124 @@
+"""sglang_generation: tune SGLang servers to the GPU memory they have, relaunch them, generate, validate, report.
+
+Wiring only: every task calls fleetgen (include/fleetgen). Nothing here reads files or connects anywhere.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Param, TaskGroup, task
+
+from fleetgen.airflow import tasks
+from fleetgen.airflow.operators import WaitReadyOperator
+
+DOC_MD = """
+### SGLang offline generation on a GPU fleet
+1. **tune**: `load_fleet` reads the fleet description, `probe_gpus` runs `nvidia-smi` on every node over SSH,
+   `scan_prompts` validates the prompts file, `derive_plan` sizes `--mem-fraction-static`,
+   `--max-mamba-cache-size`, `--max-running-requests`… from the memory budget and logs the budget table.
+   With **dry_run** the run stops here.
+2. **servers**: stop only our servers (pid file + command line check), verify the memory came back, launch one
+   server per GPU/TP group under `setsid`, then wait (deferred) until each is ready and read back the
+   *effective* limits from `/server_info`. A memory error re-plans that server one step smaller (3 times at most).
+3. **generate**: one mapped task per shard; each keeps every server at its effective limit × headroom and resumes
+   from its checkpoint when retried.
+4. **validate**: Great Expectations over the per-completion stats (one completion per prompt, token and finish
+   reason bounds); **report**: throughput overall / per GPU / per server and the comparison with the previous run.
+
+Outputs: `{output_root}/{run_id}/` (`completions/`, `errors/`, `stats/`, `validation/`, `report/`).
+"""
+
+PARAMS = {
+    "fleet_file": Param("", type="string", title="Fleet file",
+                        description="Path (on the Airflow worker) of the fleet YAML. Empty: the Airflow Variable "
+                                    "'fleetgen_fleet' holds it."),
+    "prompts_path": Param("", type="string", minLength=1, title="Prompts JSONL",
+                          description="JSONL of {id, messages} or {id, prompt}, one per line."),
+    "output_root": Param("~/fleetgen-output", type="string", minLength=1, title="Output root",
+                         description="Each run writes to <output_root>/<run_id>/."),
+    "dry_run": Param(False, type="boolean", title="Dry run",
+                     description="Probe and print the plan, then stop: no server is touched."),
+    "tuning": Param("tuned", enum=["tuned", "sglang_defaults"], title="Tuning",
+                    description="'tuned': fleetgen sizes the pools; 'sglang_defaults': SGLang's automatic sizing."),
+    "max_tokens": Param(4096, type="integer", minimum=1, maximum=262144, title="Max output tokens",
+                        description="max_tokens of every request; the tuner sizes KV for prompt + this."),
+    "temperature": Param(0.6, type="number", minimum=0, maximum=2, title="Temperature"),
+    "top_p": Param(0.95, type="number", exclusiveMinimum=0, maximum=1, title="Top-p"),
+    "memory_margin_mib": Param(1024, type="integer", minimum=0, maximum=65536, title="Memory margin (MiB)",
+                               description="Kept free on each GPU beyond SGLang's own reserve."),
+    "max_running_requests": Param(0, type="integer", minimum=0, maximum=4096, title="Max running requests cap",
+                                  description="Upper bound per server; 0 = no bound (the tuner decides)."),
+    "context_length": Param(0, type="integer", minimum=0, maximum=1048576, title="Context length",
+                            description="--context-length; 0 = prompt max + max_tokens, rounded up."),
+    "bf16_ssm_state": Param(False, type="boolean", title="bfloat16 SSM state",
+                            description="Halve Mamba state memory (--mamba-ssm-dtype bfloat16). Changes numerics."),
+    "no_buffer_radix": Param(False, type="boolean", title="no_buffer radix strategy",
+                             description="--mamba-radix-cache-strategy no_buffer: 3 state slots per request "
+                                         "instead of 5, no overlap scheduling."),
+    "shard_size": Param(5000, type="integer", minimum=1, maximum=10_000_000, title="Prompts per shard"),
+    "parallel_shards": Param(2, type="integer", minimum=1, maximum=16, title="Shards at once",
+                             description="Shards generating at the same time; each takes this share of every "
+                                         "server's limit."),
+    "headroom": Param(1.25, type="number", minimum=1, maximum=4, title="Queue headroom",
+                      description="In-flight per server = effective max_running_requests × this."),
+    "ready_timeout_s": Param(1800, type="integer", minimum=10, maximum=7200, title="Readiness timeout (s)"),
+    "max_length_share": Param(0.2, type="number", minimum=0, maximum=1, title="Max share truncated (length)"),
+    "min_reasoning_share": Param(0.9, type="number", minimum=0, maximum=1, title="Min share with reasoning"),
+    "max_empty_answer_share": Param(0.2, type="number", minimum=0, maximum=1, title="Max share of empty answers"),
+    "max_error_share": Param(0.01, type="number", minimum=0, maximum=1, title="Max share of failed prompts"),
+}
+
+DEFAULT_ARGS = {
+    "owner": "ml-infra",
+    "retries": 2,
+    "retry_delay": timedelta(seconds=20),
+    "on_failure_callback": tasks.describe_failure,
+}
+
+with DAG(
+    dag_id="sglang_generation",
+    description="Tune SGLang servers to their GPUs, relaunch them, generate in shards, validate, report.",
+    doc_md=DOC_MD,
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    params=PARAMS,
+    tags=["sglang", "generation", "gpu"],
+    render_template_as_native_obj=True,
+) as dag:
+    fleet = task(tasks.load_fleet, task_id="load_fleet")()
+    nodes = task(tasks.node_names, task_id="node_names")(fleet)
+
+    with TaskGroup("tune") as tune:
+        inventories = task(tasks.probe_gpus, task_id="probe_gpus").partial(fleet=fleet).expand(
+            node=nodes)
+        prompt_scan = task(tasks.scan_prompts, task_id="scan_prompts", retries=0)()
+        plans = task(tasks.derive_plan, task_id="derive_plan")(fleet, inventories, prompt_scan)
+        live = task.short_circuit(tasks.go_live, task_id="go_live")()
+        plans >> live
+
+    with TaskGroup("servers") as servers:
+        stopped = task(tasks.stop_servers, task_id="stop_servers").partial(fleet=fleet).expand(
+            node=nodes)
+        launched = task(tasks.launch_servers, task_id="launch_servers", retries=0).partial(
+            fleet=fleet, plans=plans).expand(node=nodes)
+        to_wait = task(tasks.flatten, task_id="servers_to_wait")(launched)
+        readiness = WaitReadyOperator.partial(
+            task_id="wait_ready", fleet=fleet, timeout_s="{{ params.ready_timeout_s }}", retries=0,
+        ).expand(server=to_wait)
+        live >> stopped >> launched
+
+    with TaskGroup("generate") as generate:
+        shards = task(tasks.plan_shards, task_id="plan_shards")(prompt_scan)
+        results = task(tasks.generate_shard, task_id="generate_shard", retries=3, pool="fleetgen_fleet",
+                       max_active_tis_per_dagrun=16).partial(
+            readiness=readiness.output, fleet=fleet).expand(shard=shards)
+        readiness >> shards
+
+    with TaskGroup("validate") as validate_group:
+        validation = task(tasks.validate, task_id="validate", retries=0)(prompt_scan, results)
+        run_report = task(tasks.report, task_id="report", retries=1)(plans, readiness.output, results, validation)

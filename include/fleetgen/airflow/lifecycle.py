@@ -1,0 +1,97 @@
+"""Stop, launch and memory checks for one node's servers, over SSH. Used by tasks and the readiness operator."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from fleetgen import probe, remote
+from fleetgen.airflow.node_shell import NodeShell
+from fleetgen.errors import RemoteError, ServerStartupError
+from fleetgen.fleet import FleetSpec, ServerSlot
+
+log = logging.getLogger(__name__)
+
+
+def api_key(fleet: FleetSpec) -> str | None:
+    """The SGLang API key from the Airflow connection named in the fleet (its password), or None."""
+    if not fleet.server.api_key_conn_id:
+        return None
+    from airflow.sdk import BaseHook
+
+    key = BaseHook.get_connection(fleet.server.api_key_conn_id).password
+    if not key:
+        from fleetgen.errors import ConfigError
+
+        raise ConfigError(f"connection '{fleet.server.api_key_conn_id}' has no password to use as the API key",
+                          hint="set the connection's password to the SGLang --api-key value")
+    return key
+
+
+def probe_node(shell: NodeShell, fleet: FleetSpec, node_name: str) -> dict:
+    node = fleet.node(node_name)
+    _, out, _ = shell.run(probe.probe_command(run_dir=fleet.server.run_dir, module=fleet.server.module,
+                                              ports=node.ports), describe="GPU probe", timeout_s=60)
+    return probe.parse_probe_output(out, host=node_name)
+
+
+def stop_ports(shell: NodeShell, fleet: FleetSpec, ports: list[int]) -> list[dict]:
+    """Stop our servers on ``ports`` (only ours: pid file + command line check), one record per port."""
+    command = remote.stop_command(run_dir=fleet.server.run_dir, module=fleet.server.module, ports=ports,
+                                  grace_s=fleet.server.stop_grace_s)
+    _, out, _ = shell.run(command, describe="stop servers", timeout_s=fleet.server.stop_grace_s * len(ports) + 60)
+    records = []
+    for line in out.splitlines():
+        words = line.split()
+        if words and words[0] in ("stopped", "absent", "stale"):
+            fields = dict(word.split("=", 1) for word in words[1:] if "=" in word)
+            records.append({"outcome": words[0], "port": int(fields["port"]),
+                            "pid": int(fields["pid"]) if fields.get("pid", "").isdigit() else None,
+                            "signal": fields.get("signal")})
+    return records
+
+
+def wait_memory_released(shell: NodeShell, fleet: FleetSpec, node_name: str, pids: set[int],
+                         timeout_s: float = 120.0) -> dict:
+    """Probe until none of ``pids`` holds GPU memory any more; return the fresh inventory."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        inventory = probe_node(shell, fleet, node_name)
+        holding = sorted({p["pid"] for gpu in inventory["gpus"] for p in gpu["processes"]} & pids)
+        if not holding:
+            return inventory
+        if time.monotonic() > deadline:
+            raise RemoteError(f"stopped servers (pids {holding}) still hold GPU memory after {timeout_s:.0f} s",
+                              host=node_name, hint="check `nvidia-smi` on the node; a zombie or a stuck driver "
+                                                   "context may need a manual kill")
+        time.sleep(1.0)
+
+
+def launch_spec(fleet: FleetSpec, slot: ServerSlot, plan: dict, *, with_api_key: bool) -> remote.LaunchSpec:
+    args = remote.flags_to_args(plan["flags"]) + list(fleet.server.extra_args)
+    return remote.LaunchSpec(
+        python=fleet.server.python, module=fleet.server.module, model_path=fleet.model.path,
+        served_name=fleet.model.served_name, port=slot.port, gpu_ids=slot.gpu_ids,
+        bind_host=fleet.server.bind_host, run_dir=fleet.server.run_dir, log_dir=fleet.server.log_dir,
+        args=tuple(args), env=fleet.server.env, api_key_on_stdin=with_api_key)
+
+
+def launch_server(shell: NodeShell, fleet: FleetSpec, slot: ServerSlot, plan: dict, key: str | None) -> dict:
+    spec = launch_spec(fleet, slot, plan, with_api_key=key is not None)
+    status, out, err = shell.run(remote.launch_command(spec), stdin=(key + "\n") if key else None,
+                                 describe=f"launch of {slot.name}", check=False, timeout_s=60)
+    if status != 0:
+        raise ServerStartupError(f"launch refused (exit {status}): {(err or out).strip()[-1000:]}",
+                                 host=slot.node, server=slot.name, kind="launch",
+                                 hint="a server of ours may still hold the port; run the DAG again or stop it")
+    fields = {}
+    for line in out.splitlines():
+        if line.startswith("launched "):
+            fields = dict(word.split("=", 1) for word in line.split()[1:] if "=" in word)
+    if "pid" not in fields:
+        raise ServerStartupError(f"the launch printed no pid: {out.strip()[-500:]}", host=slot.node,
+                                 server=slot.name, kind="launch")
+    log_path = remote.log_file(fleet.server.log_dir, slot.port)
+    log.info("launched %s on GPU(s) %s: pid %s, log %s", slot.name, list(slot.gpu_ids), fields["pid"], log_path)
+    return {**slot.to_dict(), "pid": int(fields["pid"]), "log_path": log_path, "plan": plan,
+            "command": " ".join(spec.argv())}

@@ -1,0 +1,114 @@
+"""WaitReadyOperator: defer until a launched server is ready; re-plan and relaunch on a memory error."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from fleetgen import servers
+from fleetgen.errors import HostUnreachable, PlanError, ServerNotReady, ServerStartupError
+from fleetgen.fleet import ServerSlot, fleet_from_json
+
+log = logging.getLogger(__name__)
+
+
+class WaitReadyOperator(BaseOperator):
+    """Wait (deferred, in the triggerer) for one server; return its effective limits.
+
+    On an SGLang memory error the server's plan is backed off one step (``fleetgen.tuner.backoff``)
+    and the server alone is relaunched, at most ``max_relaunches`` times; then the task fails with
+    SGLang's own fatal line and the log tail.
+    """
+
+    template_fields = ("server", "fleet", "timeout_s", "max_relaunches")
+    ui_color = "#d8f3dc"
+
+    def __init__(self, *, server: Any, fleet: Any, timeout_s: Any = 1800, poll_s: float = 1.0,
+                 max_relaunches: Any = 3, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.server = server
+        self.fleet = fleet
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self.max_relaunches = max_relaunches
+
+    def _trigger(self, launched: dict, attempt: int):
+        from fleetgen.airflow.readiness import ReadinessTrigger
+
+        fleet = fleet_from_json(self.fleet)
+        return ReadinessTrigger(
+            server={k: launched[k] for k in ("node", "name", "url", "port", "gpu_ids")},
+            ssh_conn_id=launched["ssh_conn_id"], log_path=launched["log_path"], pid=launched["pid"],
+            timeout_s=float(self.timeout_s), poll_s=self.poll_s, api_key_conn_id=fleet.server.api_key_conn_id,
+            context={"launched": launched, "attempt": attempt})
+
+    def execute(self, context) -> None:
+        log.info("Waiting for %s (GPU %s, pid %s) to become ready; watching %s", self.server["name"],
+                 self.server["gpu_ids"], self.server["pid"], self.server["log_path"])
+        self.defer(trigger=self._trigger(self.server, 0), method_name="execute_complete")
+
+    def execute_complete(self, context, event: dict) -> dict:
+        launched, attempt = event["context"]["launched"], event["context"]["attempt"]
+        name, node = launched["name"], launched["node"]
+        where = f"{name} (GPU {launched['gpu_ids']}, pid {launched['pid']})"
+        if event["status"] == "ready":
+            return self._ready(launched, event, attempt)
+        tail = event.get("log_tail") or []
+        if event["status"] == "unreachable":
+            raise HostUnreachable(f"cannot watch {where}: {event.get('error')}", host=node, server=name)
+        if event["status"] == "timeout":
+            raise ServerNotReady(
+                f"{where} not ready after {event['waited_s']:.0f} s; the log last said:\n"
+                f"{servers.format_log_excerpt(tail)}", host=node, server=name,
+                hint=f"read {launched['log_path']} on {node}; raise the wait timeout if the model loads slowly")
+        kind, fatal_line = event["kind"], event["fatal_line"]
+        log.error("%s failed to start: %s", where, fatal_line)
+        if kind in servers.OOM_KINDS and attempt < int(self.max_relaunches):
+            return self._relaunch_smaller(context, launched, attempt, kind, fatal_line)
+        fatal = servers.FatalLine(kind, fatal_line, 0)
+        raise ServerStartupError(
+            f"{where} died while starting: {fatal_line}\n(log {launched['log_path']}, after {attempt} relaunch(es); "
+            f"last {len(tail)} lines:)\n{servers.format_log_excerpt(tail)}",
+            host=node, server=name, fatal_line=fatal_line, kind=kind, log_tail=tail, hint=fatal.hint)
+
+    def _ready(self, launched: dict, event: dict, attempt: int) -> dict:
+        from fleetgen.tuner import ServerPlan, compare_expected
+
+        info = event["server_info"]
+        limits = servers.parse_server_info(info, server=launched["name"])
+        plan = ServerPlan.from_dict(launched["plan"])
+        mismatches = compare_expected(plan, info)
+        for line in mismatches:
+            log.warning("expected vs effective on %s: %s", launched["name"], line)
+        log.info("%s ready after %.0f s: effective max_running_requests=%d, max_total_num_tokens=%d, "
+                 "max_mamba_cache_size=%s (expected %s)", launched["name"], event["waited_s"],
+                 limits.effective_max_running_requests, limits.max_total_num_tokens, limits.max_mamba_cache_size,
+                 plan.expected)
+        return {"server": launched["name"], "host": launched["node"], "port": launched["port"],
+                "url": launched["url"], "gpu_ids": launched["gpu_ids"], "pid": launched["pid"],
+                **limits.to_dict(), "expected": plan.expected, "mismatches": mismatches, "relaunches": attempt,
+                "flags": plan.flags, "model": (info.get("_model_info") or {}).get("served_model_name"),
+                "waited_s": event["waited_s"]}
+
+    def _relaunch_smaller(self, context, launched: dict, attempt: int, kind: str, fatal_line: str) -> None:
+        from fleetgen.airflow.lifecycle import api_key, launch_server, stop_ports
+        from fleetgen.airflow.node_shell import NodeShell
+        from fleetgen.tuner import ServerPlan, backoff, render_budget_table
+
+        fleet = fleet_from_json(self.fleet)
+        try:
+            smaller = backoff(ServerPlan.from_dict(launched["plan"]), kind)
+        except PlanError as exc:
+            raise ServerStartupError(f"{launched['name']} died with {fatal_line!r} and no smaller plan exists: "
+                                     f"{exc.message}", host=launched["node"], server=launched["name"],
+                                     kind=kind, fatal_line=fatal_line) from None
+        log.warning("Relaunching %s with a smaller plan (attempt %d of %s) after: %s\n%s", launched["name"],
+                    attempt + 1, self.max_relaunches, fatal_line, render_budget_table(smaller))
+        slot = ServerSlot(launched["node"], launched["ssh_conn_id"], launched["address"],
+                          tuple(launched["gpu_ids"]), launched["port"])
+        with NodeShell(slot.node, slot.ssh_conn_id) as shell:
+            stop_ports(shell, fleet, [slot.port])
+            relaunched = launch_server(shell, fleet, slot, smaller.to_dict(), api_key(fleet))
+        self.defer(trigger=self._trigger(relaunched, attempt + 1), method_name="execute_complete")

@@ -1,0 +1,261 @@
+"""Task callables of the ``sglang_generation`` DAG: each reads its inputs, calls the pure core, logs
+one line before and one after, and returns small JSON for XCom (data goes to files)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+
+from fleetgen import probe
+from fleetgen.airflow import lifecycle
+from fleetgen.airflow.node_shell import NodeShell
+from fleetgen.errors import ConfigError, FleetgenError
+from fleetgen.fleet import FleetSpec, fleet_from_json, load_fleet_file, load_fleet_text
+
+log = logging.getLogger("fleetgen")
+FLEET_VARIABLE = "fleetgen_fleet"
+
+
+def _context():
+    from airflow.sdk import get_current_context
+
+    return get_current_context()
+
+
+def run_output_dir(params: dict, run_id: str) -> Path:
+    root = Path(params["output_root"]).expanduser()
+    return root / re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)
+
+
+def _read_fleet(params: dict) -> FleetSpec:
+    if params.get("fleet_file"):
+        return load_fleet_file(params["fleet_file"])
+    from airflow.sdk import Variable
+
+    text = Variable.get(FLEET_VARIABLE, default=None)
+    if not text:
+        raise ConfigError(f"no fleet description: set the 'fleet_file' param or the Airflow Variable "
+                          f"'{FLEET_VARIABLE}'", hint="see airflow_settings.yaml for an example")
+    return load_fleet_text(text, source=f"Variable {FLEET_VARIABLE}")
+
+
+def load_fleet() -> dict:
+    params = _context()["params"]
+    log.info("Reading the fleet description (%s)", params.get("fleet_file") or f"Variable {FLEET_VARIABLE}")
+    fleet = _read_fleet(params)
+    servers = fleet.servers()
+    log.info("Fleet: %d node(s), %d server(s): %s", len(fleet.nodes), len(servers),
+             ", ".join(f"{s.name} GPU{list(s.gpu_ids)}" for s in servers))
+    return fleet.to_dict()
+
+
+def node_names(fleet: dict) -> list[str]:
+    return [node["name"] for node in fleet["nodes"]]
+
+
+def probe_gpus(node: str, fleet: dict) -> dict:
+    spec = fleet_from_json(fleet)
+    log.info("Probing the GPUs of %s over SSH (%s)", node, spec.node(node).ssh_conn_id)
+    with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
+        inventory = lifecycle.probe_node(shell, spec, node)
+    for gpu_ids in spec.node(node).gpu_groups:
+        probe.select_gpus(inventory, gpu_ids)  # every GPU the fleet names must exist
+    log.info("%s", probe.format_inventory(inventory))
+    return inventory
+
+
+def scan_prompts() -> dict:
+    from fleetgen import prompts
+
+    context = _context()
+    params = context["params"]
+    out_dir = run_output_dir(params, context["run_id"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log.info("Validating prompts %s (rejects go to %s)", params["prompts_path"], out_dir / "rejects.jsonl")
+    scan = prompts.scan_prompts(params["prompts_path"], rejects_path=out_dir / "rejects.jsonl")
+    summary = scan.to_dict()
+    summary["out_dir"] = str(out_dir)
+    log.info("Prompts: %d valid, %d rejected; prompt tokens mean %.0f, max %d (estimated)", scan.count,
+             scan.rejected, scan.prompt_tokens_mean, scan.prompt_tokens_max)
+    return summary
+
+
+def _read_model(spec: FleetSpec) -> tuple[dict, int]:
+    import json
+
+    from fleetgen import remote
+    from fleetgen.memory import weights_bytes_from_index
+
+    node = spec.nodes[0]
+    config_path = f"{spec.model.path.rstrip('/')}/config.json"
+    index_path = f"{spec.model.path.rstrip('/')}/model.safetensors.index.json"
+    with NodeShell(node.name, node.ssh_conn_id) as shell:
+        documents = {}
+        for path in (config_path, index_path):
+            _, text, _ = shell.run(remote.read_file_command(path), describe=f"read {path}")
+            try:
+                documents[path] = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"not valid JSON: {exc.msg}", host=node.name, path=path, line=exc.lineno) from None
+    return documents[config_path], weights_bytes_from_index(documents[index_path], path=index_path)
+
+
+def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list[dict]:
+    import dataclasses
+
+    from fleetgen.memory import LaunchOptions, profile_model
+    from fleetgen.tuner import TunerBounds, Workload, plan_server, render_budget_table
+
+    params = _context()["params"]
+    spec = fleet_from_json(fleet)
+    log.info("Deriving launch flags for %d server(s) (mode %s)", len(spec.servers()), params["tuning"])
+    config, weights_bytes = _read_model(spec)
+    options = dataclasses.replace(LaunchOptions.from_args(list(spec.server.extra_args)), tp_size=spec.server.tp_size)
+    profile = profile_model(config, weights_bytes, options, config_path=f"{spec.model.path}/config.json")
+    workload = Workload(max_output_tokens=int(params["max_tokens"]),
+                        prompt_tokens_mean=float(prompt_scan["prompt_tokens_mean"]),
+                        prompt_tokens_max=int(prompt_scan["prompt_tokens_max"]),
+                        prompt_count=int(prompt_scan["count"]))
+    bounds = TunerBounds(margin_mib=int(params["memory_margin_mib"]),
+                         max_running_requests=params.get("max_running_requests") or None,
+                         context_length=params.get("context_length") or None,
+                         bf16_ssm_state=bool(params["bf16_ssm_state"]),
+                         no_buffer_radix=bool(params["no_buffer_radix"]), mode=params["tuning"])
+    by_host = {inventory["host"]: inventory for inventory in inventories}
+    plans = []
+    for slot in spec.servers():
+        gpus = probe.select_gpus(by_host[slot.node], slot.gpu_ids)
+        plan = plan_server(host=slot.node, gpu_ids=list(slot.gpu_ids), port=slot.port, gpus=gpus, profile=profile,
+                           options=options, workload=workload, bounds=bounds)
+        log.info("Plan for %s:\n%s", slot.name, render_budget_table(plan))
+        plans.append(plan.to_dict())
+    caps = sorted({p["expected"]["max_running_requests"] for p in plans})
+    log.info("Planned %d server(s); expected effective max_running_requests %s", len(plans), caps)
+    return plans
+
+
+def go_live() -> bool:
+    params = _context()["params"]
+    if params["dry_run"]:
+        log.info("dry_run is set: the plan above was printed; no server is touched")
+        return False
+    return True
+
+
+def stop_servers(node: str, fleet: dict) -> dict:
+    spec = fleet_from_json(fleet)
+    ports = list(spec.node(node).ports)
+    log.info("Stopping our servers on %s ports %s (only pids from our pid files whose command line matches)",
+             node, ports)
+    with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
+        records = lifecycle.stop_ports(shell, spec, ports)
+        stopped = {r["pid"] for r in records if r["outcome"] == "stopped"}
+        inventory = lifecycle.wait_memory_released(shell, spec, node, stopped)
+    for record in records:
+        if record["outcome"] == "stale":
+            log.warning("port %s: pid file named pid %s, which is not our server any more; left it alone",
+                        record["port"], record["pid"])
+    log.info("Stopped %d server(s) on %s; memory released:\n%s", len(stopped), node, probe.format_inventory(inventory))
+    return {"node": node, "records": records}
+
+
+def launch_servers(node: str, fleet: dict, plans: list[dict]) -> list[dict]:
+    spec = fleet_from_json(fleet)
+    slots = [slot for slot in spec.servers() if slot.node == node]
+    plan_by_port = {(p["host"], p["port"]): p for p in plans}
+    log.info("Launching %d server(s) on %s", len(slots), node)
+    key = lifecycle.api_key(spec)
+    launched = []
+    with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
+        for slot in slots:
+            launched.append(lifecycle.launch_server(shell, spec, slot, plan_by_port[(slot.node, slot.port)], key))
+    log.info("Launched %d server(s) on %s: pids %s", len(launched), node, [s["pid"] for s in launched])
+    return launched
+
+
+def flatten(nested: list[list[dict]]) -> list[dict]:
+    return [item for group in nested for item in group]
+
+
+def plan_shards(prompt_scan: dict) -> list[dict]:
+    from fleetgen import prompts
+
+    params = _context()["params"]
+    shards = prompts.plan_shards(params["prompts_path"], shard_size=int(params["shard_size"]))
+    log.info("Planned %d shard(s) of up to %d prompts over %s", len(shards), params["shard_size"],
+             params["prompts_path"])
+    return shards
+
+
+def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
+    from fleetgen.generate import GenerationSettings, ServerEndpoint, run_shard, server_limits
+
+    context = _context()
+    params = context["params"]
+    spec = fleet_from_json(fleet)
+    ready = list(readiness)
+    limits = server_limits({r["server"]: r["effective_max_running_requests"] for r in ready},
+                           headroom=float(params["headroom"]), parallel_shards=int(params["parallel_shards"]))
+    endpoints = [ServerEndpoint(name=r["server"], url=r["url"], max_in_flight=limits[r["server"]], host=r["host"],
+                                gpu_ids=tuple(r["gpu_ids"])) for r in ready]
+    settings = GenerationSettings(model=spec.model.served_name, max_tokens=int(params["max_tokens"]),
+                                  temperature=float(params["temperature"]), top_p=float(params["top_p"]))
+    out_dir = run_output_dir(params, context["run_id"])
+    log.info("Generating shard %d (%d prompts from byte %d) on %d server(s), in-flight limits %s",
+             shard["shard_id"], shard["count"], shard["start"], len(endpoints), limits)
+    result = run_shard(shard, endpoints, out_dir, settings, api_key=lifecycle.api_key(spec), log=log)
+    log.info("Shard %d done: %d completed, %d failed, %d already done before; %d output tokens in %.1f s",
+             shard["shard_id"], result["done"], result["failed"], result.get("skipped_already_done", 0),
+             result["completion_tokens"], result["seconds"])
+    return result
+
+
+def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
+    from fleetgen import prompts
+    from fleetgen.validate import ValidationThresholds, validate_run
+
+    context = _context()
+    params = context["params"]
+    out_dir = run_output_dir(params, context["run_id"])
+    thresholds = ValidationThresholds(
+        max_tokens=int(params["max_tokens"]),
+        max_length_share=float(params["max_length_share"]),
+        min_reasoning_share=float(params["min_reasoning_share"]),
+        max_empty_answer_share=float(params["max_empty_answer_share"]),
+        max_error_share=float(params["max_error_share"]))
+    log.info("Validating %d expected completions in %s with Great Expectations", prompt_scan["count"], out_dir)
+    summary = validate_run(out_dir, prompts.iter_prompt_ids(params["prompts_path"]), thresholds)
+    log.info("Validation passed: %d rows, every prompt exactly once; Data Docs at %s", summary["rows"],
+             summary.get("data_docs"))
+    return summary
+
+
+def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], validation: dict) -> dict:
+    from fleetgen.report import build_report, find_previous_report
+
+    context = _context()
+    params = context["params"]
+    out_dir = run_output_dir(params, context["run_id"])
+    previous = find_previous_report(Path(params["output_root"]).expanduser(), out_dir.name)
+    log.info("Writing the run report to %s (previous run: %s)", out_dir / "report", previous or "none")
+    started = context["dag_run"].start_date
+    wall = time.time() - started.timestamp() if started else None
+    summary = build_report(out_dir, run_id=context["run_id"], plan=list(plans), readiness=list(readiness),
+                           shard_results=list(shard_results), validation=validation, previous_report=previous,
+                           wall_seconds=wall)
+    log.info("Report: %s; %.1f output tokens/s overall", summary["report_md"], summary["tokens_per_s"])
+    return summary
+
+
+def describe_failure(context) -> None:
+    """on_failure_callback: one short summary an on-call engineer can act on."""
+    exception = context.get("exception")
+    ti = context.get("task_instance")
+    where = f"{ti.task_id}[{ti.map_index}]" if ti is not None and ti.map_index >= 0 else getattr(ti, "task_id", "?")
+    if isinstance(exception, FleetgenError):
+        log.error("FAILED %s: %s", where, exception)
+    else:
+        log.error("FAILED %s: %s: %s\nWhat to check next: this is not an error fleetgen anticipated; read the "
+                  "traceback above", where, type(exception).__name__, exception)

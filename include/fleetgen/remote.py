@@ -1,0 +1,212 @@
+"""Pure builders of the shell commands fleetgen runs on GPU nodes over SSH.
+
+Nothing here opens a connection: each function returns one string for ``bash -c`` on the node.
+Every interpolated value goes through :func:`quote` (``shlex.quote``, with ``~/`` kept expandable),
+so a model path, served name or argument with spaces, quotes or ``$(...)`` reaches the server as one
+word. The remote user needs no root: servers run as that user under ``setsid``.
+
+Secrets never appear in a command string: the API key travels on the SSH channel's stdin and is read
+into an environment variable on the node (commands are logged by the SSH hook, secrets must not be).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+# Markers that split the output of the multi-part probe command.
+SECTION_MARKER = "@@fleetgen:"
+
+
+def quote(value: str | int | float) -> str:
+    """One shell word, exactly ``value``."""
+    return shlex.quote(str(value))
+
+
+def quote_path(value: str) -> str:
+    """Like :func:`quote`, except that a leading ``~/`` stays expandable to the remote user's home."""
+    text = str(value)
+    if text == "~":
+        return '"$HOME"'
+    if text.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(text[2:])
+    return shlex.quote(text)
+
+
+def pid_file(run_dir: str, port: int) -> str:
+    return f"{run_dir.rstrip('/')}/sglang-{port}.pid"
+
+
+def log_file(log_dir: str, port: int) -> str:
+    return f"{log_dir.rstrip('/')}/sglang-{port}.log"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one server on a node."""
+
+    python: str
+    module: str
+    model_path: str
+    served_name: str
+    port: int
+    gpu_ids: tuple[int, ...]
+    bind_host: str
+    run_dir: str
+    log_dir: str
+    args: tuple[str, ...] = ()          # tuner flags + the user's extra args, already flattened
+    env: tuple[tuple[str, str], ...] = ()
+    api_key_on_stdin: bool = False       # the key is written to the channel's stdin, one line
+
+    def argv(self) -> list[str]:
+        """The server's argv (no secrets: the key is appended from the environment on the node)."""
+        argv = [self.python, "-m", self.module, "--model-path", self.model_path,
+                "--served-model-name", self.served_name, "--host", self.bind_host, "--port", str(self.port)]
+        if len(self.gpu_ids) > 1:
+            argv += ["--tp-size", str(len(self.gpu_ids))]
+        return argv + list(self.args)
+
+
+def flags_to_args(flags: Mapping[str, object]) -> list[str]:
+    """``{"--mem-fraction-static": 0.93, "--disable-radix-cache": True}`` -> argv words, in key order.
+
+    ``True`` is a bare switch, ``False``/``None`` leave the flag out.
+    """
+    args: list[str] = []
+    for flag, value in flags.items():
+        if not flag.startswith("--"):
+            raise ValueError(f"flag names start with '--': {flag!r}")
+        if value is True:
+            args.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def launch_command(spec: LaunchSpec) -> str:
+    """Start one server detached (setsid), output to its log file, pid to its pid file; print the pid.
+
+    A server already holding the pid file's pid with our command line is refused: stop it first.
+    """
+    pid_path, log_path = pid_file(spec.run_dir, spec.port), log_file(spec.log_dir, spec.port)
+    env_words = [f"CUDA_VISIBLE_DEVICES={quote(','.join(str(g) for g in spec.gpu_ids))}"]
+    env_words += [f"{name}={quote(value)}" for name, value in spec.env]
+    argv = spec.argv()
+    # The interpreter and the model path may live under the remote user's home (~/...).
+    server_words = " ".join([quote_path(argv[0]), *(quote(w) for w in argv[1:4]), quote_path(argv[4]),
+                             *(quote(w) for w in argv[5:])])
+    if spec.api_key_on_stdin:
+        server_words += ' --api-key "$FLEETGEN_API_KEY"'
+    lines = [
+        "set -eu",
+        f"mkdir -p {quote_path(spec.run_dir)} {quote_path(spec.log_dir)}",
+        f"if [ -s {quote_path(pid_path)} ] && {_is_ours_test(quote_path(pid_path), spec.module, spec.port)}; then",
+        f"  echo \"refused: our server on port {spec.port} is still running (pid $(cat {quote_path(pid_path)}))\" >&2",
+        "  exit 3",
+        "fi",
+    ]
+    if spec.api_key_on_stdin:
+        lines.append("IFS= read -r FLEETGEN_API_KEY; export FLEETGEN_API_KEY")
+    lines += [
+        f": > {quote_path(log_path)}",
+        # setsid in a non-interactive shell's background job execs without forking, so $! is the server.
+        f"{' '.join(env_words)} setsid {server_words} >> {quote_path(log_path)} 2>&1 < /dev/null &",
+        "server_pid=$!",
+        f"echo \"$server_pid\" > {quote_path(pid_path)}",
+        "unset FLEETGEN_API_KEY 2>/dev/null || true",
+        f"echo \"launched port={spec.port} pid=$server_pid\"",
+    ]
+    return "\n".join(lines)
+
+
+def _is_ours_test(pid_path_quoted: str, module: str, port: int) -> str:
+    """Shell test: the pid in the file is alive and its command line is our module on our port.
+
+    A pid file can outlive its process and the pid be reused by someone else's program: the
+    command line check is what keeps a stop from ever signalling a stranger.
+    """
+    return (f"fleetgen_pid=$(cat {pid_path_quoted}) && [ -r /proc/$fleetgen_pid/cmdline ] && "
+            f"tr '\\0' ' ' < /proc/$fleetgen_pid/cmdline | grep -qF -- {quote('-m ' + module + ' ')} && "
+            f"tr '\\0' ' ' < /proc/$fleetgen_pid/cmdline | grep -qF -- {quote(' --port ' + str(port) + ' ')}")
+
+
+def stop_command(*, run_dir: str, module: str, ports: Sequence[int], grace_s: float) -> str:
+    """Stop our servers on the given ports: TERM, wait up to grace_s, KILL. Prints one line per port:
+
+    ``stopped port=P pid=N signal=TERM|KILL``, ``absent port=P`` (no pid file),
+    ``stale port=P pid=N`` (the pid is gone or is not our server: not signalled, pid file removed).
+    """
+    checks = max(1, int(grace_s * 10))
+    lines = ["set -u"]
+    for port in ports:
+        pid_path = quote_path(pid_file(run_dir, port))
+        lines += [
+            f"if [ ! -s {pid_path} ]; then echo 'absent port={port}';",
+            f"elif {_is_ours_test(pid_path, module, port)}; then",
+            "  kill -TERM \"$fleetgen_pid\" 2>/dev/null || true; signal=TERM; n=0",
+            f"  while kill -0 \"$fleetgen_pid\" 2>/dev/null && [ $n -lt {checks} ]; do sleep 0.1; n=$((n+1)); done",
+            "  if kill -0 \"$fleetgen_pid\" 2>/dev/null; then kill -KILL \"$fleetgen_pid\" 2>/dev/null || true;"
+            " signal=KILL; fi",
+            f"  rm -f {pid_path}; echo \"stopped port={port} pid=$fleetgen_pid signal=$signal\"",
+            f"else echo \"stale port={port} pid=$(cat {pid_path})\"; rm -f {pid_path};",
+            "fi",
+        ]
+    return "\n".join(lines)
+
+
+def our_pids_command(*, run_dir: str, module: str, ports: Sequence[int]) -> str:
+    """Print ``ours port=P pid=N`` for each port whose pid file names a live server of ours."""
+    lines = ["set -u"]
+    for port in ports:
+        pid_path = quote_path(pid_file(run_dir, port))
+        lines.append(f"if [ -s {pid_path} ] && {_is_ours_test(pid_path, module, port)}; then "
+                     f"echo \"ours port={port} pid=$fleetgen_pid\"; fi")
+    return "\n".join(lines)
+
+
+def alive_command(pid: int) -> str:
+    return f"kill -0 {int(pid)} 2>/dev/null && echo alive || echo dead"
+
+
+def tail_command(path: str, lines: int = 50) -> str:
+    return f"tail -n {int(lines)} -- {quote_path(path)} 2>/dev/null || true"
+
+
+def read_file_command(path: str, *, max_bytes: int = 64 * 1024 * 1024) -> str:
+    """Print a file, failing with a clear message if it is missing or larger than max_bytes."""
+    q = quote_path(path)
+    return (f"if [ ! -r {q} ]; then echo \"cannot read {path}\" >&2; exit 4; fi; "
+            f"size=$(wc -c < {q}); if [ \"$size\" -gt {int(max_bytes)} ]; then "
+            f"echo \"{path} is $size bytes, more than {int(max_bytes)}\" >&2; exit 5; fi; cat -- {q}")
+
+
+def sections_command(sections: Mapping[str, str]) -> str:
+    """Run several commands in one SSH round trip; the output of each follows a marker line.
+
+    Parse with :func:`split_sections`. Each section's exit status is printed after it.
+    """
+    parts = []
+    for name, command in sections.items():
+        parts.append(f"echo {quote(SECTION_MARKER + name)}; ( {command} ); echo \"{SECTION_MARKER}rc=$?\"")
+    return "\n".join(parts)
+
+
+def split_sections(output: str) -> dict[str, tuple[int, str]]:
+    """Inverse of :func:`sections_command`: ``{name: (exit status, output)}``."""
+    result: dict[str, tuple[int, str]] = {}
+    current: str | None = None
+    buffer: list[str] = []
+    for line in output.splitlines():
+        if line.startswith(SECTION_MARKER):
+            tag = line[len(SECTION_MARKER):]
+            if tag.startswith("rc=") and current is not None:
+                result[current] = (int(tag[3:]), "\n".join(buffer))
+                current, buffer = None, []
+            else:
+                current, buffer = tag, []
+        elif current is not None:
+            buffer.append(line)
+    return result

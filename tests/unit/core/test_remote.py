@@ -1,0 +1,90 @@
+"""Command builders: quoting (property-based, through a real bash), launch/stop shapes, sections."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleetgen import remote
+
+# Anything a hostile fleet file could hold: quotes, $(...), backticks, newlines, globs, unicode. No NUL:
+# no argv can carry one.
+hostile_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                       min_size=1, max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(hostile_text)
+def test_quote_reaches_bash_as_one_word(value):
+    out = subprocess.run(["bash", "-c", 'printf "%s\\0" ' + remote.quote(value)], capture_output=True, check=True)
+    assert out.stdout.split(b"\0")[:-1] == [value.encode()]
+
+
+def test_tilde_prefix_stays_expandable_in_paths():
+    out = subprocess.run(["bash", "-c", "printf %s " + remote.quote_path("~/a b/$x")], capture_output=True,
+                         check=True, env={**os.environ, "HOME": "/home/u"})
+    assert out.stdout == b"/home/u/a b/$x"
+
+
+ARGV_DUMP = "import json, sys\nprint(json.dumps(sys.argv[1:]), flush=True)\n"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model_path=hostile_text.filter(lambda p: not p.startswith("~")), served_name=hostile_text, extra=st.lists(hostile_text, max_size=4))
+def test_launch_command_passes_hostile_values_as_single_words(tmp_path, model_path, served_name, extra):
+    (tmp_path / "argvdump.py").write_text(ARGV_DUMP)
+    spec = remote.LaunchSpec(python=sys.executable, module="argvdump", model_path=model_path,
+                             served_name=served_name, port=31234, gpu_ids=(3,), bind_host="127.0.0.1",
+                             run_dir=str(tmp_path / "run dir"), log_dir=str(tmp_path / "logs $x"),
+                             args=tuple(extra), env=(("PYTHONPATH", str(tmp_path)),))
+    result = subprocess.run(["bash", "-c", remote.launch_command(spec)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    log_path = tmp_path / "logs $x" / "sglang-31234.log"
+    deadline = time.monotonic() + 10
+    while not log_path.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    argv = json.loads(log_path.read_text())
+    assert argv == ["--model-path", model_path, "--served-model-name", served_name, "--host", "127.0.0.1",
+                    "--port", "31234", *extra]
+    assert (tmp_path / "run dir" / "sglang-31234.pid").read_text().strip().isdigit()
+
+
+def test_api_key_travels_on_stdin_never_in_the_command(tmp_path):
+    (tmp_path / "argvdump.py").write_text(ARGV_DUMP)
+    secret = "sk-very-secret-0123"
+    spec = remote.LaunchSpec(python=sys.executable, module="argvdump", model_path="/m", served_name="m",
+                             port=31235, gpu_ids=(0,), bind_host="127.0.0.1", run_dir=str(tmp_path),
+                             log_dir=str(tmp_path), env=(("PYTHONPATH", str(tmp_path)),), api_key_on_stdin=True)
+    command = remote.launch_command(spec)
+    assert secret not in command
+    subprocess.run(["bash", "-c", command], input=secret + "\n", text=True, check=True, capture_output=True)
+    log_path = tmp_path / "sglang-31235.log"
+    deadline = time.monotonic() + 10
+    while not log_path.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert json.loads(log_path.read_text())[-2:] == ["--api-key", secret]
+
+
+def test_flags_to_args():
+    assert remote.flags_to_args({"--mem-fraction-static": 0.93, "--disable-radix-cache": True,
+                                 "--max-mamba-cache-size": None, "--enable-x": False}) == [
+        "--mem-fraction-static", "0.93", "--disable-radix-cache"]
+
+
+def test_sections_round_trip():
+    command = remote.sections_command({"a": "echo one; echo two", "b": "echo three; exit 3"})
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True).stdout
+    assert remote.split_sections(out) == {"a": (0, "one\ntwo"), "b": (3, "three")}
+
+
+def test_read_file_command_refuses_missing_and_large(tmp_path):
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 100)
+    missing = subprocess.run(["bash", "-c", remote.read_file_command(str(tmp_path / "nope"))], capture_output=True, text=True)
+    assert missing.returncode == 4 and "cannot read" in missing.stderr
+    large = subprocess.run(["bash", "-c", remote.read_file_command(str(big), max_bytes=10)], capture_output=True, text=True)
+    assert large.returncode == 5 and "100 bytes" in large.stderr

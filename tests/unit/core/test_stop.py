@@ -1,0 +1,90 @@
+"""Stopping only our servers: pid file + command line must match, TERM then KILL; strangers survive."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fleetgen import remote
+
+SLEEPER = "import signal, sys, time\nif 'ignore-term' in sys.argv: signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(600)\n"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) is dead for our purposes.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split()[2] != "Z"
+
+
+def _launch(tmp_path, port, *extra):
+    (tmp_path / "fakeserver.py").write_text(SLEEPER)
+    spec = remote.LaunchSpec(python=sys.executable, module="fakeserver", model_path="/m", served_name="m", port=port,
+                             gpu_ids=(0,), bind_host="127.0.0.1", run_dir=str(tmp_path / "run"),
+                             log_dir=str(tmp_path / "logs"), args=tuple(extra), env=(("PYTHONPATH", str(tmp_path)),))
+    out = subprocess.run(["bash", "-c", remote.launch_command(spec)], capture_output=True, text=True, check=True).stdout
+    return int(out.split("pid=")[1].split()[0])
+
+
+def _stop(tmp_path, ports, grace_s=2.0):
+    command = remote.stop_command(run_dir=str(tmp_path / "run"), module="fakeserver", ports=ports, grace_s=grace_s)
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def foreign():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_stop_term_ours_and_leave_foreign_alive(tmp_path, foreign):
+    pid = _launch(tmp_path, 31001)
+    out = _stop(tmp_path, [31001])
+    assert f"stopped port=31001 pid={pid} signal=TERM" in out
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+    assert foreign.poll() is None
+    assert not (tmp_path / "run" / "sglang-31001.pid").exists()
+
+
+def test_stale_pid_file_naming_a_stranger_is_not_killed(tmp_path, foreign):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "sglang-31002.pid").write_text(f"{foreign.pid}\n")
+    out = _stop(tmp_path, [31002])
+    assert f"stale port=31002 pid={foreign.pid}" in out
+    time.sleep(0.2)
+    assert foreign.poll() is None
+
+
+def test_pid_of_our_module_on_another_port_is_not_ours(tmp_path):
+    pid = _launch(tmp_path, 31003)
+    # Point port 31004's pid file at the server of port 31003: same module, wrong port.
+    (tmp_path / "run" / "sglang-31004.pid").write_text(f"{pid}\n")
+    out = _stop(tmp_path, [31004])
+    assert "stale port=31004" in out and _alive(pid)
+    assert "stopped port=31003" in _stop(tmp_path, [31003])
+
+
+def test_kill_after_grace_when_term_is_ignored(tmp_path):
+    pid = _launch(tmp_path, 31005, "ignore-term")
+    time.sleep(0.5)  # let it install its handler
+    out = _stop(tmp_path, [31005], grace_s=0.5)
+    assert f"stopped port=31005 pid={pid} signal=KILL" in out
+
+
+def test_absent_and_refused_relaunch(tmp_path):
+    assert "absent port=31006" in _stop(tmp_path, [31006])
+    _launch(tmp_path, 31007)
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        _launch(tmp_path, 31007)
+    assert "still running" in refused.value.stderr
+    _stop(tmp_path, [31007])
