@@ -2,7 +2,12 @@ import os
 import pathlib
 import tempfile
 
+PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
 # Importing airflow without AIRFLOW_HOME creates ~/airflow: keep every test run self-contained.
+# These must be set before anything imports airflow (its configuration is read at import).
 _home = pathlib.Path(tempfile.gettempdir()) / f"fleetgen-test-airflow-{os.getpid()}"
 os.environ.setdefault("AIRFLOW_HOME", str(_home))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(PROJECT_ROOT / "dags"))
+os.environ.setdefault("AIRFLOW__CORE__DAG_RUN_CONF_OVERRIDES_PARAMS", "True")

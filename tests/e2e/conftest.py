@@ -1,0 +1,68 @@
+"""End-to-end fixtures: a simulated GPU node behind a real SSH server, a real Airflow metadata DB."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """A migrated SQLite metadata DB in the test run's own AIRFLOW_HOME."""
+    home = Path(os.environ["AIRFLOW_HOME"])
+    if not (home / "airflow.db").exists():
+        subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return home
+
+
+@pytest.fixture(scope="module")
+def sim_env(tmp_path_factory, airflow_db):
+    """One simulated 2 x B200 node reachable over SSH, with the settings of airflow_settings.yaml applied."""
+    from fleetgen.airflow.apply_settings import apply_to_db
+    from fleetgen.demo import SimEnvironment
+    from fleetgen.settings import load_settings
+
+    environment = SimEnvironment(root=tmp_path_factory.mktemp("fleet"), gpus_per_node=2, prompts=120,
+                                 sim={"time_scale": 400.0, "load_seconds": 4.0}).prepare().start()
+    settings = load_settings(PROJECT_ROOT / "airflow_settings.yaml", environment.settings_env())
+    saved = {key: os.environ.get(key) for key in settings.environment()}
+    os.environ.update(settings.environment())
+    apply_to_db(settings)
+    yield environment
+    environment.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def fleet_file(sim_env, tmp_path):
+    """Write the committed fleet (the settings' Variable) narrowed to the environment's GPUs; returns a writer."""
+
+    def write(**server_overrides) -> Path:
+        fleet = yaml.safe_load(os.environ["AIRFLOW_VAR_FLEETGEN_FLEET"])
+        fleet["nodes"][0]["gpus"] = list(range(sim_env.gpus_per_node))
+        fleet["server"].update(server_overrides)
+        path = tmp_path / "fleet.json"
+        path.write_text(json.dumps(fleet))
+        return path
+
+    return write
+
+
+@pytest.fixture(scope="module")
+def dag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
+    assert bag.import_errors == {}
+    return bag.dags["sglang_generation"]
