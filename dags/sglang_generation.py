@@ -64,6 +64,9 @@ PARAMS = {
     "headroom": Param(1.25, type="number", minimum=1, maximum=4, title="Queue headroom",
                       description="In-flight per server = effective max_running_requests × this."),
     "ready_timeout_s": Param(1800, type="integer", minimum=10, maximum=7200, title="Readiness timeout (s)"),
+    "keep_servers_up": Param(True, type="boolean", title="Keep servers up",
+                             description="Leave the servers running after the run (a nightly job reuses them). "
+                                         "Off: stop them at the end, whether the run succeeded or not."),
     "max_length_share": Param(0.2, type="number", minimum=0, maximum=1, title="Max share truncated (length)"),
     "min_reasoning_share": Param(0.9, type="number", minimum=0, maximum=1, title="Min share with reasoning"),
     "max_empty_answer_share": Param(0.2, type="number", minimum=0, maximum=1, title="Max share of empty answers"),
@@ -122,3 +125,7 @@ with DAG(
     with TaskGroup("validate") as validate_group:
         validation = task(tasks.validate, task_id="validate", retries=0)(prompt_scan, results)
         run_report = task(tasks.report, task_id="report", retries=1)(plans, readiness.output, results, validation)
+
+    released = task(tasks.release_servers, task_id="release_servers", trigger_rule="all_done").partial(
+        fleet=fleet).expand(node=nodes)
+    [run_report, readiness] >> released

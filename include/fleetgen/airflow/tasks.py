@@ -161,6 +161,15 @@ def stop_servers(node: str, fleet: dict) -> dict:
     return {"node": node, "records": records}
 
 
+def release_servers(node: str, fleet: dict) -> dict:
+    """After the run: stop our servers if the run asked for it (the default keeps them up for the next run)."""
+    params = _context()["params"]
+    if params["keep_servers_up"]:
+        log.info("keep_servers_up is set: servers on %s stay up for the next run", node)
+        return {"node": node, "records": []}
+    return stop_servers(node, fleet)
+
+
 def launch_servers(node: str, fleet: dict, plans: list[dict]) -> list[dict]:
     spec = fleet_from_json(fleet)
     slots = [slot for slot in spec.servers() if slot.node == node]

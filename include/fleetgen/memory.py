@@ -1,0 +1,287 @@
+"""Memory profile of a model under given launch options: the per-unit sizes the tuner plans with.
+
+From the model's ``config.json`` (plain or with ``text_config``), its safetensors index and the SGLang
+launch options, compute what SGLang 0.5.23 charges (sglang-facts sections cited per field):
+
+- weights per GPU (2.1: target and draft weights are both inside the static budget);
+- full-attention KV bytes per token, the MTP/draft layer folded in where SGLang folds it (2.2);
+- linear-attention / Mamba state bytes per slot ``P`` (2.3, section 4);
+- speculative intermediate bytes per running request ``P * D`` (2.3);
+- state slots per running request, the ``ratio`` of the Mamba cap (2.3, section 3).
+
+The arithmetic mirrors SGLang's code paths named in the comments; nothing here imports the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from fleetgen.errors import ModelConfigError
+from fleetgen.tuning.geometry import DTYPE_BYTES, ModelGeometry, model_geometry
+from fleetgen.tuning.options import LaunchOptions
+
+__all__ = ["LaunchOptions", "MemoryProfile", "ModelGeometry", "profile_model", "profile_geometry",
+           "weights_bytes_from_index", "MIB", "GIB"]
+
+MIB = 1 << 20
+GIB = 1 << 30
+# Conv state dtype: env SGLANG_MAMBA_CONV_DTYPE, default bfloat16 (mamba_utils.mamba2_state_dtype).
+CONV_STATE_BYTES = 2
+# kv_cache_configurator.mm_runtime_reservation_gb: SGLANG_VLM_CACHE_SIZE_MB (100) for any multimodal
+# model, plus SGLANG_MM_FEATURE_CACHE_MB (1024) with a GPU feature transport.
+VLM_CACHE_MIB = 100
+MM_FEATURE_CACHE_MIB = 1024
+# --mamba-full-memory-ratio fallback (sglang-facts 1).
+DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
+# Architectures whose path-less MTP draft SGLang builds by rewriting the target config
+# (configs/model_config.py, is_draft_model branches that set num_nextn_predict_layers = 1).
+MTP_REWRITE_ARCHITECTURES = {"Qwen3NextForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
+                             "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+                             "NemotronHForCausalLM", "ExaoneMoEForCausalLM"}
+_KV_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
+                   "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """Per-unit sizes for one model under one set of launch options (all bytes, per GPU)."""
+
+    architecture: str
+    layout: str
+    is_hybrid: bool
+    tp_size: int
+    weights_bytes_total: int
+    weights_bytes_per_gpu: int
+    kv_dtype_bytes: int
+    kv_bytes_per_token: int            # what SGLang's budget charges per token (2.2 cell, fold included)
+    draft_kv_bytes_per_token_outside: int  # draft pool SGLang allocates outside that budget (0 if folded)
+    state_bytes_per_slot: int          # P (2.3)
+    state_conv_bytes_per_slot: int
+    state_ssm_bytes_per_slot: int
+    ssm_dtype: str | None
+    state_slots_per_request: int       # ratio (2.3)
+    radix_strategy: str | None         # resolved Mamba radix strategy, None when not hybrid / radix off
+    overlap_schedule: bool
+    spec_algorithm: str | None         # resolved (NEXTN -> EAGLE)
+    spec_steps: int
+    spec_topk: int
+    draft_tokens: int                  # D, 0 without speculative decoding
+    spec_bytes_per_request: int        # P * D (2.3); 0 for non-hybrids
+    model_context_length: int
+    multimodal_reserve_bytes: int      # mm_reservation (2.1)
+    mamba_full_memory_ratio: float
+    uses_mla: bool
+    draft_model_layers: int | None = None  # a separate draft model's layer count (draft path given)
+    draft_weights_bytes: int = 0           # a separate draft model's weights, inside weights_bytes_total
+    notes: tuple[str, ...] = ()
+    geometry: dict = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["notes"] = list(self.notes)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MemoryProfile":
+        values = dict(data)
+        values["notes"] = tuple(values.get("notes", ()))
+        return cls(**values)
+
+
+def weights_bytes_from_index(index: dict, *, path: str = "model.safetensors.index.json") -> int:
+    """Total weight bytes from a safetensors index (``metadata.total_size``)."""
+    metadata = index.get("metadata") if isinstance(index, dict) else None
+    total = metadata.get("total_size") if isinstance(metadata, dict) else None
+    try:
+        value = int(total)
+    except (TypeError, ValueError):
+        raise ModelConfigError(f"the safetensors index has no numeric metadata.total_size (found {total!r})",
+                               path=path, hint="pass the model's model.safetensors.index.json; a single-file "
+                               "checkpoint's weight bytes are the file size") from None
+    if value <= 0:
+        raise ModelConfigError(f"metadata.total_size is {value}, not a positive byte count", path=path)
+    return value
+
+
+def profile_model(config: dict, weights_bytes: int, options: LaunchOptions, *,
+                  config_path: str = "config.json", draft_config: dict | None = None,
+                  draft_weights_bytes: int = 0) -> MemoryProfile:
+    """Profile a model from its config.json dict. ``draft_config``/``draft_weights_bytes`` describe a
+    separate draft model (``--speculative-draft-model-path``); a built-in MTP head needs neither."""
+    geometry = model_geometry(config, config_path=config_path)
+    draft_layers = None
+    if options.speculative_draft_model_path is not None:
+        if draft_config is None:
+            raise ModelConfigError("--speculative-draft-model-path is set but the draft's config.json was not "
+                                   "given", path=options.speculative_draft_model_path,
+                                   hint="read the draft model's config.json too and pass it as draft_config")
+        draft_text = draft_config.get("text_config", draft_config)
+        draft_layers = draft_text.get("num_nextn_predict_layers") or draft_text.get("num_hidden_layers")
+        if draft_layers is None:
+            raise ModelConfigError("the draft config has neither num_nextn_predict_layers nor num_hidden_layers",
+                                   path=f"{options.speculative_draft_model_path}/config.json")
+    return profile_geometry(geometry, weights_bytes, options, draft_layers=draft_layers,
+                            draft_weights_bytes=draft_weights_bytes, config_path=config_path)
+
+
+def profile_geometry(geometry: ModelGeometry, weights_bytes: int, options: LaunchOptions, *,
+                     draft_layers: int | None = None, draft_weights_bytes: int = 0,
+                     config_path: str = "config.json") -> MemoryProfile:
+    """The profile from already-read geometry (the tuner re-profiles with changed options)."""
+    if weights_bytes <= 0:
+        raise ModelConfigError(f"weights bytes must be positive, got {weights_bytes}", path=config_path)
+    tp = options.tp_size
+    notes: list[str] = []
+    kv_bytes = _kv_dtype_bytes(geometry, options, config_path)
+    # Per-layer KV cell (2.2): MHA/GQA max(1, kv_heads // tp) * (head_dim + v_head_dim) * bytes;
+    # MLA (kv_lora_rank + qk_rope_head_dim) * bytes, replicated on every TP rank.
+    if geometry.layout == "mla":
+        per_layer = (geometry.kv_lora_rank + geometry.qk_rope_head_dim) * kv_bytes
+    else:
+        per_layer = max(1, geometry.kv_heads // tp) * (geometry.head_dim + geometry.v_head_dim) * kv_bytes
+    cell = per_layer * geometry.attention_layers
+
+    spec = options.resolved_spec(geometry.architecture)
+    steps, topk, draft_tokens = spec if spec else (0, 0, 0)
+    algorithm = options.speculative_algorithm
+    resolved_algorithm = "EAGLE" if algorithm == "NEXTN" else algorithm
+    draft_outside = 0
+    if options.eagle_family:
+        folded_layers, outside_layers = _draft_kv_layers(geometry, options, draft_layers, config_path)
+        # pool_configurator.DefaultPoolConfigurator: cell += int(cell * draft_layers / L_kv).
+        if folded_layers:
+            cell += int(cell * folded_layers / geometry.attention_layers)
+        if outside_layers:
+            draft_outside = per_layer * outside_layers
+            notes.append(f"the {outside_layers}-layer MTP draft KV pool ({draft_outside} B/token) is allocated "
+                         "outside SGLang's static budget: config.json has no num_nextn_predict_layers")
+
+    conv_bytes = ssm_bytes = 0
+    ssm_dtype = None
+    if geometry.is_hybrid:
+        ssm_dtype = _ssm_dtype(geometry, options, notes)
+        conv_bytes, ssm_bytes = _state_bytes_per_layer(geometry, tp, ssm_dtype, config_path)
+        conv_bytes *= geometry.state_layers
+        ssm_bytes *= geometry.state_layers
+    state_bytes = conv_bytes + ssm_bytes
+    ratio, strategy, overlap = _state_slots_per_request(geometry, options)
+
+    context = geometry.context_length
+    mm_reserve = 0
+    if geometry.is_multimodal and not options.language_model_only:
+        mm_reserve = VLM_CACHE_MIB * MIB
+        if options.mm_feature_transport in ("cuda_ipc", "cuda_vmm"):
+            mm_reserve += MM_FEATURE_CACHE_MIB * MIB
+    total_weights = weights_bytes + draft_weights_bytes
+    return MemoryProfile(
+        architecture=geometry.architecture, layout=geometry.layout, is_hybrid=geometry.is_hybrid, tp_size=tp,
+        weights_bytes_total=total_weights, weights_bytes_per_gpu=total_weights // tp,
+        kv_dtype_bytes=kv_bytes, kv_bytes_per_token=cell, draft_kv_bytes_per_token_outside=draft_outside,
+        state_bytes_per_slot=state_bytes, state_conv_bytes_per_slot=conv_bytes,
+        state_ssm_bytes_per_slot=ssm_bytes, ssm_dtype=ssm_dtype, state_slots_per_request=ratio,
+        radix_strategy=strategy, overlap_schedule=overlap, spec_algorithm=resolved_algorithm,
+        spec_steps=steps, spec_topk=topk, draft_tokens=draft_tokens,
+        spec_bytes_per_request=state_bytes * draft_tokens if geometry.is_hybrid else 0,
+        model_context_length=context, multimodal_reserve_bytes=mm_reserve,
+        mamba_full_memory_ratio=(options.mamba_full_memory_ratio
+                                 if options.mamba_full_memory_ratio is not None
+                                 else DEFAULT_MAMBA_FULL_MEMORY_RATIO),
+        uses_mla=geometry.layout == "mla", draft_model_layers=draft_layers, draft_weights_bytes=draft_weights_bytes,
+        notes=tuple(notes), geometry=geometry.to_dict())
+
+
+def _kv_dtype_bytes(geometry: ModelGeometry, options: LaunchOptions, config_path: str) -> int:
+    if options.kv_cache_dtype != "auto":
+        return _KV_DTYPE_BYTES[options.kv_cache_dtype]
+    # "auto" stores KV in the model dtype.
+    if geometry.model_dtype not in DTYPE_BYTES:
+        raise ModelConfigError(
+            f"{geometry.architecture}: --kv-cache-dtype auto needs the model dtype, but config.json has "
+            f"torch_dtype/dtype {geometry.model_dtype!r}", path=config_path,
+            hint="pass --kv-cache-dtype explicitly in the extra SGLang args")
+    return DTYPE_BYTES[geometry.model_dtype]
+
+
+def _draft_kv_layers(geometry: ModelGeometry, options: LaunchOptions, draft_layers: int | None,
+                     config_path: str) -> tuple[int, int]:
+    """(layers folded into the budgeted cell, layers of a draft pool allocated outside it).
+
+    spec_aux_hidden_state._resolve_eagle_aux_hidden_state: with a draft path the draft's layer count
+    is folded in; path-less, only the *target* config's ``num_nextn_predict_layers`` is read. Qwen3.5
+    configs name their MTP head ``mtp_num_hidden_layers`` instead, so SGLang budgets no draft KV for
+    them while the draft worker still builds its own 1-layer pool of the same token count (2.2).
+    """
+    if draft_layers is not None:
+        return int(draft_layers), 0
+    if geometry.nextn_predict_layers:
+        return geometry.nextn_predict_layers, 0
+    if options.speculative_algorithm in ("NEXTN", "EAGLE") and (
+            geometry.mtp_hidden_layers or geometry.architecture in MTP_REWRITE_ARCHITECTURES):
+        # The draft-mode config rewrite (ModelConfig, is_draft_model) gives these MTP heads
+        # num_nextn_predict_layers = 1: a 1-layer draft pool the target's budget never saw.
+        return 0, 1
+    raise ModelConfigError(
+        f"{geometry.architecture}: --speculative-algorithm {options.speculative_algorithm} without "
+        "--speculative-draft-model-path needs a built-in MTP head, but config.json has neither "
+        "num_nextn_predict_layers nor mtp_num_hidden_layers", path=config_path,
+        hint="give the draft model path in the extra SGLang args, or drop speculative decoding")
+
+
+def _ssm_dtype(geometry: ModelGeometry, options: LaunchOptions, notes: list[str]) -> str:
+    # mamba2_state_dtype: the flag (env SGLANG_MAMBA_SSM_DTYPE) > config mamba_ssm_dtype > float32.
+    if options.mamba_ssm_dtype is not None:
+        return options.mamba_ssm_dtype
+    configured = geometry.config_ssm_dtype
+    if configured is None:
+        return "float32"
+    if configured not in DTYPE_BYTES:
+        notes.append(f"config mamba_ssm_dtype {configured!r} is invalid; SGLang falls back to float32")
+        return "float32"
+    return configured
+
+
+def _state_bytes_per_layer(geometry: ModelGeometry, tp: int, ssm_dtype: str,
+                           config_path: str) -> tuple[int, int]:
+    """Mamba2StateShape.create (2.3): conv (conv_dim/tp, kernel-1), temporal (heads/tp, head_dim, state)."""
+    groups = geometry.state_groups
+    if groups % tp:
+        groups += tp - groups  # extra_groups_for_head_shards
+    conv_dim = geometry.state_intermediate + 2 * groups * geometry.state_size
+    if conv_dim % tp or geometry.state_heads % tp:
+        raise ModelConfigError(
+            f"{geometry.architecture}: tp {tp} does not divide the state shapes (conv_dim {conv_dim}, "
+            f"{geometry.state_heads} heads); SGLang's divide() would fail", path=config_path,
+            hint="choose a tp size that divides the linear-attention head count")
+    conv = conv_dim // tp * (geometry.conv_kernel - 1) * CONV_STATE_BYTES
+    ssm = geometry.state_heads // tp * geometry.state_head_dim * geometry.state_size * DTYPE_BYTES[ssm_dtype]
+    return conv, ssm
+
+
+def _state_slots_per_request(geometry: ModelGeometry, options: LaunchOptions) -> tuple[int, str | None, bool]:
+    """(ratio, resolved radix strategy, overlap scheduling on) per 2.3 / section 3.
+
+    ``auto`` resolves (overrides._mamba_radix_cache_resolution) to extra_buffer when overlap
+    scheduling is on or page_size > 1 (all covered hybrid layouts support it), else to no_buffer with
+    overlap scheduling turned off. Ratio: 1 with the radix cache off, else 3 + tracking slots
+    (extra_buffer 2 with overlap, 1 without; extra_buffer_lazy 1; no_buffer 0).
+    """
+    overlap = not options.disable_overlap_schedule
+    if not geometry.is_hybrid:
+        return 1, None, overlap
+    if options.disable_radix_cache:
+        return 1, None, overlap
+    strategy = options.mamba_radix_cache_strategy
+    if strategy == "auto":
+        if overlap or options.page_size > 1:
+            strategy = "extra_buffer"
+        else:
+            strategy, overlap = "no_buffer", False
+    if strategy == "extra_buffer":
+        return 3 + (2 if overlap else 1), strategy, overlap
+    if strategy == "extra_buffer_lazy":
+        if not overlap:
+            raise ModelConfigError("--mamba-radix-cache-strategy extra_buffer_lazy needs overlap scheduling "
+                                   "(SGLang asserts against --disable-overlap-schedule)",
+                                   hint="drop --disable-overlap-schedule or use extra_buffer")
+        return 4, strategy, overlap
+    return 3, strategy, overlap

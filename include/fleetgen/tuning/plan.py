@@ -1,0 +1,135 @@
+"""The tuner's data types: the workload, the user's bounds and the per-server plan (JSON-safe)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from fleetgen.errors import ConfigError, PlanError
+
+MODES = ("tuned", "sglang_defaults")
+FAILURE_KINDS = ("oom_weights", "oom_kv", "oom_mamba", "oom_cuda_graph", "exited")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the servers will be asked to do: output budget and prompt-token statistics."""
+
+    max_output_tokens: int
+    prompt_tokens_mean: float
+    prompt_tokens_max: int
+    prompt_count: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_output_tokens, int) or self.max_output_tokens < 1:
+            raise ConfigError(f"workload: max_output_tokens must be a positive integer, got {self.max_output_tokens!r}")
+        if not isinstance(self.prompt_tokens_max, int) or self.prompt_tokens_max < 1:
+            raise ConfigError(f"workload: prompt_tokens_max must be a positive integer, got {self.prompt_tokens_max!r}")
+        if not (isinstance(self.prompt_tokens_mean, (int, float)) and math.isfinite(self.prompt_tokens_mean)
+                and 0 < self.prompt_tokens_mean <= self.prompt_tokens_max):
+            raise ConfigError(f"workload: prompt_tokens_mean must lie in (0, prompt_tokens_max="
+                              f"{self.prompt_tokens_max}], got {self.prompt_tokens_mean!r}")
+        if not isinstance(self.prompt_count, int) or self.prompt_count < 0:
+            raise ConfigError(f"workload: prompt_count must be a non-negative integer, got {self.prompt_count!r}")
+
+    @property
+    def full_context_tokens(self) -> int:
+        """Longest prompt plus the whole output budget: what one request can grow to."""
+        return self.prompt_tokens_max + self.max_output_tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TunerBounds:
+    """The user's bounds and opt-in trade-offs. Off by default: bf16 SSM state (halves the state but
+    changes numerics) and the no_buffer radix strategy (3 slots per request instead of 5)."""
+
+    margin_mib: int = 1024
+    max_running_requests: int | None = None
+    context_length: int | None = None
+    bf16_ssm_state: bool = False
+    no_buffer_radix: bool = False
+    mode: str = "tuned"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.margin_mib, int) or self.margin_mib < 0:
+            raise ConfigError(f"tuner bounds: margin_mib must be a non-negative integer, got {self.margin_mib!r}")
+        for name in ("max_running_requests", "context_length"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"tuner bounds: {name} must be a positive integer, got {value!r}")
+        if self.mode not in MODES:
+            raise ConfigError(f"tuner bounds: mode must be one of {MODES}, got {self.mode!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """One server's launch plan.
+
+    ``flags`` are only what the tuner decides (full flag name -> value, True for a bare switch); the
+    user's own extra args are appended by the launcher. ``expected`` holds what SGLang should report
+    in /server_info. ``budget`` rows are (item, bytes, note). ``inputs`` keeps everything needed to
+    re-plan (backoff) without the probe or the model files.
+    """
+
+    host: str
+    gpu_ids: list[int]
+    port: int
+    flags: dict
+    expected: dict
+    budget: list[dict]
+    attempt: int = 0
+    mode: str = "tuned"
+    notes: list[str] = field(default_factory=list)
+    inputs: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise PlanError(f"plan mode must be one of {MODES}, got {self.mode!r}", host=self.host)
+        missing = {"max_running_requests", "max_mamba_cache_size", "max_total_num_tokens"} - set(self.expected)
+        if missing:
+            raise PlanError(f"plan for port {self.port} lacks expected value(s) {sorted(missing)}", host=self.host)
+
+    @property
+    def server(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def to_dict(self) -> dict:
+        return {"host": self.host, "gpu_ids": list(self.gpu_ids), "port": self.port, "flags": dict(self.flags),
+                "expected": dict(self.expected), "budget": [dict(row) for row in self.budget],
+                "attempt": self.attempt, "mode": self.mode, "notes": list(self.notes), "inputs": self.inputs}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ServerPlan":
+        try:
+            return cls(host=data["host"], gpu_ids=[int(g) for g in data["gpu_ids"]], port=int(data["port"]),
+                       flags=dict(data["flags"]), expected=dict(data["expected"]),
+                       budget=[dict(row) for row in data["budget"]], attempt=int(data.get("attempt", 0)),
+                       mode=data.get("mode", "tuned"), notes=list(data.get("notes", [])),
+                       inputs=dict(data.get("inputs", {})))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError(f"not a server plan: {exc!r}") from None
+
+    def command_args(self) -> list[str]:
+        """The plan's flags as SGLang command-line items, in a stable order."""
+        args: list[str] = []
+        for name in sorted(self.flags):
+            value = self.flags[name]
+            if value is True:
+                args.append(name)
+            elif value is False or value is None:
+                continue
+            else:
+                args.extend([name, format_flag_value(value)])
+        return args
+
+
+def format_flag_value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
+    return str(value)
