@@ -5,6 +5,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# SGLang 0.5.23 on CPU in its own venv: the tests check the tuner's flags against SGLang's real parser.
+SGLANG_STAMP := .sglang-venv/.built
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-fast bench ui clean
@@ -18,10 +20,14 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -r requirements.txt -c constraints.txt -e .
 	touch $(STAMP)
 
+$(SGLANG_STAMP): scripts/sglang-venv.sh
+	bash scripts/sglang-venv.sh
+	touch $(SGLANG_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/python -m fleetgen.demo
 
-test: $(STAMP)
+test: $(STAMP) $(SGLANG_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

@@ -223,19 +223,21 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
 
 def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
     from fleetgen import prompts
+    from fleetgen.errors import ValidationFailed
     from fleetgen.validate import ValidationThresholds, validate_run
 
     context = _context()
     params = context["params"]
     out_dir = run_output_dir(params, context["run_id"])
-    thresholds = ValidationThresholds(
-        max_tokens=int(params["max_tokens"]),
-        max_length_share=float(params["max_length_share"]),
-        min_reasoning_share=float(params["min_reasoning_share"]),
-        max_empty_answer_share=float(params["max_empty_answer_share"]),
-        max_error_share=float(params["max_error_share"]))
+    thresholds = ValidationThresholds.from_mapping({key: params[key] for key in (
+        "max_tokens", "max_length_share", "min_reasoning_share", "max_empty_answer_share", "max_error_share")})
     log.info("Validating %d expected completions in %s with Great Expectations", prompt_scan["count"], out_dir)
-    summary = validate_run(out_dir, prompts.iter_prompt_ids(params["prompts_path"]), thresholds)
+    try:
+        summary = validate_run(out_dir, prompts.iter_prompt_ids(params["prompts_path"]), thresholds)
+    except ValidationFailed as failure:
+        # The small JSON summary goes to XCom first, so the report and on-call can read it; then fail.
+        context["ti"].xcom_push(key="validation_summary", value=failure.summary)
+        raise
     log.info("Validation passed: %d rows, every prompt exactly once; Data Docs at %s", summary["rows"],
              summary.get("data_docs"))
     return summary
