@@ -1,0 +1,12 @@
+"""The simulated GPU node: an SGLang 0.5.23 stand-in server, a fake nvidia-smi and their node directory.
+
+node.py      node directory, knobs (SimSettings), memory holders, create_node / write_faults
+nvidia_smi   the fake nvidia-smi
+presets.py   model presets and install_model (config.json + safetensors index)
+server.py    ``python -m fleetgen.sim.server``: start-up phases, memory registration, fatal messages
+args / resolve / pools / graphs   SGLang's flags, start-up hooks, pool sizing, capture memory model
+perf / engine / textgen           speed model, continuous batching, synthetic outputs
+service / http_app / serve        server state, HTTP routes, uvicorn and warm-up
+cli.py       ``fleetgen-sim`` subcommands
+sshd.py      SSH endpoint running commands "on" a node
+"""

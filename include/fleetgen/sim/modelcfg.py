@@ -1,0 +1,255 @@
+"""A model's shape, read from its ``config.json`` (with or without ``text_config``).
+
+Covers what the simulated server must size: dense GQA/MHA (Llama/Qwen2/Qwen3-like), MLA
+(DeepSeek: kv_lora_rank + qk_rope_head_dim), and hybrid full/linear attention with GatedDeltaNet
+state (Qwen3-Next, Qwen3.5/3.6). Parameter counts are estimates used for speed and activations;
+memory for weights always comes from the safetensors index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetgen.errors import ModelConfigError
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1,
+               "float8_e4m3fn": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+# get_context_length (sglang-facts §1): first key found, times the rope factor
+CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
+                "max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class LinearAttention:
+    """GatedDeltaNet (Mamba2-style) state shape per linear-attention layer (sglang-facts §2.3, §4)."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+    ssm_dtype: str  # config's mamba_ssm_dtype, float32 when absent
+
+    def conv_dim(self, tp: int) -> int:
+        n_groups = self.num_key_heads
+        if n_groups % tp:
+            n_groups = tp  # extra groups so heads shard evenly
+        return self.value_head_dim * self.num_value_heads + 2 * n_groups * self.key_head_dim
+
+    def conv_bytes(self, tp: int, conv_dtype_bytes: int = 2) -> int:
+        return self.conv_dim(tp) // tp * (self.conv_kernel - 1) * conv_dtype_bytes
+
+    def ssm_bytes(self, tp: int, ssm_dtype_bytes: int) -> int:
+        return self.num_value_heads // tp * self.value_head_dim * self.key_head_dim * ssm_dtype_bytes
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    architecture: str
+    model_type: str
+    dtype_bytes: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    vocab_size: int
+    derived_context_length: int
+    full_attention_layers: int  # layers holding a KV cache
+    dense_ffn_size: int          # intermediate size of dense MLP layers (0 if none)
+    moe_layers: int
+    num_experts: int
+    experts_per_token: int
+    moe_ffn_size: int
+    shared_ffn_size: int
+    tie_word_embeddings: bool
+    mtp_layers: int              # mtp_num_hidden_layers or num_nextn_predict_layers (0 if none)
+    kv_lora_rank: int = 0        # MLA only
+    qk_rope_head_dim: int = 0
+    q_lora_rank: int = 0
+    linear: LinearAttention | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if min(self.hidden_size, self.num_layers, self.num_heads, self.vocab_size) <= 0:
+            raise ValueError(f"model shape has a non-positive size: {self}")
+        if not 0 < self.full_attention_layers <= self.num_layers:
+            raise ValueError(f"full_attention_layers {self.full_attention_layers} not in 1..{self.num_layers}")
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.linear is not None
+
+    @property
+    def linear_layers(self) -> int:
+        return self.num_layers - self.full_attention_layers if self.linear else 0
+
+    def kv_bytes_per_token(self, attn_tp: int, kv_dtype_bytes: int) -> int:
+        """Full-attention KV cell of the target model (sglang-facts §2.2), before any draft fold."""
+        if self.is_mla:
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * self.full_attention_layers * kv_dtype_bytes
+        heads = max(1, self.num_kv_heads // attn_tp)
+        return heads * (self.head_dim + self.v_head_dim) * self.full_attention_layers * kv_dtype_bytes
+
+    def mamba_bytes_per_slot(self, tp: int, ssm_dtype_bytes: int) -> tuple[int, int]:
+        """(conv bytes, ssm bytes) of one state slot over all linear layers; (0, 0) if not hybrid."""
+        if self.linear is None:
+            return 0, 0
+        return (self.linear.conv_bytes(tp) * self.linear_layers,
+                self.linear.ssm_bytes(tp, ssm_dtype_bytes) * self.linear_layers)
+
+    # ---- parameter estimates (speed and activation models only) ----
+    def _attention_params(self) -> int:
+        h = self.hidden_size
+        if self.is_mla:
+            qk = self.head_dim  # qk_nope + rope folded into head_dim by from_config
+            q = h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk if self.q_lora_rank \
+                else h * self.num_heads * qk
+            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + \
+                self.kv_lora_rank * self.num_heads * (qk - self.qk_rope_head_dim + self.v_head_dim)
+            return q + kv + self.num_heads * self.v_head_dim * h
+        return h * self.num_heads * self.head_dim * 2 + 2 * h * self.num_kv_heads * self.head_dim
+
+    def _linear_params(self) -> int:
+        lin = self.linear
+        if lin is None:
+            return 0
+        qkvz = 2 * lin.num_key_heads * lin.key_head_dim + 2 * lin.num_value_heads * lin.value_head_dim
+        return self.hidden_size * (qkvz + 2 * lin.num_value_heads) + \
+            lin.num_value_heads * lin.value_head_dim * self.hidden_size + lin.conv_dim(1) * lin.conv_kernel
+
+    def _ffn_params(self, active: bool) -> int:
+        h = self.hidden_size
+        dense = (self.num_layers - self.moe_layers) * 3 * h * self.dense_ffn_size
+        experts = self.experts_per_token if active else self.num_experts
+        moe = self.moe_layers * (3 * h * (experts * self.moe_ffn_size + self.shared_ffn_size)
+                                 + h * self.num_experts)
+        return dense + moe
+
+    def param_count(self, *, active: bool = False) -> int:
+        embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        attn = self.full_attention_layers * self._attention_params() + self.linear_layers * self._linear_params()
+        per_layer_ffn = self._ffn_params(active) / max(1, self.num_layers)
+        mtp = self.mtp_layers * (self._attention_params() + per_layer_ffn + 2 * self.hidden_size ** 2)
+        return int(embed + attn + self._ffn_params(active) + mtp)
+
+
+def _first(d: dict, *keys, default=None):
+    for key in keys:
+        if d.get(key) is not None:
+            return d[key]
+    return default
+
+
+def _context_length(text: dict) -> int:
+    rope = text.get("rope_scaling") or {}
+    factor = rope.get("factor", 1) if isinstance(rope, dict) else 1
+    if isinstance(rope, dict) and ("original_max_position_embeddings" in rope or
+                                   rope.get("rope_type") == "llama3"):
+        factor = 1
+    for key in CONTEXT_KEYS:
+        if text.get(key) is not None:
+            return int(factor * text[key])
+    return 2048
+
+
+def from_config(config: dict, *, path: str | None = None) -> ModelShape:
+    text = config.get("text_config") or config
+    try:
+        hidden = int(text["hidden_size"])
+        layers = int(text["num_hidden_layers"])
+        heads = int(text["num_attention_heads"])
+        vocab = int(_first(text, "vocab_size", default=config.get("vocab_size")))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelConfigError(f"config.json lacks a required key: {exc}", path=path,
+                               hint="hidden_size, num_hidden_layers, num_attention_heads and vocab_size are needed") from exc
+    dtype = str(_first(text, "dtype", "torch_dtype", default=_first(config, "dtype", "torch_dtype",
+                                                                      default="bfloat16")))
+    kv_heads = int(_first(text, "num_key_value_heads", default=heads))
+    head_dim = int(_first(text, "head_dim", default=hidden // heads))
+    kv_lora = int(text.get("kv_lora_rank") or 0)
+    rope_dim = int(text.get("qk_rope_head_dim") or 0)
+    v_head = head_dim
+    if kv_lora:
+        head_dim = int(text.get("qk_nope_head_dim", 128)) + rope_dim
+        v_head = int(text.get("v_head_dim", 128))
+
+    linear = None
+    full_layers = layers
+    if text.get("linear_num_value_heads"):
+        interval = text.get("full_attention_interval")
+        if interval:
+            full_layers = sum(1 for i in range(layers) if (i + 1) % int(interval) == 0)
+        elif text.get("layer_types"):
+            full_layers = sum(1 for t in text["layer_types"] if t == "full_attention")
+        else:
+            raise ModelConfigError("hybrid config has neither full_attention_interval nor layer_types",
+                                   path=path, hint="add full_attention_interval (e.g. 4) to config.json")
+        linear = LinearAttention(int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"]),
+                                 int(text["linear_key_head_dim"]), int(text["linear_value_head_dim"]),
+                                 int(text.get("linear_conv_kernel_dim", 4)),
+                                 str(text.get("mamba_ssm_dtype") or "float32"))
+
+    experts = int(_first(text, "num_experts", "n_routed_experts", default=0) or 0)
+    if experts:
+        first_dense = int(text.get("first_k_dense_replace", 0))
+        step = int(text.get("decoder_sparse_step", 1) or 1)
+        dense_only = set(text.get("mlp_only_layers") or [])
+        moe_layers = sum(1 for i in range(first_dense, layers) if (i + 1) % step == 0 and i not in dense_only)
+        shared = int(_first(text, "shared_expert_intermediate_size", default=0) or 0) or \
+            int(text.get("n_shared_experts", 0) or 0) * int(text.get("moe_intermediate_size", 0))
+    else:
+        moe_layers, shared = 0, 0
+    eos = _first(text, "eos_token_id", default=config.get("eos_token_id"))
+    try:
+        return ModelShape(
+            architecture=str((config.get("architectures") or text.get("architectures") or ["unknown"])[0]),
+            model_type=str(text.get("model_type") or config.get("model_type") or "unknown"),
+            dtype_bytes=DTYPE_BYTES.get(dtype, 2), hidden_size=hidden, num_layers=layers,
+            num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head,
+            vocab_size=vocab, derived_context_length=_context_length(text),
+            full_attention_layers=full_layers,
+            dense_ffn_size=int(text.get("intermediate_size") or 0),
+            moe_layers=moe_layers, num_experts=experts,
+            experts_per_token=int(text.get("num_experts_per_tok", 0) or 0),
+            moe_ffn_size=int(text.get("moe_intermediate_size", 0) or 0), shared_ffn_size=shared,
+            tie_word_embeddings=bool(_first(text, "tie_word_embeddings",
+                                            default=config.get("tie_word_embeddings", False))),
+            mtp_layers=int(_first(text, "mtp_num_hidden_layers", "num_nextn_predict_layers", default=0) or 0),
+            kv_lora_rank=kv_lora, qk_rope_head_dim=rope_dim,
+            q_lora_rank=int(text.get("q_lora_rank") or 0), linear=linear,
+            eos_token_id=eos[0] if isinstance(eos, list) and eos else (eos if isinstance(eos, int) else None),
+        )
+    except ValueError as exc:
+        raise ModelConfigError(str(exc), path=path) from exc
+
+
+def load_model_dir(model_path: str | os.PathLike) -> tuple[ModelShape, dict, int | None]:
+    """(shape, raw config, weights bytes from model.safetensors.index.json or None)."""
+    root = Path(model_path)
+    config_file = root / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except FileNotFoundError:
+        raise ModelConfigError(f"{root} does not appear to have a file named config.json",
+                               path=str(config_file), hint="install one with `fleetgen-sim install-model`") from None
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(f"config.json is not valid JSON: {exc}", path=str(config_file),
+                               line=exc.lineno) from exc
+    weights = None
+    index_file = root / "model.safetensors.index.json"
+    if index_file.exists():
+        try:
+            weights = int(json.loads(index_file.read_text())["metadata"]["total_size"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ModelConfigError(f"safetensors index has no metadata.total_size: {exc}",
+                                   path=str(index_file)) from exc
+    return from_config(config, path=str(config_file)), config, weights

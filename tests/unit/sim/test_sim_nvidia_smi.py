@@ -1,0 +1,90 @@
+"""The fake nvidia-smi: CSV formats, id filters, invalid fields, memory of dead processes."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fleetgen.sim.node import create_node, pid_alive
+from fleetgen.sim.nvidia_smi import render
+
+
+@pytest.fixture
+def node(tmp_path):
+    node = create_node(tmp_path / "node", name="node0", gpus=2)
+    node.set_holder(1, os.getpid(), "python", 70000)
+    return node
+
+
+def test_query_gpu_noheader_nounits(node):
+    text, code = render(node, ["--query-gpu=index,uuid,name,memory.total,memory.used,memory.free",
+                               "--format=csv,noheader,nounits"])
+    assert code == 0
+    uuid0, uuid1 = node.gpus[0].uuid, node.gpus[1].uuid
+    assert text == (f"0, {uuid0}, NVIDIA B200, 183359, 512, 182847\n"
+                    f"1, {uuid1}, NVIDIA B200, 183359, 70512, 112847\n")
+
+
+def test_query_gpu_with_header_and_units(node):
+    text, code = render(node, ["--query-gpu=memory.free,index", "--format=csv"])
+    assert code == 0
+    assert text.splitlines() == ["memory.free [MiB], index", "182847 MiB, 0", "112847 MiB, 1"]
+    text, _ = render(node, ["--query-gpu=memory.total", "--format=csv,nounits"])
+    assert text.splitlines() == ["memory.total [MiB]", "183359", "183359"]
+
+
+def test_id_filter_and_separate_value_forms(node):
+    text, _ = render(node, ["--query-gpu", "index,memory.used", "--format", "csv,noheader", "-i", "1"])
+    assert text == "1, 70512 MiB\n"
+    text, _ = render(node, ["--query-gpu=index", "--format=csv,noheader", f"--id={node.gpus[0].uuid}"])
+    assert text == "0\n"
+    text, code = render(node, ["--query-gpu=index", "--format=csv", "-i", "7"])
+    assert (text, code) == ("No devices were found\n", 6)
+
+
+def test_invalid_field(node):
+    text, code = render(node, ["--query-gpu=index,xyz", "--format=csv"])
+    assert (text, code) == ('Field "xyz" is not a valid field to query.\n', 2)
+
+
+def test_compute_apps(node):
+    text, _ = render(node, ["--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                            "--format=csv,noheader,nounits"])
+    assert text == f"{node.gpus[1].uuid}, {os.getpid()}, python, 70000\n"
+    text, _ = render(node, ["--query-compute-apps=pid,used_gpu_memory", "--format=csv", "-i", "1"])
+    assert text.splitlines() == ["pid, used_gpu_memory [MiB]", f"{os.getpid()}, 70000 MiB"]
+    text, _ = render(node, ["--query-compute-apps=pid,used_memory", "--format=csv,noheader", "-i", "0"])
+    assert text == ""
+
+
+def test_killed_process_frees_its_memory(node):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    node.set_holder(0, child.pid, "python", 50000)
+    assert node.used_mib(0) == 50512
+    child.kill()  # not reaped yet: a zombie holds no GPU memory either
+    try:
+        deadline = time.monotonic() + 5
+        while pid_alive(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the signal is delivered asynchronously
+        assert node.used_mib(0) == 512
+        assert not (node.path / "state" / "gpu0" / f"{child.pid}.json").exists()
+    finally:
+        child.wait()
+
+
+def test_script_runs_against_its_node(node):
+    out = subprocess.run([str(node.path / "bin" / "nvidia-smi"), "-L"], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"]}, timeout=30)
+    assert out.returncode == 0
+    assert out.stdout.splitlines()[0] == f"GPU 0: NVIDIA B200 (UUID: {node.gpus[0].uuid})"
+
+
+def test_bare_call_prints_a_memory_table(node):
+    text, code = render(node, [])
+    assert code == 0
+    assert "70512MiB / 183359MiB" in text and f"{os.getpid()}  python" in text
+    text, _ = render(node, ["-i", "0"])
+    assert "No running processes found" in text and "70512MiB" not in text
+    assert render(node, ["--bogus"]) == ("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n", 2)

@@ -1,0 +1,139 @@
+"""Real processes: the server on a temp node and port, fatal start-ups, the memory-holder CLI."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from fleetgen.sim.node import create_node, write_faults
+from fleetgen.sim.presets import install_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def node(tmp_path):
+    return create_node(tmp_path / "node", name="node0", gpus=2, sim={"load_seconds": 0.3, "time_scale": 1000})
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    return install_model(tmp_path / "model")
+
+
+def _launch(node, model_dir, args, *, gpu="1"):
+    env = dict(os.environ, **node.env(), CUDA_VISIBLE_DEVICES=gpu)
+    return subprocess.Popen([sys.executable, "-m", "fleetgen.sim.server", "--model-path", str(model_dir), *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _smi(node, *args):
+    out = subprocess.run([str(node.path / "bin" / "nvidia-smi"), *args], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stdout
+    return out.stdout
+
+
+def _wait_healthy(proc, url, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # the port opens only after weights, pools and graphs
+        time.sleep(0.05)
+    raise AssertionError("server did not become healthy")
+
+
+def test_server_serves_and_releases_its_memory(tools, node, model_dir):
+    port = tools.free_port()
+    proc = _launch(node, model_dir, [*tools.SEED_ARGS[2:], *tools.AFTER, "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(proc, url)
+        info = httpx.get(f"{url}/server_info").json()
+        assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 40
+        assert info["internal_states"][0]["max_mamba_cache_size"] == 200
+        reply = httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                           json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4096}).json()
+        assert reply["choices"][0]["finish_reason"] in ("stop", "length") and reply["usage"]["completion_tokens"] > 0
+        apps = _smi(node, "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits")
+        pid, name, used = apps.strip().split(", ")
+        assert (int(pid), name) == (proc.pid, "sglang::scheduler_TP0")
+        assert int(used) > 0.9 * 183359 - 512  # weights + pools + graphs: most of the GPU at mfs 0.93
+        assert _smi(node, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0") == "512\n"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    log = proc.stdout.read()
+    assert "The server is fired up and ready to roll!" in log
+    assert "max_running_requests is capped to 40 by the mamba state cache" in log
+    assert _smi(node, "--query-gpu=memory.used", "--format=csv,noheader,nounits") == "512\n512\n"
+
+
+@pytest.mark.parametrize("extra, fault, expected", [
+    (["--mem-fraction-static", "0.93"], {"fail_at_launch": "oom"},
+     "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+     "Current value: mem_fraction_static=0.93"),
+    (["--mem-fraction-static", "0.98"], None, "Exception: Capture cuda graph failed: CUDA out of memory."),
+])
+def test_fatal_start_up_exits_with_sglangs_message(tools, node, model_dir, extra, fault, expected):
+    port = tools.free_port()
+    if fault:
+        write_faults(node, port, fault)
+    proc = _launch(node, model_dir, [*tools.SEED_ARGS[2:], *extra, "--port", str(port)])
+    log, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert expected in log
+    assert "Rank 0 scheduler died during initialization (exit code: 1)." in log
+    if "Capture" in expected:
+        assert "Possible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)" in log
+    assert _smi(node, "--query-compute-apps=pid", "--format=csv,noheader") == ""
+
+
+def test_crash_fault_kills_the_server_after_n_requests(tools, node, model_dir):
+    port = tools.free_port()
+    write_faults(node, port, {"crash_after_requests": 1})
+    proc = _launch(node, model_dir, [*tools.SEED_ARGS[2:], *tools.AFTER, "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(proc, url)
+        reply = httpx.post(f"{url}/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 4}}, timeout=30)
+        assert reply.status_code == 200
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _smi(node, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "1") == "512\n"
+
+
+def test_hold_cli_registers_and_frees_memory(node):
+    def hold():
+        proc = subprocess.Popen([sys.executable, "-m", "fleetgen.sim.cli", "hold", "--gpu", "0", "--mib", "1000",
+                                 "--name", "foreign", "--node", str(node.path)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().startswith("holding 1000 MiB on GPU 0")
+        return proc
+
+    proc = hold()
+    assert node.gpu_memory()[0]["processes"] == [{"pid": proc.pid, "process_name": "foreign", "used_mib": 1000}]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0 and node.used_mib(0) == 512
+    proc = hold()
+    proc.kill()
+    proc.wait(timeout=10)
+    assert node.used_mib(0) == 512  # kill -9: no cleanup ran, the dead pid is ignored
+
+
+def test_create_node_cli(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "fleetgen.sim.cli", "create-node", str(tmp_path / "n"), "--name", "n1",
+                          "--gpus", "3", "--time-scale", "100"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["gpus"] == 3
+    assert json.loads((tmp_path / "n" / "node.json").read_text())["sim"]["time_scale"] == 100

@@ -1,0 +1,165 @@
+"""Pool sizing against the seed scenario and sglang-facts §1-§4 worked examples."""
+
+import argparse
+
+import pytest
+
+from fleetgen.sim.args import parse_args
+from fleetgen.sim.modelcfg import from_config
+from fleetgen.sim.pools import size_pools
+from fleetgen.sim.presets import preset_config
+from fleetgen.sim.resolve import LaunchError, prefill_buckets, resolve_launch
+
+
+def test_seed_before_caps_at_16_with_21_gib_of_state(tools):
+    launch, plan = tools.seed_run(tools.BEFORE)
+    assert launch.mem_fraction_static == 0.854          # auto, B200 table row (sglang-facts §1.1)
+    assert launch.max_running_requests == 48             # speculative default
+    assert launch.spec_algorithm == "EAGLE"              # NEXTN rewritten
+    assert plan.mamba_slot_bytes == 153_944_064
+    assert plan.mamba_ratio == 5
+    assert plan.max_mamba_cache_size == 80
+    assert plan.max_running_requests == 16
+    assert plan.mamba_total_bytes == 149 * 153_944_064   # 81 slots + 17 x 4 intermediate
+    assert plan.mamba_total_bytes / tools.GIB == pytest.approx(21.36, abs=0.01)
+    assert plan.kv_cell_bytes == 69_632                  # 65,536 + the MTP layer folded in
+    assert any("capped to 16 by the mamba state cache" in w for w in plan.warnings)
+
+
+def test_seed_after_caps_at_40_with_52_gib_of_state(tools):
+    launch, plan = tools.seed_run(tools.AFTER)
+    assert launch.mem_fraction_static == 0.93
+    assert plan.max_mamba_cache_size == 200
+    assert plan.max_running_requests == 40
+    assert plan.mamba_total_bytes == 365 * 153_944_064
+    assert plan.mamba_total_bytes / tools.GIB == pytest.approx(52.33, abs=0.01)
+    # moving memory to state leaves fewer KV tokens than before
+    assert plan.max_total_num_tokens < tools.seed_run(tools.BEFORE)[1].max_total_num_tokens
+
+
+def test_auto_mem_fraction_table_matches_worked_defaults(tools):
+    model = tools.preset("llama3.1-8b")
+    cases = {(81559, 1): 0.830, (143771, 1): 0.903, (tools.B200_MIB, 1): 0.854, (tools.B200_MIB, 8): 0.849,
+             (40960, 1): 0.823}
+    for (total, tp), expected in cases.items():
+        launch = resolve_launch(parse_args(["--model-path", "m", "--tp", str(tp)]), model, [total])
+        assert launch.mem_fraction_static == expected, (total, tp)
+    no_graphs = resolve_launch(parse_args(["--model-path", "m", "--disable-cuda-graph"]), model, [81559])
+    assert no_graphs.mem_fraction_static == 0.841
+    assert len(prefill_buckets(16384)) == 74 and len(prefill_buckets(8192)) == 58
+
+
+def _qwen3_next_rest_40gib(tools, extra, config_overrides=None):
+    config = preset_config("qwen3-next-80b-a3b")
+    config.update(config_overrides or {})
+    model = from_config(config)
+    launch = resolve_launch(parse_args(["--model-path", "m", "--tp", "2", "--mem-fraction-static", "0.9"] + extra),
+                            model, [tools.B200_MIB] * 2)
+    # rest = available - pre * (1 - 0.9) = 50 - 10 = 40 GiB
+    return size_pools(model, launch, 100 * tools.GIB, 50 * tools.GIB)
+
+
+def test_qwen3_next_auto_examples(tools):
+    plain = _qwen3_next_rest_40gib(tools, [])
+    assert plain.mamba_slot_bytes == 38_633_472
+    assert (plain.max_mamba_cache_size, plain.max_running_requests) == (525, 105)
+    assert plain.max_total_num_tokens == pytest.approx(1.84e6, rel=0.01)
+    spec = _qwen3_next_rest_40gib(tools, ["--speculative-algorithm", "EAGLE"], {"num_nextn_predict_layers": 1})
+    assert spec.kv_cell_bytes == 13_312
+    assert (spec.max_mamba_cache_size, spec.max_running_requests) == (289, 48)
+    assert spec.max_total_num_tokens == pytest.approx(1.82e6, rel=0.01)
+    asking = _qwen3_next_rest_40gib(tools, ["--speculative-algorithm", "EAGLE", "--max-running-requests", "64"])
+    assert asking.max_running_requests == 57
+    explicit = _qwen3_next_rest_40gib(tools, ["--max-mamba-cache-size", "200", "--max-running-requests", "64"])
+    assert explicit.max_running_requests == 40
+
+
+def test_radix_strategy_and_overlap_set_the_ratio(tools):
+    assert tools.seed_run(tools.BEFORE + ["--disable-overlap-schedule"])[1].max_running_requests == 20  # ratio 4
+    assert tools.seed_run(["--max-mamba-cache-size", "80", "--mamba-radix-cache-strategy", "no_buffer"])[1] \
+        .max_running_requests == 26  # ratio 3
+    launch, plan = tools.seed_run(tools.BEFORE + ["--disable-radix-cache"])
+    assert plan.mamba_ratio == 1 and plan.max_running_requests == 48
+
+
+def test_kv_oom_message_is_sglangs(tools):
+    model = tools.preset("qwen3.6-27b")
+    launch = resolve_launch(parse_args(tools.SEED_ARGS + tools.BEFORE), model, [tools.B200_MIB])
+    pre = 100 * tools.GIB
+    # rest after the 80-slot pool is a few hundred bytes: not one KV token fits
+    slot = 153_944_064
+    state = (81 + 17 * 4) * slot
+    available = int(pre * (1 - launch.mem_fraction_static)) + state + 1000
+    with pytest.raises(LaunchError) as err:
+        size_pools(model, launch, pre, available)
+    assert err.value.exc_type == "RuntimeError"
+    assert err.value.message == ("Not enough memory. Please try to increase --mem-fraction-static. "
+                                 "Current value: mem_fraction_static=0.854")
+
+
+def test_weights_that_leave_nothing_fail_with_the_value_error(tools):
+    # an explicit state pool: auto sizing would hit the Mamba check first, as SGLang does
+    with pytest.raises(LaunchError) as err:
+        tools.seed_run(tools.BEFORE + ["--mem-fraction-static", "0.3"])
+    assert err.value.exc_type == "ValueError"
+    assert err.value.message.startswith("Loaded weights leave no GPU memory for the KV cache under "
+                                        "--mem-fraction-static=0.3. Raise --mem-fraction-static above 0.")
+    assert err.value.message.endswith("If using speculative decoding, draft weights are now counted.")
+
+
+def test_state_pool_too_small_for_one_request(tools):
+    with pytest.raises(LaunchError) as err:
+        tools.seed_run(["--max-mamba-cache-size", "4"])
+    assert err.value.message.startswith(
+        "Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
+        "max_mamba_cache_size=4, mamba_ratio=5, resulting max_num_reqs=0.")
+
+
+def test_auto_state_pool_with_no_room_fails_with_the_mamba_message(tools):
+    model = tools.preset("qwen3.6-27b")
+    launch = resolve_launch(parse_args(tools.SEED_ARGS + ["--mem-fraction-static", "0.5"]), model, [tools.B200_MIB])
+    with pytest.raises(LaunchError) as err:
+        size_pools(model, launch, 100 * tools.GIB, 51 * tools.GIB)  # rest 1 GiB: < one slot plus its draft buffers
+    assert err.value.message.startswith("Not enough GPU memory for hybrid (mamba/linear-attention) state "
+                                        "cache. Computed max_mamba_cache_size=")
+    assert "mamba_cache_per_req=146.81 MB" in err.value.message
+
+
+def test_context_length_above_the_model_is_refused(tools, monkeypatch):
+    monkeypatch.delenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", raising=False)
+    args = parse_args(["--model-path", "m", "--context-length", "300000"])
+    with pytest.raises(LaunchError) as err:
+        resolve_launch(args, tools.preset("qwen3.6-27b"), [tools.B200_MIB])
+    assert err.value.message == (
+        "Warning: User-specified context_length (300000) is greater than the derived context_length (262144). "
+        "This may lead to incorrect model outputs or CUDA errors. Note that the derived context_length may "
+        "differ from max_position_embeddings in the model's config. To allow overriding this maximum, set the "
+        "env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
+    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+    assert resolve_launch(args, tools.preset("qwen3.6-27b"), [tools.B200_MIB]).context_len == 300000
+
+
+def test_llama3_rope_scaling_keeps_the_position_limit(tools):
+    assert tools.preset("llama3.1-8b").derived_context_length == 131072
+
+
+def test_graph_capture_model_on_the_seed(tools):
+    assert tools.seed_capture_fits(tools.BEFORE)                       # auto mfs 0.854
+    assert tools.seed_capture_fits(tools.AFTER)                        # 0.93
+    high = ["--max-mamba-cache-size", "200", "--mem-fraction-static", "0.98", "--max-running-requests", "64"]
+    assert not tools.seed_capture_fits(high)
+    assert tools.seed_capture_fits(high + ["--chunked-prefill-size", "4096", "--cuda-graph-max-bs-decode", "64"])
+
+
+def test_dense_model_has_no_state_pool(tools):
+    model = tools.preset("llama3.1-8b")
+    launch = resolve_launch(parse_args(["--model-path", "m"]), model, [tools.B200_MIB])
+    plan = size_pools(model, launch, 170 * tools.GIB, 155 * tools.GIB)
+    assert plan.mamba_total_bytes == 0 and plan.mamba_ratio == 0
+    assert plan.kv_cell_bytes == 8 * 256 * 32 * 2
+    tokens = plan.max_total_num_tokens
+    assert plan.max_running_requests == min(max(min(int(tokens / 131072 * 512), 4096), 2048), tokens // 2)
+
+
+def test_parse_args_is_an_argparse_namespace(tools):
+    assert isinstance(parse_args(tools.SEED_ARGS), argparse.Namespace)
