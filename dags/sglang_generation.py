@@ -5,6 +5,7 @@ Wiring only: every task calls fleetgen (include/fleetgen). Nothing here reads fi
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import pendulum
@@ -76,7 +77,8 @@ PARAMS = {
 DEFAULT_ARGS = {
     "owner": "ml-infra",
     "retries": 2,
-    "retry_delay": timedelta(seconds=20),
+    # Environment, not I/O: lets tests retry without waiting. Deterministic errors never retry (fail_fast).
+    "retry_delay": timedelta(seconds=float(os.environ.get("FLEETGEN_RETRY_DELAY_S", "20"))),
     "on_failure_callback": tasks.describe_failure,
 }
 
@@ -129,3 +131,5 @@ with DAG(
     released = task(tasks.release_servers, task_id="release_servers", trigger_rule="all_done").partial(
         fleet=fleet).expand(node=nodes)
     [run_report, readiness] >> released
+    outcome = task(tasks.run_outcome, task_id="run_outcome", trigger_rule="one_failed", retries=0)()
+    [run_report, released] >> outcome

@@ -28,9 +28,12 @@ DEMO_API_KEY_FILE = "api_key"
 B200_MIB = 183359
 
 
-def free_port_block(count: int, start: int = 30000, stop: int = 60000) -> int:
-    """First port P >= start such that P..P+count-1 are all free on loopback."""
-    port = start
+def free_port_block(count: int, start: int | None = None, stop: int = 60000) -> int:
+    """First port P >= start such that P..P+count-1 are all free on loopback (start: random, so that
+    environments set up side by side rarely race for the same block)."""
+    import random
+
+    port = start if start is not None else random.randrange(20000, 40000, 100)
     while port + count < stop:
         for offset in range(count):
             with socket.socket() as sock:
@@ -77,7 +80,8 @@ class SimEnvironment:
         return self.root / "output"
 
     def prepare(self) -> "SimEnvironment":
-        from fleetgen.sim.node import create_node, install_model
+        from fleetgen.sim.node import create_node
+        from fleetgen.sim.presets import install_model
 
         self.root.mkdir(parents=True, exist_ok=True)
         for index in range(self.nodes):
@@ -207,7 +211,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"Wall time {wall:.0f} s. Throughput is in simulated time scaled by {args.time_scale:g}x "
               f"(divide by the scale for GPU-equivalent figures).")
         print(f"demo prompts={environment.prompts} completions={completions} "
-              f"tokens_per_s={report['tokens_per_s']:.1f} report={report_path.parent / 'report.md'}")
+              f"tokens_per_s={report['throughput']['tokens_per_s']:.1f} report={report_path.parent / 'report.md'}")
         return 0
     finally:
         environment.stop()

@@ -25,6 +25,7 @@ _SPECIFIC = (
     ("bad_args", "error: argument"),
     ("bad_args", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"),
     ("port_in_use", "Address already in use"),
+    ("port_in_use", "address already in use"),  # uvicorn's wording
 )
 _GENERIC = (
     ("exited", re.compile(r"scheduler died during initialization")),                    # 5.1

@@ -5,23 +5,50 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from pathlib import Path
 
 from fleetgen import probe
 from fleetgen.airflow import lifecycle
 from fleetgen.airflow.node_shell import NodeShell
-from fleetgen.errors import ConfigError, FleetgenError
+from fleetgen.errors import (ConfigError, FleetgenError, ModelConfigError, PlanError, ProbeError, PromptsError,
+                             ValidationFailed)
 from fleetgen.fleet import FleetSpec, fleet_from_json, load_fleet_file, load_fleet_text
 
 log = logging.getLogger("fleetgen")
 FLEET_VARIABLE = "fleetgen_fleet"
 
 
+# Errors a retry cannot fix: bad input, a model we cannot size, a plan that cannot fit, failed data.
+DETERMINISTIC_ERRORS = (ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError, ValidationFailed)
+
+
+def fail_fast(function):
+    """Turn a deterministic error into AirflowFailException (no retry: the same input fails the same
+    way), keeping the message and the original as its cause."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except DETERMINISTIC_ERRORS as error:
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(str(error)) from error
+
+    return wrapper
+
+
 def _context():
     from airflow.sdk import get_current_context
 
     return get_current_context()
+
+
+def _values(mapped) -> list:
+    """All values of a mapped task's output in one request (``list()`` on the lazy sequence asks
+    index by index and logs a spurious "XCom not found" at the end)."""
+    return list(mapped[:]) if hasattr(mapped, "__getitem__") and not isinstance(mapped, list) else list(mapped)
 
 
 def run_output_dir(params: dict, run_id: str) -> Path:
@@ -41,6 +68,7 @@ def _read_fleet(params: dict) -> FleetSpec:
     return load_fleet_text(text, source=f"Variable {FLEET_VARIABLE}")
 
 
+@fail_fast
 def load_fleet() -> dict:
     params = _context()["params"]
     log.info("Reading the fleet description (%s)", params.get("fleet_file") or f"Variable {FLEET_VARIABLE}")
@@ -55,6 +83,7 @@ def node_names(fleet: dict) -> list[str]:
     return [node["name"] for node in fleet["nodes"]]
 
 
+@fail_fast
 def probe_gpus(node: str, fleet: dict) -> dict:
     spec = fleet_from_json(fleet)
     log.info("Probing the GPUs of %s over SSH (%s)", node, spec.node(node).ssh_conn_id)
@@ -66,6 +95,7 @@ def probe_gpus(node: str, fleet: dict) -> dict:
     return inventory
 
 
+@fail_fast
 def scan_prompts() -> dict:
     from fleetgen import prompts
 
@@ -75,10 +105,12 @@ def scan_prompts() -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     log.info("Validating prompts %s (rejects go to %s)", params["prompts_path"], out_dir / "rejects.jsonl")
     scan = prompts.scan_prompts(params["prompts_path"], rejects_path=out_dir / "rejects.jsonl")
-    summary = scan.to_dict()
-    summary["out_dir"] = str(out_dir)
-    log.info("Prompts: %d valid, %d rejected; prompt tokens mean %.0f, max %d (estimated)", scan.count,
-             scan.rejected, scan.prompt_tokens_mean, scan.prompt_tokens_max)
+    summary = {"path": scan.path, "count": scan.count, "rejected": scan.rejected, "bytes": scan.bytes,
+               "rejects_path": scan.rejects_path, "out_dir": str(out_dir),
+               "prompt_tokens_mean": round(scan.est_prompt_tokens_mean, 1),
+               "prompt_tokens_max": scan.est_prompt_tokens_max}
+    log.info("Prompts: %d valid, %d rejected; prompt tokens mean %.0f, max %d (estimated from characters)",
+             scan.count, scan.rejected, scan.est_prompt_tokens_mean, scan.est_prompt_tokens_max)
     return summary
 
 
@@ -102,6 +134,7 @@ def _read_model(spec: FleetSpec) -> tuple[dict, int]:
     return documents[config_path], weights_bytes_from_index(documents[index_path], path=index_path)
 
 
+@fail_fast
 def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list[dict]:
     import dataclasses
 
@@ -123,7 +156,7 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
                          context_length=params.get("context_length") or None,
                          bf16_ssm_state=bool(params["bf16_ssm_state"]),
                          no_buffer_radix=bool(params["no_buffer_radix"]), mode=params["tuning"])
-    by_host = {inventory["host"]: inventory for inventory in inventories}
+    by_host = {inventory["host"]: inventory for inventory in _values(inventories)}
     plans = []
     for slot in spec.servers():
         gpus = probe.select_gpus(by_host[slot.node], slot.gpu_ids)
@@ -144,6 +177,7 @@ def go_live() -> bool:
     return True
 
 
+@fail_fast
 def stop_servers(node: str, fleet: dict) -> dict:
     spec = fleet_from_json(fleet)
     ports = list(spec.node(node).ports)
@@ -161,6 +195,7 @@ def stop_servers(node: str, fleet: dict) -> dict:
     return {"node": node, "records": records}
 
 
+@fail_fast
 def release_servers(node: str, fleet: dict) -> dict:
     """After the run: stop our servers if the run asked for it (the default keeps them up for the next run)."""
     params = _context()["params"]
@@ -170,6 +205,7 @@ def release_servers(node: str, fleet: dict) -> dict:
     return stop_servers(node, fleet)
 
 
+@fail_fast
 def launch_servers(node: str, fleet: dict, plans: list[dict]) -> list[dict]:
     spec = fleet_from_json(fleet)
     slots = [slot for slot in spec.servers() if slot.node == node]
@@ -185,9 +221,10 @@ def launch_servers(node: str, fleet: dict, plans: list[dict]) -> list[dict]:
 
 
 def flatten(nested: list[list[dict]]) -> list[dict]:
-    return [item for group in nested for item in group]
+    return [item for group in _values(nested) for item in group]
 
 
+@fail_fast
 def plan_shards(prompt_scan: dict) -> list[dict]:
     from fleetgen import prompts
 
@@ -198,13 +235,14 @@ def plan_shards(prompt_scan: dict) -> list[dict]:
     return shards
 
 
+@fail_fast
 def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
     from fleetgen.generate import GenerationSettings, ServerEndpoint, run_shard, server_limits
 
     context = _context()
     params = context["params"]
     spec = fleet_from_json(fleet)
-    ready = list(readiness)
+    ready = _values(readiness)
     limits = server_limits({r["server"]: r["effective_max_running_requests"] for r in ready},
                            headroom=float(params["headroom"]), parallel_shards=int(params["parallel_shards"]))
     endpoints = [ServerEndpoint(name=r["server"], url=r["url"], max_in_flight=limits[r["server"]], host=r["host"],
@@ -221,6 +259,7 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
     return result
 
 
+@fail_fast
 def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
     from fleetgen import prompts
     from fleetgen.errors import ValidationFailed
@@ -243,6 +282,7 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
     return summary
 
 
+@fail_fast
 def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], validation: dict) -> dict:
     from fleetgen.report import build_report, find_previous_report
 
@@ -251,18 +291,27 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
     out_dir = run_output_dir(params, context["run_id"])
     previous = find_previous_report(Path(params["output_root"]).expanduser(), out_dir.name)
     log.info("Writing the run report to %s (previous run: %s)", out_dir / "report", previous or "none")
-    started = context["dag_run"].start_date
-    wall = time.time() - started.timestamp() if started else None
-    summary = build_report(out_dir, run_id=context["run_id"], plan=list(plans), readiness=list(readiness),
-                           shard_results=list(shard_results), validation=validation, previous_report=previous,
-                           wall_seconds=wall)
+    # Throughput is measured over the generation itself (first request sent to last completion), not
+    # the run's wall time, which also holds server start-up and validation.
+    summary = build_report(out_dir, run_id=context["run_id"], plan=list(plans), readiness=_values(readiness),
+                           shard_results=_values(shard_results), validation=validation, previous_report=previous)
     log.info("Report: %s; %.1f output tokens/s overall", summary["report_md"], summary["tokens_per_s"])
     return summary
+
+
+def run_outcome() -> None:
+    """Runs only when a task failed (trigger rule one_failed): keeps the run failed although the
+    release_servers clean-up, a leaf that runs whatever happened, succeeded."""
+    from fleetgen.errors import FleetgenError as _Failure
+
+    raise _Failure("a task of this run failed; see the first failed task's log for what broke and what to check")
 
 
 def describe_failure(context) -> None:
     """on_failure_callback: one short summary an on-call engineer can act on."""
     exception = context.get("exception")
+    if exception is not None and isinstance(exception.__cause__, FleetgenError):
+        exception = exception.__cause__  # unwrapped from AirflowFailException by fail_fast
     ti = context.get("task_instance")
     where = f"{ti.task_id}[{ti.map_index}]" if ti is not None and ti.map_index >= 0 else getattr(ti, "task_id", "?")
     if isinstance(exception, FleetgenError):

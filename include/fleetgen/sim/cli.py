@@ -103,11 +103,25 @@ def _faults(a: argparse.Namespace) -> int:
     return 0
 
 
+def _sshd_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node", required=True, help="simulated node directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--keys", required=True, help="directory holding (or receiving) host and client keys")
+
+
+def _sshd(a: argparse.Namespace) -> int:
+    from fleetgen.sim import sshd
+
+    return sshd.main(["--node", a.node, "--host", a.host, "--port", str(a.port), "--keys", a.keys])
+
+
 COMMANDS: list[tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = [
     ("create-node", _create_node_args, _create_node),
     ("install-model", _install_model_args, _install_model),
     ("hold", _hold_args, _hold),
     ("faults", _faults_args, _faults),
+    ("sshd", _sshd_args, _sshd),
 ]
 
 
