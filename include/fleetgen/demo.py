@@ -103,9 +103,12 @@ class SimEnvironment:
         with self.prompts_path.open("rb") as handle:
             return sum(1 for _ in handle)
 
+    def node_base_port(self, index: int) -> int:
+        return self.base_port + index * self.gpus_per_node
+
     def start(self) -> "SimEnvironment":
         self.ssh_ports = [sshd.free_port() for _ in range(self.nodes)]
-        self.base_port = free_port_block(self.gpus_per_node)
+        self.base_port = free_port_block(self.nodes * self.gpus_per_node)
         for index, port in enumerate(self.ssh_ports):
             self._sshd.append(sshd.start_sshd(self.node_dir(index), port=port, key_dir=self.key_dir,
                                               log_path=self.root / f"sshd-node{index}.log"))
