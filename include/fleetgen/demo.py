@@ -148,8 +148,13 @@ class SimEnvironment:
 
 
 def airflow_env(airflow_home: Path, settings_env: dict[str, str]) -> dict[str, str]:
+    """Environment for Airflow processes: the settings as AIRFLOW_CONN_*/AIRFLOW_VAR_* too (the
+    triggerer of `dags test` resolves connections from the environment, not the database)."""
+    from fleetgen.settings import load_settings
+
     env = dict(os.environ)
     env.update(settings_env)
+    env.update(load_settings(PROJECT_ROOT / "airflow_settings.yaml", env).environment())
     env.update({
         "AIRFLOW_HOME": str(airflow_home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
@@ -225,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=str(PROJECT_ROOT / ".demo"), help="where the simulated fleet and outputs live")
     parser.add_argument("--prompts", type=int, default=3000)
     parser.add_argument("--shard-size", type=int, default=1000)
-    parser.add_argument("--time-scale", type=float, default=100.0)
+    parser.add_argument("--time-scale", type=float, default=10.0,
+                        help="simulated seconds per real second (10: generation, not the client, sets the pace)")
     return run_demo(parser.parse_args(argv))
 
 
