@@ -105,8 +105,9 @@ def scan_prompts() -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     log.info("Validating prompts %s (rejects go to %s)", params["prompts_path"], out_dir / "rejects.jsonl")
     scan = prompts.scan_prompts(params["prompts_path"], rejects_path=out_dir / "rejects.jsonl")
-    summary = {"path": scan.path, "count": scan.count, "rejected": scan.rejected, "bytes": scan.bytes,
-               "rejects_path": scan.rejects_path, "out_dir": str(out_dir),
+    # The scan (with its sparse byte index, ~1,000 pairs per million prompts) travels on so that
+    # plan_shards does not read the file a second time.
+    summary = {**scan.to_dict(), "out_dir": str(out_dir),
                "prompt_tokens_mean": round(scan.est_prompt_tokens_mean, 1),
                "prompt_tokens_max": scan.est_prompt_tokens_max}
     log.info("Prompts: %d valid, %d rejected; prompt tokens mean %.0f, max %d (estimated from characters)",
@@ -229,7 +230,8 @@ def plan_shards(prompt_scan: dict) -> list[dict]:
     from fleetgen import prompts
 
     params = _context()["params"]
-    shards = prompts.plan_shards(params["prompts_path"], shard_size=int(params["shard_size"]))
+    scan = prompts.PromptScan.from_dict(prompt_scan)
+    shards = prompts.plan_shards(params["prompts_path"], shard_size=int(params["shard_size"]), scan=scan)
     log.info("Planned %d shard(s) of up to %d prompts over %s", len(shards), params["shard_size"],
              params["prompts_path"])
     return shards

@@ -1,0 +1,72 @@
+"""OpenAI-compatible chat requests and responses as SGLang serves them (sglang-facts.md §6).
+
+With a reasoning parser, ``choices[0].message`` carries the thinking in ``reasoning_content`` and
+the answer in ``content``; ``usage.completion_tokens`` includes the reasoning tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetgen.generate import jsonio
+from fleetgen.generate.settings import GenerationSettings
+from fleetgen.prompts import Prompt
+
+CHAT_PATH = "/v1/chat/completions"
+HEALTH_PATH = "/health"
+ERROR_TEXT_LIMIT = 500
+
+
+class BadResponse(ValueError):
+    """A 200 response that is not a chat completion."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    content: str
+    reasoning_content: str | None
+    finish_reason: str
+    usage: dict
+    model: str
+
+
+def request_body(prompt: Prompt, settings: GenerationSettings) -> tuple[bytes, dict]:
+    """The JSON body for one prompt and the sampling parameters it used (for the output record)."""
+    sampling = settings.sampling(prompt.sampling)
+    body = {"model": settings.model, "messages": prompt.chat_messages(), **sampling, **settings.extra_body}
+    return jsonio.dumps(body), sampling
+
+
+def parse_chat_response(raw: bytes) -> ChatResult:
+    try:
+        data = jsonio.loads(raw)
+        choice = data["choices"][0]
+        message = choice["message"]
+        content = message.get("content") or ""
+        reasoning = message.get("reasoning_content")
+        finish_reason = choice.get("finish_reason")
+        usage = data.get("usage") or {}
+    except (jsonio.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise BadResponse(f"not a chat completion ({type(exc).__name__}: {exc}): {raw[:200]!r}") from None
+    if not isinstance(content, str) or not (reasoning is None or isinstance(reasoning, str)):
+        raise BadResponse(f"message content is not text: {raw[:200]!r}")
+    if not isinstance(finish_reason, str):
+        raise BadResponse(f"finish_reason missing: {raw[:200]!r}")
+    return ChatResult(content=content, reasoning_content=reasoning, finish_reason=finish_reason,
+                      usage=usage, model=data.get("model") or "")
+
+
+def error_message(raw: bytes) -> str:
+    """The server's own words for an error response: OpenAI-style, FastAPI-style, or the raw text."""
+    try:
+        data = jsonio.loads(raw)
+    except jsonio.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:ERROR_TEXT_LIMIT]
+        for key in ("message", "detail", "error"):
+            if data.get(key):
+                return str(data[key])[:ERROR_TEXT_LIMIT]
+    return raw[:ERROR_TEXT_LIMIT].decode("utf-8", "replace") or "(empty response)"

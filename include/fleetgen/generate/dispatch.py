@@ -1,0 +1,386 @@
+"""The pull-based dispatcher: each server runs as many workers as its in-flight limit, and a worker
+takes the next prompt only when its previous request has finished, so faster servers take more.
+
+Failures, by what they say about the server:
+
+- refused connection, timeout, dropped connection, 5xx, or a 200 that is not a completion: the
+  server is marked down (its workers stop taking prompts), the prompt goes back to the queue with
+  a backoff for the other servers, and ``/health`` is re-checked with a doubling delay. When it
+  answers 200, one trial request must succeed before all the server's workers resume (a server
+  whose /health is fine but whose generations fail stays down, at a growing interval). Only the
+  failure that marks a server down counts against the prompt's ``max_attempts``; the requests that
+  fail after it on a server already down are the server's fault, not the prompt's. Every server
+  down for ``all_down_timeout_s`` fails the shard.
+- 408, 429, or a completion the server aborted: the prompt is retried; the server stays up.
+- 401/403/404: the run is misconfigured (key, URL, model), so the shard stops at once.
+- any other 4xx: the prompt itself is wrong (e.g. longer than the context): written to the errors
+  file, not retried. If the first ``client_error_breaker`` results are all such errors, the shard
+  stops, because a setting is wrong rather than the prompts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from fleetgen.errors import AllServersDown, GenerationError
+from fleetgen.generate import jsonio
+from fleetgen.generate.chat import CHAT_PATH, HEALTH_PATH, BadResponse, error_message, parse_chat_response, request_body
+from fleetgen.generate.progress import Progress
+from fleetgen.generate.records import completion_record, error_record, stats_record, utc_now
+from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
+from fleetgen.generate.store import ShardStore
+from fleetgen.prompts import Prompt
+
+MONITOR_TICK_S = 0.25
+MARK_INTERVAL_S = 1.0
+
+
+@dataclass(slots=True)
+class _Item:
+    index: int  # position among the shard's valid prompts
+    prompt: Prompt
+    attempts: int = 0
+
+
+class WorkQueue:
+    """Fresh prompts read lazily from the shard, and failed ones waiting to be offered again.
+
+    Also knows the low-water mark: the first prompt, in file order, that is not finished yet
+    (every prompt before it is), which the store persists so a resume can start reading there.
+    """
+
+    def __init__(self, fresh: Iterator[tuple[int, int, int, Prompt]], start: tuple[int, int]) -> None:
+        self._fresh: Iterator[tuple[int, int, int, Prompt]] | None = fresh
+        self._retry: deque[_Item] = deque()
+        self._delayed = 0
+        self.in_flight = 0
+        self._changed = asyncio.Event()
+        self.finished = asyncio.Event()
+        self._taken: deque[tuple[int, int]] = deque()  # (index, line start) in the order read
+        self._finished_indexes: set[int] = set()
+        self._after_taken = start  # (index, offset) just past the last prompt read
+
+    def take(self) -> _Item | None:
+        if self._retry:
+            item = self._retry.popleft()
+        elif self._fresh is not None:
+            position = next(self._fresh, None)
+            if position is None:
+                self._fresh = None
+                self._check_finished()
+                return None
+            index, line_start, line_end, prompt = position
+            self._taken.append((index, line_start))
+            self._after_taken = (index + 1, line_end)
+            item = _Item(index, prompt)
+        else:
+            return None
+        self.in_flight += 1
+        return item
+
+    def finish(self, item: _Item) -> None:
+        """The item's records are written: it will never be sent again."""
+        self.in_flight -= 1
+        self._finished_indexes.add(item.index)
+        while self._taken and self._taken[0][0] in self._finished_indexes:
+            self._finished_indexes.discard(self._taken.popleft()[0])
+        self._check_finished()
+
+    def low_water(self) -> tuple[int, int]:
+        return self._taken[0] if self._taken else self._after_taken
+
+    def retry_later(self, item: _Item, delay_s: float) -> None:
+        self.in_flight -= 1
+        self._delayed += 1
+        asyncio.get_running_loop().call_later(delay_s, self._release, item)
+
+    def _release(self, item: _Item) -> None:
+        self._delayed -= 1
+        self._retry.append(item)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_for_change(self) -> None:
+        await self._changed.wait()
+
+    def _check_finished(self) -> None:
+        if self._fresh is None and not self._retry and not self._delayed and not self.in_flight:
+            self.finished.set()
+
+
+@dataclass
+class ServerState:
+    endpoint: ServerEndpoint
+    chat_url: httpx.URL
+    health_url: httpx.URL
+    up: asyncio.Event = field(default_factory=asyncio.Event)
+    in_flight: int = 0
+    completed: int = 0
+    failed: int = 0  # prompts written off while on this server
+    retried: int = 0  # requests that failed here and went back to the queue
+    down_since: float | None = None
+    marked_down: list[dict] = field(default_factory=list)
+    recovered: list[dict] = field(default_factory=list)
+    recheck: asyncio.Task | None = None
+
+    def summary(self) -> dict:
+        return {"completed": self.completed, "failed": self.failed, "retried": self.retried,
+                "marked_down": list(self.marked_down), "recovered": list(self.recovered)}
+
+
+class Dispatcher:
+    def __init__(self, *, shard_id: int, servers: list[ServerEndpoint], queue: WorkQueue, store: ShardStore,
+                 settings: GenerationSettings, transport: httpx.AsyncBaseTransport,
+                 headers: list[tuple[bytes, bytes]], progress: Progress, log: logging.Logger,
+                 progress_interval_s: float, finished_before: int = 0) -> None:
+        self.shard_id = shard_id
+        # URLs and headers are parsed once: httpx would parse them again for every request.
+        self.servers = [ServerState(endpoint, httpx.URL(endpoint.url + CHAT_PATH),
+                                    httpx.URL(endpoint.url + HEALTH_PATH)) for endpoint in servers]
+        for server in self.servers:
+            server.up.set()
+        self.queue = queue
+        self.store = store
+        self.settings = settings
+        self.transport = transport
+        self.headers = httpx.Headers(headers)
+        self.progress = progress
+        self.log = log
+        self.progress_interval_s = progress_interval_s
+        self.fatal: BaseException | None = None
+        self._client_errors = 0
+        # Client errors trip the breaker only while no prompt of the shard has ever succeeded.
+        self._breaker_armed = finished_before == 0
+        self._request_extensions = {"timeout": {
+            "connect": settings.connect_timeout_s, "read": settings.effective_request_timeout_s,
+            "write": settings.connect_timeout_s, "pool": settings.connect_timeout_s}}
+        self._health_extensions = {"timeout": {
+            "connect": settings.connect_timeout_s, "read": settings.health_timeout_s,
+            "write": settings.connect_timeout_s, "pool": settings.connect_timeout_s}}
+
+    async def run(self) -> None:
+        tasks = [self._spawn(self._worker(server)) for server in self.servers
+                 for _ in range(server.endpoint.max_in_flight)]
+        tasks.append(self._spawn(self._monitor()))
+        try:
+            await self.queue.finished.wait()
+        finally:
+            tasks.extend(server.recheck for server in self.servers if server.recheck is not None)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.store.save_mark(*self.queue.low_water())
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _stop(self, error: BaseException) -> None:
+        if self.fatal is None:
+            self.fatal = error
+        self.queue.finished.set()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task:
+        """A task whose unexpected error (a prompts file changed under us, a full disk, a bug)
+        stops the shard instead of dying unseen."""
+        async def guarded() -> None:
+            try:
+                await coroutine
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._stop(exc)
+        return asyncio.create_task(guarded())
+
+    async def _worker(self, server: ServerState) -> None:
+        while self.fatal is None:
+            if not server.up.is_set():
+                await server.up.wait()
+            item = self.queue.take()
+            if item is None:
+                await self.queue.wait_for_change()
+                continue
+            await self._attempt(server, item)
+
+    async def _attempt(self, server: ServerState, item: _Item) -> str | None:
+        """Send one prompt; returns the failure message when the server failed, else None."""
+        body, sampling = request_body(item.prompt, self.settings)
+        request = httpx.Request("POST", server.chat_url, content=body, headers=self.headers,
+                                extensions=self._request_extensions)
+        server.in_flight += 1
+        started = time.monotonic()
+        try:
+            response = await self._send(request)
+        except httpx.TimeoutException as exc:
+            return self._server_failed(server, item, "timeout", f"{type(exc).__name__}: {exc}")
+        except httpx.TransportError as exc:
+            return self._server_failed(server, item, "connection", f"{type(exc).__name__}: {exc}")
+        finally:
+            server.in_flight -= 1
+        latency_s = time.monotonic() - started
+        status = response.status_code
+        if status == 200:
+            try:
+                result = parse_chat_response(response.content)
+            except BadResponse as exc:
+                return self._server_failed(server, item, "bad_response", str(exc))
+            if result.finish_reason == "abort":
+                return self._retry(server, item, "the server aborted the request (finish_reason abort)")
+            return self._completed(server, item, result, latency_s, sampling)
+        message = f"HTTP {status}: {error_message(response.content)}"
+        if status in (401, 403):
+            self._stop(GenerationError(
+                message, shard=self.shard_id, server=server.endpoint.name,
+                hint="the server refused the API key: check the key in the run's connection/secret "
+                     "matches the servers' --api-key"))
+            return None
+        if status == 404:
+            self._stop(GenerationError(
+                f"{message} for {CHAT_PATH}", shard=self.shard_id, server=server.endpoint.name,
+                hint="check the server URL and that it is an OpenAI-compatible SGLang server"))
+            return None
+        if status in (408, 429):
+            return self._retry(server, item, message)
+        if 400 <= status < 500:
+            return self._client_error(server, item, f"http_{status}", message)
+        return self._server_failed(server, item, f"http_{status}", message)
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        """One request on the shard's pooled transport.
+
+        ``httpx.AsyncClient.send`` would add cookie extraction (through urllib's request and
+        response adapters), auth and redirect flows and event hooks: ~80 us of CPU per request,
+        a third of the whole per-request cost, for features generation requests never use.
+        """
+        response = await self.transport.handle_async_request(request)
+        await response.aread()
+        return response
+
+    def _completed(self, server: ServerState, item: _Item, result, latency_s: float, sampling: dict) -> None:
+        record = completion_record(item.prompt, result, server=server.endpoint.name, latency_s=latency_s,
+                                   sampling=sampling)
+        self.store.record_completion(jsonio.dumps(record) + b"\n", jsonio.dumps(stats_record(record)) + b"\n",
+                                     item.prompt.id)
+        server.completed += 1
+        usage = result.usage
+        self.progress.add_completion(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
+        self.queue.finish(item)
+
+    def _write_off(self, server: ServerState, item: _Item, code: str, message: str) -> None:
+        record = error_record(item.prompt.id, code=code, message=message, server=server.endpoint.name)
+        self.store.record_failure(jsonio.dumps(record) + b"\n", item.prompt.id)
+        server.failed += 1
+        self.progress.add_failure()
+        self.queue.finish(item)
+
+    def _client_error(self, server: ServerState, item: _Item, code: str, message: str) -> None:
+        self._write_off(server, item, code, message)
+        if self._breaker_armed and self.progress.done == 0:
+            self._client_errors += 1
+            if self._client_errors >= self.settings.client_error_breaker:
+                self._stop(GenerationError(
+                    f"the first {self._client_errors} results were all client errors, e.g. {message}",
+                    shard=self.shard_id, server=server.endpoint.name,
+                    hint="a setting is wrong rather than the prompts: check the model name, max_tokens "
+                         "against the context length, and extra_body; the errors file lists each one"))
+
+    def _retry(self, server: ServerState, item: _Item, message: str, *, blame: bool = True) -> None:
+        server.retried += 1
+        if blame:
+            item.attempts += 1
+            if item.attempts >= self.settings.max_attempts:
+                return self._write_off(server, item, "attempts_exhausted",
+                                       f"{item.attempts} attempts failed; the last: {message}")
+        delay = min(self.settings.retry_backoff_s * 2 ** max(0, item.attempts - 1), self.settings.recheck_max_s)
+        self.queue.retry_later(item, delay)
+
+    def _server_failed(self, server: ServerState, item: _Item, code: str, message: str) -> str:
+        reason = f"{code}: {message}"
+        already_down = server.down_since is not None
+        if not already_down:
+            self._mark_down(server, reason)
+        self._retry(server, item, message, blame=not already_down)
+        return reason
+
+    def _mark_down(self, server: ServerState, reason: str) -> None:
+        server.down_since = time.monotonic()
+        server.up.clear()
+        at = utc_now()
+        server.marked_down.append({"at": at, "reason": reason})
+        self.log.warning("shard %d: server %s marked down at %s (%s); its prompts go to the other servers; "
+                         "re-checking %s%s", self.shard_id, server.endpoint.name, at, reason,
+                         server.endpoint.url, HEALTH_PATH)
+        server.recheck = self._spawn(self._recheck(server))
+
+    async def _recheck(self, server: ServerState) -> None:
+        # A server that keeps coming back and failing again is checked less and less often.
+        delay = min(self.settings.recheck_initial_s * 2 ** (len(server.marked_down) - 1), self.settings.recheck_max_s)
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.settings.recheck_max_s)
+            why = await self._health(server)
+            if why is None:
+                why = await self._trial(server)
+                if why is None:
+                    break
+                why = f"trial request failed: {why}"
+            self.log.info("shard %d: server %s still down (%s); next check in %.1f s", self.shard_id,
+                          server.endpoint.name, why, delay)
+        down_s = time.monotonic() - server.down_since
+        server.down_since = None
+        at = utc_now()
+        server.recovered.append({"at": at, "down_s": round(down_s, 1)})
+        self.log.warning("shard %d: server %s is back up at %s after %.1f s down", self.shard_id,
+                         server.endpoint.name, at, down_s)
+        server.up.set()
+
+    async def _health(self, server: ServerState) -> str | None:
+        request = httpx.Request("GET", server.health_url, headers=self.headers,
+                                extensions=self._health_extensions)
+        try:
+            response = await self._send(request)
+        except httpx.TransportError as exc:
+            return f"{HEALTH_PATH}: {type(exc).__name__}: {exc}"
+        return None if response.status_code == 200 else f"{HEALTH_PATH}: HTTP {response.status_code}"
+
+    async def _trial(self, server: ServerState) -> str | None:
+        """One real request before the server's workers resume; None when it did not fail."""
+        item = self.queue.take()
+        return None if item is None else await self._attempt(server, item)
+
+    async def _monitor(self) -> None:
+        tick = min(MONITOR_TICK_S, self.progress_interval_s)
+        next_report = time.monotonic() + self.progress_interval_s
+        next_mark = time.monotonic() + MARK_INTERVAL_S
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            if now >= next_mark:
+                next_mark = now + MARK_INTERVAL_S
+                self.store.save_mark(*self.queue.low_water())
+            if all(server.down_since is not None for server in self.servers):
+                since = max(server.down_since for server in self.servers)
+                if now - since >= self.settings.all_down_timeout_s:
+                    return self._stop(self._all_down_error(now - since))
+            if now >= next_report:
+                next_report = now + self.progress_interval_s
+                self.log.info("shard %d: %s", self.shard_id, self.progress_line())
+
+    def progress_line(self) -> str:
+        return self.progress.line({s.endpoint.name: s.in_flight for s in self.servers},
+                                  {s.endpoint.name for s in self.servers if s.down_since is not None})
+
+    def _all_down_error(self, down_s: float) -> AllServersDown:
+        lines = "\n".join(f"  {s.endpoint.name}: down since {s.marked_down[-1]['at']} ({s.marked_down[-1]['reason']})"
+                          for s in self.servers)
+        return AllServersDown(
+            f"every server has been down for {down_s:.0f} s; progress is saved "
+            f"({self.progress.skipped + self.progress.done} done, {self.progress.remaining} left):\n{lines}",
+            shard=self.shard_id,
+            hint="check the servers' logs and GPUs; a retry of this task resumes where it stopped")

@@ -1,0 +1,48 @@
+"""The three per-shard output records: completion, stats and error lines.
+
+Every record starts with ``"id"`` so that resume can read ids without parsing the rest of a line
+(``fleetgen.prompts.fast_id``). Field lists are the file contracts of DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from fleetgen.generate.chat import ChatResult
+from fleetgen.prompts import Prompt
+
+
+def completion_record(prompt: Prompt, result: ChatResult, *, server: str, latency_s: float,
+                      sampling: dict) -> dict:
+    record = {"id": prompt.id}
+    if prompt.messages is not None:
+        record["messages"] = prompt.messages
+    else:
+        record["prompt"] = prompt.prompt
+    record.update(reasoning_content=result.reasoning_content, content=result.content,
+                  finish_reason=result.finish_reason, usage=result.usage, server=server,
+                  latency_s=round(latency_s, 3), model=result.model, sampling=sampling,
+                  finished_at=round(time.time(), 3))
+    return record
+
+
+def stats_record(completion: dict) -> dict:
+    """The compact row validation and the report read instead of the text."""
+    usage = completion.get("usage") or {}
+    return {"id": completion["id"], "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "finish_reason": completion.get("finish_reason"),
+            "reasoning_chars": len(completion.get("reasoning_content") or ""),
+            "content_chars": len(completion.get("content") or ""), "server": completion.get("server"),
+            "latency_s": completion.get("latency_s"), "finished_at": completion.get("finished_at")}
+
+
+def error_record(prompt_id: str, *, code: str, message: str, server: str | None) -> dict:
+    """One permanently failed prompt, in the spirit of the OpenAI Batch API's error file."""
+    return {"id": prompt_id, "status": "failed", "error": {"code": code, "message": message},
+            "server": server, "at": utc_now()}
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -1,0 +1,148 @@
+"""What a generation shard is told: the servers with their in-flight limits, and the sampling settings."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+from fleetgen.errors import ConfigError
+
+# A request can wait behind about one full batch (the headroom queue) before it decodes, so the
+# timeout allows two generations of max_tokens at a pessimistic per-request decode speed.
+SLOWEST_DECODE_TOKENS_PER_S = 10.0
+TIMEOUT_MARGIN_S = 60.0
+
+
+@dataclass(frozen=True)
+class ServerEndpoint:
+    """One inference server as a shard sees it. ``max_in_flight`` is this shard's share of its limit."""
+
+    name: str  # "host:port"
+    url: str  # "http://host:port"
+    max_in_flight: int
+    host: str = ""
+    gpu_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("a server endpoint needs a name", hint='use "host:port"')
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"server url {self.url!r} is not http(s)://host:port", server=self.name,
+                              hint="pass the base URL the server listens on, without a path")
+        if not isinstance(self.max_in_flight, int) or isinstance(self.max_in_flight, bool) or self.max_in_flight < 1:
+            raise ConfigError(f"max_in_flight must be a positive integer, got {self.max_in_flight!r}",
+                              server=self.name, hint="derive it with server_limits() from the readiness readback")
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+        object.__setattr__(self, "gpu_ids", tuple(self.gpu_ids))
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "gpu_ids": list(self.gpu_ids)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ServerEndpoint":
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Sampling and client behaviour for one run; JSON-safe through ``to_dict``/``from_dict``."""
+
+    model: str
+    max_tokens: int
+    temperature: float = 0.6
+    top_p: float = 0.95
+    # Sent as-is in every request body, e.g. {"chat_template_kwargs": {...}, "separate_reasoning": True}.
+    extra_body: dict = field(default_factory=dict)
+    request_timeout_s: float | None = None  # None: sized from max_tokens (see effective_request_timeout_s)
+    connect_timeout_s: float = 10.0
+    headroom: float = 1.25
+    max_attempts: int = 5  # tries per prompt across servers before it is written off as failed
+    retry_backoff_s: float = 0.5  # first delay before a failed prompt is offered again; doubles per try
+    recheck_initial_s: float = 1.0  # first health re-check of a server marked down; doubles per failure
+    recheck_max_s: float = 30.0
+    health_timeout_s: float = 30.0  # SGLang's /health runs a one-token generation (sglang-facts.md §5)
+    all_down_timeout_s: float = 120.0  # every server down this long fails the shard
+    client_error_breaker: int = 20  # this many client errors before any success stops the shard
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.model:
+            problems.append("model is empty")
+        if not _positive_int(self.max_tokens):
+            problems.append(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not 0 <= self.temperature:
+            problems.append(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.extra_body, dict):
+            problems.append("extra_body must be a dict")
+        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
+            problems.append(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if not self.headroom >= 1.0:
+            problems.append(f"headroom must be >= 1.0, got {self.headroom}")
+        if not _positive_int(self.max_attempts) or not _positive_int(self.client_error_breaker):
+            problems.append("max_attempts and client_error_breaker must be positive integers")
+        for name in ("connect_timeout_s", "retry_backoff_s", "recheck_initial_s", "recheck_max_s",
+                     "health_timeout_s", "all_down_timeout_s"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        if problems:
+            raise ConfigError("invalid generation settings: " + "; ".join(problems),
+                              hint="check the generation parameters of the run")
+
+    @property
+    def effective_request_timeout_s(self) -> float:
+        if self.request_timeout_s is not None:
+            return self.request_timeout_s
+        return 2 * self.max_tokens / SLOWEST_DECODE_TOKENS_PER_S + TIMEOUT_MARGIN_S
+
+    def sampling(self, overrides: dict | None = None) -> dict:
+        """The sampling parameters of one request: the run's, then the prompt's overrides."""
+        params = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p}
+        if overrides:
+            params.update(overrides)
+        return params
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GenerationSettings":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown generation settings: {', '.join(unknown)}",
+                              hint=f"known settings: {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def server_limits(effective_mrr_by_server: dict[str, int], *, headroom: float, parallel_shards: int) -> dict[str, int]:
+    """Each shard's in-flight limit per server, so that all shards together hold about mrr x headroom.
+
+    ``effective_mrr_by_server`` is the effective max_running_requests read back from each server
+    (``internal_states[].effective_max_running_requests_per_dp`` summed over DP ranks,
+    sglang-facts.md §5), not the requested flag. The fleet total per server is at least mrr + 1 so
+    the server's waiting queue never runs dry between a finish and the next request; rounding each
+    shard's share up overshoots by fewer than ``parallel_shards`` requests.
+    """
+    if not headroom >= 1.0:
+        raise ConfigError(f"headroom must be >= 1.0, got {headroom}", hint="use e.g. 1.25 (25 % queued)")
+    if not _positive_int(parallel_shards):
+        raise ConfigError(f"parallel_shards must be a positive integer, got {parallel_shards!r}",
+                          hint="pass the number of generate_shard tasks that run at once")
+    limits = {}
+    for server, mrr in effective_mrr_by_server.items():
+        if not _positive_int(mrr):
+            raise ConfigError(f"effective max_running_requests must be a positive integer, got {mrr!r}",
+                              server=server, hint="check the /server_info readback of this server")
+        fleet_total = max(math.ceil(mrr * headroom), mrr + 1) if headroom > 1.0 else mrr
+        limits[server] = math.ceil(fleet_total / parallel_shards)
+    return limits

@@ -1,0 +1,105 @@
+"""Generate one shard: resume from disk, dispatch over the fleet, return a JSON-safe summary."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import httpx
+
+from fleetgen.errors import ConfigError
+from fleetgen.generate.dispatch import Dispatcher, WorkQueue
+from fleetgen.generate.progress import Progress
+from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
+from fleetgen.generate.store import ShardStore
+from fleetgen.generate.transport import PooledTransport
+
+SHARD_KEYS = ("shard_id", "input_path", "start", "count")
+_default_log = logging.getLogger("fleetgen.generate")
+# httpx logs every request at INFO: hundreds of thousands of lines and real CPU on the hot path.
+_httpx_log = logging.getLogger("httpx")
+
+
+async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.PathLike,
+                          settings: GenerationSettings, *, api_key: str | None = None,
+                          log: logging.Logger | None = None, progress_interval_s: float = 5.0,
+                          transport: httpx.AsyncBaseTransport | None = None) -> dict:
+    """Generate every prompt of ``shard`` not already on disk under ``out_dir``; see ``run_shard``."""
+    log = log or _default_log
+    if _httpx_log.getEffectiveLevel() < logging.WARNING:
+        _httpx_log.setLevel(logging.WARNING)
+    _check_inputs(shard, servers, progress_interval_s)
+    shard_id = int(shard["shard_id"])
+    store, resume = ShardStore.open(out_dir, shard, log=log)
+    try:
+        already = resume.finished + resume.failed
+        log.info("shard %d: %d prompts, %d already done (%d completed, %d failed earlier); servers and "
+                 "in-flight limits: %s; request timeout %.0f s", shard_id, shard["count"], already,
+                 resume.finished, resume.failed,
+                 ", ".join(f"{s.name}={s.max_in_flight}" for s in servers), settings.effective_request_timeout_s)
+        queue = WorkQueue(store.pending_prompts(shard), store.resume_point(shard))
+        progress = Progress(int(shard["count"]), already)
+        headers = [(b"content-type", b"application/json")]
+        if api_key:
+            headers.append((b"authorization", b"Bearer " + api_key.encode()))
+        # One pooled transport carries every request of the shard (see Dispatcher._send).
+        pooled = transport or PooledTransport()
+        dispatcher = Dispatcher(shard_id=shard_id, servers=servers, queue=queue, store=store, settings=settings,
+                                transport=pooled, headers=headers, progress=progress, log=log,
+                                progress_interval_s=progress_interval_s, finished_before=resume.finished)
+        try:
+            await dispatcher.run()
+        finally:
+            log.info("shard %d: %s", shard_id, dispatcher.progress_line())
+            if transport is None:
+                await pooled.aclose()
+    finally:
+        store.close()
+    summary = {"shard_id": shard_id, "done": progress.done, "failed": progress.failed,
+               "skipped_already_done": already, "prompt_tokens": progress.prompt_tokens,
+               "completion_tokens": progress.completion_tokens, "seconds": round(progress.seconds, 3),
+               "servers": {s.endpoint.name: s.summary() for s in dispatcher.servers}}
+    log.info("shard %d finished: %d done, %d failed, %d from earlier tries, %d completion tokens in %.1f s",
+             shard_id, progress.done, progress.failed, already, progress.completion_tokens, progress.seconds)
+    return summary
+
+
+def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.PathLike,
+              settings: GenerationSettings, *, api_key: str | None = None, log: logging.Logger | None = None,
+              progress_interval_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None) -> dict:
+    """Generate one shard to ``out_dir``/{completions,stats,errors}/shard-NNNNN.jsonl; resumable.
+
+    Returns ``{"shard_id", "done", "failed", "skipped_already_done", "prompt_tokens",
+    "completion_tokens", "seconds", "servers": {name: {"completed", "failed", "retried",
+    "marked_down": [{"at", "reason"}], "recovered": [{"at", "down_s"}]}}}`` (JSON-safe).
+    Raises ``AllServersDown`` (after saving progress) when every server stays down, and
+    ``GenerationError`` when the run is misconfigured. ``api_key`` is only ever sent as a header.
+    """
+    coroutine = run_shard_async(shard, servers, out_dir, settings, api_key=api_key, log=log,
+                                progress_interval_s=progress_interval_s, transport=transport)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - depends on the environment
+        return asyncio.run(coroutine)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coroutine)
+
+
+def _check_inputs(shard: dict, servers: list[ServerEndpoint], progress_interval_s: float) -> None:
+    missing = [key for key in SHARD_KEYS if key not in shard]
+    if missing:
+        raise ConfigError(f"shard record lacks {', '.join(missing)}: {shard!r}",
+                          hint="pass one element of plan_shards()'s list")
+    if not Path(shard["input_path"]).is_file():
+        raise ConfigError("the shard's prompts file does not exist on this worker", path=str(shard["input_path"]),
+                          shard=int(shard["shard_id"]), hint="put the prompts on storage every worker can read")
+    if not servers:
+        raise ConfigError("no servers to generate with", shard=int(shard["shard_id"]),
+                          hint="check that wait_ready returned at least one server")
+    names = [server.name for server in servers]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"server names repeat: {names}", hint='name each server "host:port"')
+    if not progress_interval_s > 0:
+        raise ConfigError(f"progress_interval_s must be > 0, got {progress_interval_s}")

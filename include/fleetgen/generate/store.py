@@ -1,0 +1,301 @@
+"""Per-shard output files and exactly-once resume.
+
+Layout under the run's output root::
+
+    completions/shard-00042.jsonl   the text: one finished prompt a line (append-only)
+    stats/shard-00042.jsonl         one compact row per completion: the checkpoint of record
+    errors/shard-00042.jsonl        prompts that failed permanently
+    shards/shard-00042.json         the shard's plan, to refuse resuming over a different plan
+    shards/shard-00042.mark.json    where to start reading prompts again: every prompt before it
+                                    is finished (rewritten atomically about once a second)
+
+Every finished prompt is written to the completions file first and to the stats file second, each
+with one ``write()`` straight to the OS (nothing sits in a user-space buffer, so a kill -9 loses
+only what was in flight). A kill can therefore leave: a torn last line in any file, and completion
+lines whose stats row was never written (at most the last one or two). Opening the store repairs
+exactly that: torn tails are cut off, and completion lines after the one matching the last stats
+row get their stats rows rebuilt. Only the stats ids and the tail of the completions file are read,
+so resume cost does not grow with the size of the text; the mark spares re-reading the prompts
+that are all finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from collections.abc import Iterator
+from pathlib import Path
+
+from fleetgen.errors import GenerationError
+from fleetgen.generate import jsonio
+from fleetgen.generate.records import stats_record
+from fleetgen.prompts import Prompt, fast_id, iter_shard_positions
+
+TAIL_CHUNK = 1 << 20
+BLOCK = 1 << 22
+# A stats row starts with its id; rows hold no nested objects, so this matches once per row
+# unless the id has escapes (then that block is read line by line).
+_STATS_ID = re.compile(rb'\{"id":"([^"\\]*)"')
+
+
+@dataclass(frozen=True)
+class ResumeReport:
+    finished: int  # completions already on disk
+    failed: int  # permanent errors already on disk
+    torn_bytes: dict[str, int]  # bytes of torn last lines cut off, per file kind
+    restored_stats: int  # stats rows rebuilt from completion lines
+
+
+def shard_file(root: Path, kind: str, shard_id: int, suffix: str = "jsonl") -> Path:
+    return root / kind / f"shard-{shard_id:05d}.{suffix}"
+
+
+class ShardStore:
+    """Open with ``ShardStore.open``; ``done_ids`` holds the UTF-8 ids not to generate again."""
+
+    def __init__(self, root: Path, shard: dict) -> None:
+        self.shard_id = int(shard["shard_id"])
+        self.completions_path = shard_file(root, "completions", self.shard_id)
+        self.stats_path = shard_file(root, "stats", self.shard_id)
+        self.errors_path = shard_file(root, "errors", self.shard_id)
+        self.plan_path = shard_file(root, "shards", self.shard_id, "json")
+        self.mark_path = shard_file(root, "shards", self.shard_id, "mark.json")
+        self.done_ids: set[bytes] = set()
+        self.mark: tuple[int, int] | None = None  # (valid prompts before, byte offset)
+        self._fds: dict[str, int] = {}
+
+    @classmethod
+    def open(cls, out_dir: str | os.PathLike, shard: dict, *,
+             log: logging.Logger | None = None) -> tuple["ShardStore", ResumeReport]:
+        store = cls(Path(out_dir), shard)
+        for path in (store.completions_path, store.stats_path, store.errors_path, store.plan_path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        store._check_plan(shard)
+        report = store._recover()
+        store.mark = store._read_mark(shard, log)
+        if log is not None and (report.torn_bytes or report.restored_stats):
+            log.warning("shard %d: repaired output after an interrupted run: cut torn last lines %s, "
+                        "rebuilt %d stats rows", store.shard_id, report.torn_bytes or "{}", report.restored_stats)
+        for kind, path in (("completions", store.completions_path), ("stats", store.stats_path),
+                           ("errors", store.errors_path)):
+            store._fds[kind] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return store, report
+
+    def _check_plan(self, shard: dict) -> None:
+        plan = {key: shard[key] for key in ("shard_id", "input_path", "start", "count")}
+        if self.plan_path.exists():
+            recorded = jsonio.loads(self.plan_path.read_bytes())
+            if recorded != plan:
+                raise GenerationError(
+                    f"this shard's output was written for a different plan ({recorded}), now {plan}",
+                    shard=self.shard_id, path=str(self.plan_path),
+                    hint="shards must not be re-planned within a run; use a new run id (output root) "
+                         "or the same shard_size and prompts file")
+            return
+        partial = self.plan_path.with_name(self.plan_path.name + ".partial")
+        partial.write_bytes(jsonio.dumps(plan))
+        os.replace(partial, self.plan_path)
+
+    def _recover(self) -> ResumeReport:
+        torn = {}
+        for kind, path in (("completions", self.completions_path), ("stats", self.stats_path),
+                           ("errors", self.errors_path)):
+            cut = _cut_torn_tail(path)
+            if cut:
+                torn[kind] = cut
+        failed = self._load_error_ids()
+        last_id = self._load_stats_ids()
+        orphans = self._orphan_completions(last_id)
+        if orphans:
+            with self.stats_path.open("ab") as stats:
+                for record in orphans:
+                    stats.write(jsonio.dumps(stats_record(record)) + b"\n")
+                    self.done_ids.add(record["id"].encode())
+        return ResumeReport(finished=len(self.done_ids) - failed, failed=failed, torn_bytes=torn,
+                            restored_stats=len(orphans))
+
+    def _load_error_ids(self) -> int:
+        count = 0
+        if self.errors_path.exists():
+            with self.errors_path.open("rb") as handle:
+                for number, raw in enumerate(handle, 1):
+                    self.done_ids.add(self._line_id(raw, self.errors_path, number))
+                    count += 1
+        return count
+
+    def _load_stats_ids(self) -> bytes | None:
+        last_id = None
+        if self.stats_path.exists():
+            for block in _line_blocks(self.stats_path):
+                found = _STATS_ID.findall(block)
+                if len(found) != block.count(b"\n"):
+                    found = [self._line_id(raw, self.stats_path, None) for raw in block.splitlines()]
+                self.done_ids.update(found)
+                if found:
+                    last_id = found[-1]
+        return last_id
+
+    def _read_mark(self, shard: dict, log: logging.Logger | None) -> tuple[int, int] | None:
+        try:
+            data = jsonio.loads(self.mark_path.read_bytes())
+            mark = (int(data["valid_before"]), int(data["offset"]))
+        except FileNotFoundError:
+            return None
+        except (jsonio.JSONDecodeError, KeyError, TypeError, ValueError):
+            if log is not None:
+                log.warning("shard %d: ignoring an unreadable %s; reading the whole shard instead",
+                            self.shard_id, self.mark_path)
+            return None
+        # Every prompt before the mark is finished, so there are at least that many records; a
+        # mark without them (output files removed by hand) would skip prompts: read everything.
+        if not (0 <= mark[0] <= min(int(shard["count"]), len(self.done_ids)) and mark[1] >= int(shard["start"])):
+            if log is not None:
+                log.warning("shard %d: %s does not match the output on disk; reading the whole shard",
+                            self.shard_id, self.mark_path)
+            return None
+        return mark
+
+    def resume_point(self, shard: dict) -> tuple[int, int]:
+        """(valid prompts before, byte offset) to start reading the shard's prompts from."""
+        return self.mark or (0, int(shard["start"]))
+
+    def pending_prompts(self, shard: dict) -> Iterator[tuple[int, int, int, Prompt]]:
+        """The shard's prompts not yet finished, with their positions, from the resume point on."""
+        valid_before, offset = self.resume_point(shard)
+        return iter_shard_positions(shard["input_path"], offset, int(shard["count"]) - valid_before,
+                                    skip_ids=self.done_ids, first_index=valid_before)
+
+    def save_mark(self, valid_before: int, offset: int) -> None:
+        """Record that every prompt before ``offset`` (``valid_before`` of them) is finished."""
+        if self.mark == (valid_before, offset):
+            return
+        partial = self.mark_path.with_name(self.mark_path.name + ".partial")
+        partial.write_bytes(jsonio.dumps({"valid_before": valid_before, "offset": offset}))
+        os.replace(partial, self.mark_path)
+        self.mark = (valid_before, offset)
+
+    @staticmethod
+    def _line_id(raw: bytes, path: Path, number: int | None) -> bytes:
+        raw_id = fast_id(raw)
+        if raw_id is not None:
+            return raw_id
+        try:
+            return jsonio.loads(raw)["id"].encode()
+        except (jsonio.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise GenerationError(f"unreadable line in the shard's output: {raw[:120]!r}", path=str(path),
+                                  line=number, hint="this file is written only by fleetgen; restore it or "
+                                  "remove the shard's output files to regenerate the shard") from None
+
+    def _orphan_completions(self, last_stats_id: bytes | None) -> list[dict]:
+        """Completion lines written after the last stats row (newest last), read from the end."""
+        orphans = []
+        for raw in _lines_backwards(self.completions_path):
+            raw_id = self._line_id(raw, self.completions_path, None)
+            if raw_id == last_stats_id:
+                break
+            if raw_id in self.done_ids:
+                raise GenerationError(
+                    f"completion {raw_id.decode(errors='replace')!r} is after the last stats row but already "
+                    "recorded: the completions and stats files do not belong together",
+                    shard=self.shard_id, path=str(self.completions_path),
+                    hint="restore both files from the same run, or remove the shard's output to regenerate it")
+            orphans.append(jsonio.loads(raw))
+        else:
+            if last_stats_id is not None:
+                raise GenerationError(
+                    f"the stats file lists {len(self.done_ids)} finished prompts but its last one "
+                    f"({last_stats_id.decode(errors='replace')!r}) is not in the completions file",
+                    shard=self.shard_id, path=str(self.completions_path),
+                    hint="the completions file was truncated or replaced; restore it, or remove the "
+                         "shard's output files to regenerate the shard")
+        orphans.reverse()
+        return orphans
+
+    def record_completion(self, completion_line: bytes, stats_line: bytes, prompt_id: str) -> None:
+        """Persist one finished prompt: text first, then its stats row (the checkpoint)."""
+        _write_all(self._fds["completions"], completion_line)
+        _write_all(self._fds["stats"], stats_line)
+        self.done_ids.add(prompt_id.encode())
+
+    def record_failure(self, error_line: bytes, prompt_id: str) -> None:
+        _write_all(self._fds["errors"], error_line)
+        self.done_ids.add(prompt_id.encode())
+
+    def close(self) -> None:
+        """Sync and close; kill -9 needs no sync, a lost machine does."""
+        for fd in self._fds.values():
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._fds.clear()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _line_blocks(path: Path):
+    """The file in blocks of whole lines (the file ends with a newline)."""
+    with path.open("rb") as handle:
+        carry = b""
+        while chunk := handle.read(BLOCK):
+            chunk = carry + chunk
+            cut = chunk.rfind(b"\n") + 1
+            if cut:
+                yield chunk[:cut]
+            carry = chunk[cut:]
+        if carry:
+            yield carry + b"\n"
+
+
+def _cut_torn_tail(path: Path) -> int:
+    """Truncate a last line that has no newline; return the bytes cut."""
+    if not path.exists():
+        return 0
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with path.open("r+b") as handle:
+        end = size
+        while end > 0:
+            start = max(0, end - TAIL_CHUNK)
+            handle.seek(start)
+            chunk = handle.read(end - start)
+            if end == size and chunk.endswith(b"\n"):
+                return 0
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            end = start
+        else:
+            keep = 0
+        handle.truncate(keep)
+    return size - keep
+
+
+def _lines_backwards(path: Path):
+    """Complete lines of a newline-terminated file, last first, reading fixed-size chunks from the end."""
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        end = handle.seek(0, os.SEEK_END)
+        carry = b""
+        while end > 0:
+            start = max(0, end - TAIL_CHUNK)
+            handle.seek(start)
+            chunk = handle.read(end - start) + carry
+            end = start
+            lines = chunk.split(b"\n")
+            carry = lines[0] if start > 0 else b""
+            for raw in reversed(lines[1:] if start > 0 else lines):
+                if raw:
+                    yield raw + b"\n"
+        if carry:
+            yield carry + b"\n"

@@ -1,0 +1,11 @@
+"""Runs one shard from a job file, as a generate_shard task would; the kill -9 test kills it."""
+
+import json
+import sys
+
+from fleetgen.generate import GenerationSettings, ServerEndpoint, run_shard
+
+if __name__ == "__main__":
+    job = json.loads(open(sys.argv[1]).read())
+    run_shard(job["shard"], [ServerEndpoint.from_dict(s) for s in job["servers"]], job["out_dir"],
+              GenerationSettings.from_dict(job["settings"]))

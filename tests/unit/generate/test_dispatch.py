@@ -1,0 +1,248 @@
+import asyncio
+import json
+import logging
+from collections import Counter
+
+import httpx
+import pytest
+
+from generate_fakes import FakeFleet, fast_settings, shard_output, write_prompts
+
+from fleetgen.errors import AllServersDown, GenerationError, PromptsError
+from fleetgen.generate import run_shard_async
+from fleetgen.generate.dispatch import WorkQueue
+from fleetgen.prompts import Prompt, plan_shards
+
+pytestmark = pytest.mark.anyio
+API_KEY = "sk-very-secret-key-123"
+
+
+def assert_each_prompt_once(out, count):
+    finished = [r["id"] for r in out["completions"]] + [r["id"] for r in out["errors"]]
+    assert sorted(finished) == [f"p{n:04d}" for n in range(count)]
+    assert [r["id"] for r in out["stats"]] == [r["id"] for r in out["completions"]]
+
+
+async def test_generates_every_prompt_once_with_the_documented_fields(tmp_path, caplog):
+    shard = write_prompts(tmp_path / "p.jsonl", 30, extra={"p0003": {"sampling": {"temperature": 0.0}}})
+    fleet = FakeFleet(2)
+    settings = fast_settings(extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    with caplog.at_level(logging.DEBUG):
+        summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", settings, api_key=API_KEY,
+                                        transport=fleet.transport(), progress_interval_s=0.01)
+    out = shard_output(tmp_path / "out")
+    assert_each_prompt_once(out, 30)
+    assert summary["done"] == 30 and summary["failed"] == 0 and summary["skipped_already_done"] == 0
+    assert summary["completion_tokens"] == 300 and summary["prompt_tokens"] == 210
+    assert sum(s["completed"] for s in summary["servers"].values()) == 30
+    first = next(r for r in out["completions"] if r["id"] == "p0003")
+    assert first["messages"] == [{"role": "user", "content": "question 3"}]
+    assert (first["reasoning_content"], first["content"]) == ("thinking about p0003", "answer to p0003")
+    assert first["finish_reason"] == "stop" and first["model"] == "test-model"
+    assert first["sampling"] == {"max_tokens": 64, "temperature": 0.0, "top_p": 0.95}
+    assert first["usage"]["completion_tokens"] == 10 and first["server"] in fleet.names
+    stats = next(r for r in out["stats"] if r["id"] == "p0003")
+    assert set(stats) == {"id", "prompt_tokens", "completion_tokens", "finish_reason", "reasoning_chars",
+                          "content_chars", "server", "latency_s", "finished_at"}
+    assert stats["reasoning_chars"] == len("thinking about p0003")
+    body = fleet.bodies["p0003"]
+    assert body["chat_template_kwargs"] == {"enable_thinking": True} and body["temperature"] == 0.0
+    assert fleet.bodies["p0004"]["temperature"] == 0.6
+    assert all(h["authorization"] == f"Bearer {API_KEY}" for h in fleet.headers)
+    assert "tok/s" in caplog.text and "30/30 done" in caplog.text
+    assert API_KEY not in caplog.text and API_KEY not in repr(summary)
+
+
+async def test_bare_prompts_are_sent_as_one_user_turn(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "p0001", "prompt": "say 1"}\n')
+    fleet = FakeFleet(1)
+    await run_shard_async(plan_shards(path, shard_size=5)[0], fleet.endpoints(), tmp_path / "out", fast_settings(),
+                          transport=fleet.transport())
+    assert fleet.bodies["p0001"]["messages"] == [{"role": "user", "content": "say 1"}]
+    assert shard_output(tmp_path / "out")["completions"][0]["prompt"] == "say 1"
+
+
+async def test_in_flight_limits_hold_and_faster_servers_take_more(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 200)
+    fleet = FakeFleet(2, delay_s={"s0:1": 0.002, "s1:1": 0.01}, limit=5)
+    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                                    transport=fleet.transport())
+    assert fleet.max_in_flight == Counter({"s0:1": 5, "s1:1": 5})
+    assert summary["servers"]["s0:1"]["completed"] > 2 * summary["servers"]["s1:1"]["completed"]
+    assert_each_prompt_once(shard_output(tmp_path / "out"), 200)
+
+
+async def test_a_server_answering_500_is_marked_down_rechecked_and_used_again(tmp_path, caplog):
+    shard = write_prompts(tmp_path / "p.jsonl", 120)
+    fleet = FakeFleet(3, delay_s=0.005)
+    def cuda_error(pid, n):
+        return httpx.Response(500, json={"error": {"message": "CUDA error"}}) if n <= 3 else None
+
+    fleet.behaviour["s1:1"] = cuda_error
+    health_calls = Counter()
+
+    def health(name):
+        health_calls[name] += 1
+        return httpx.Response(503 if health_calls[name] < 2 else 200)
+
+    fleet.health["s1:1"] = health
+    with caplog.at_level(logging.INFO):
+        summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                                        transport=fleet.transport())
+    out = shard_output(tmp_path / "out")
+    assert_each_prompt_once(out, 120) and not out["errors"]
+    server = summary["servers"]["s1:1"]
+    assert len(server["marked_down"]) == 1 and "http_500" in server["marked_down"][0]["reason"]
+    assert "CUDA error" in server["marked_down"][0]["reason"] and len(server["recovered"]) == 1
+    assert server["completed"] > 0 and server["retried"] >= 1
+    assert "server s1:1 marked down at" in caplog.text and "server s1:1 is back up" in caplog.text
+
+
+@pytest.mark.parametrize("error", [httpx.ConnectError("refused"), httpx.ReadTimeout("timed out"),
+                                   httpx.RemoteProtocolError("Server disconnected")])
+async def test_a_dead_server_loses_nothing(tmp_path, error):
+    shard = write_prompts(tmp_path / "p.jsonl", 60)
+    fleet = FakeFleet(2)
+
+    def crash(pid, n):
+        if n > 5:
+            raise error
+
+    fleet.behaviour["s1:1"] = crash
+    fleet.health["s1:1"] = lambda name: (_ for _ in ()).throw(httpx.ConnectError("refused"))
+    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                                    transport=fleet.transport())
+    assert_each_prompt_once(shard_output(tmp_path / "out"), 60)
+    assert summary["done"] == 60 and summary["servers"]["s1:1"]["completed"] == 5
+    assert type(error).__name__ in summary["servers"]["s1:1"]["marked_down"][0]["reason"]
+
+
+async def test_all_servers_down_saves_progress_and_a_retry_finishes_exactly_once(tmp_path, caplog):
+    shard = write_prompts(tmp_path / "p.jsonl", 80)
+    fleet = FakeFleet(2, limit=2)
+    for name in fleet.names:
+        fleet.behaviour[name] = lambda pid, n: (_ for _ in ()).throw(httpx.ConnectError("refused")) if n > 10 else None
+        fleet.health[name] = lambda name: httpx.Response(503)
+    with pytest.raises(AllServersDown) as caught:
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(all_down_timeout_s=0.2),
+                              transport=fleet.transport())
+    assert caught.value.shard == 0 and "s0:1: down since" in str(caught.value)
+    saved = shard_output(tmp_path / "out")
+    assert len(saved["completions"]) == len(saved["stats"]) == 20 and not saved["errors"]
+    mark = json.loads((tmp_path / "out" / "shards" / "shard-00000.mark.json").read_text())
+    assert mark["valid_before"] <= 20 and mark["valid_before"] == min(
+        n for n in range(80) if f"p{n:04d}" not in {r["id"] for r in saved["completions"]})
+
+    healthy = FakeFleet(2)
+    summary = await run_shard_async(shard, healthy.endpoints(), tmp_path / "out", fast_settings(),
+                                    transport=healthy.transport())
+    assert summary["skipped_already_done"] == 20 and summary["done"] == 60
+    assert_each_prompt_once(shard_output(tmp_path / "out"), 80)
+    assert not set(healthy.by_prompt) & {r["id"] for r in saved["completions"]}
+
+
+async def test_a_client_error_fails_that_prompt_only(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 40)
+    fleet = FakeFleet(2)
+    too_long = {"object": "error", "message": "Requested token count exceeds the model's maximum context length",
+                "type": "BadRequestError", "code": 400}
+    for name in fleet.names:
+        fleet.behaviour[name] = lambda pid, n: httpx.Response(400, json=too_long) if pid == "p0007" else None
+    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                                    transport=fleet.transport())
+    out = shard_output(tmp_path / "out")
+    assert_each_prompt_once(out, 40)
+    [error] = out["errors"]
+    assert error["id"] == "p0007" and error["status"] == "failed" and error["server"] in fleet.names
+    assert error["error"] == {"code": "http_400", "message": "HTTP 400: " + too_long["message"]}
+    assert error["at"].endswith("Z")
+    assert len(fleet.by_prompt["p0007"]) == 1 and summary["failed"] == 1
+    assert all(not s["marked_down"] for s in summary["servers"].values())
+
+
+async def test_only_client_errors_stop_the_shard(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 100)
+    fleet = FakeFleet(1, limit=1)
+    fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, json={"error": {"message": "unknown model"}})
+    with pytest.raises(GenerationError, match="first 5 results were all client errors") as caught:
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=5),
+                              transport=fleet.transport())
+    assert "model name" in str(caught.value)
+    assert len(shard_output(tmp_path / "out")["errors"]) == 5
+
+
+async def test_a_refused_key_stops_at_once_without_leaking_it(tmp_path, caplog):
+    shard = write_prompts(tmp_path / "p.jsonl", 50)
+    fleet = FakeFleet(2, limit=1)
+    for name in fleet.names:
+        fleet.behaviour[name] = lambda pid, n: httpx.Response(401, json={"error": "Unauthorized"})
+    with caplog.at_level(logging.DEBUG), pytest.raises(GenerationError, match="API key") as caught:
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), api_key=API_KEY,
+                              transport=fleet.transport())
+    assert sum(fleet.requests.values()) <= 2
+    assert API_KEY not in str(caught.value) and API_KEY not in caplog.text
+
+
+async def test_aborted_requests_are_retried_then_written_off(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 10)
+    fleet = FakeFleet(2)
+    aborted = {**__import__("generate_fakes").completion_body("p0002")}
+    aborted["choices"] = [{**aborted["choices"][0], "finish_reason": "abort"}]
+    for name in fleet.names:
+        fleet.behaviour[name] = lambda pid, n: httpx.Response(200, json=aborted) if pid == "p0002" else None
+    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(max_attempts=3),
+                                    transport=fleet.transport())
+    out = shard_output(tmp_path / "out")
+    assert_each_prompt_once(out, 10)
+    assert len(fleet.by_prompt["p0002"]) == 3
+    assert out["errors"][0]["error"]["code"] == "attempts_exhausted"
+    assert summary["failed"] == 1 and all(not s["marked_down"] for s in summary["servers"].values())
+
+
+async def test_a_finished_shard_sends_nothing_on_rerun(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 25)
+    fleet = FakeFleet(2)
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
+    again = FakeFleet(2)
+    summary = await run_shard_async(shard, again.endpoints(), tmp_path / "out", fast_settings(),
+                                    transport=again.transport())
+    assert summary["done"] == 0 and summary["skipped_already_done"] == 25 and not again.requests
+    assert_each_prompt_once(shard_output(tmp_path / "out"), 25)
+
+
+async def test_the_low_water_mark_follows_the_first_unfinished_prompt():
+    positions = [(n, 100 * n, 100 * n + 100, Prompt(id=f"q{n}", prompt="x")) for n in range(5)]
+    queue = WorkQueue(iter(positions), (0, 0))
+    items = [queue.take() for _ in range(3)]
+    assert queue.low_water() == (0, 0)
+    queue.finish(items[1])
+    assert queue.low_water() == (0, 0)
+    queue.finish(items[0])
+    assert queue.low_water() == (2, 200)
+    queue.retry_later(items[2], 0.0)
+    assert queue.low_water() == (2, 200)  # waiting for a retry is not finished
+    await asyncio.sleep(0.01)
+    retried = queue.take()
+    assert retried.index == 2
+    queue.finish(retried)
+    assert queue.low_water() == (3, 300)
+    rest = [queue.take(), queue.take()]
+    assert queue.take() is None and not queue.finished.is_set()
+    for item in rest:
+        queue.finish(item)
+    assert queue.low_water() == (5, 500) and queue.finished.is_set()
+
+
+async def test_a_prompts_file_cut_short_mid_run_stops_the_shard_with_progress_saved(tmp_path):
+    path = tmp_path / "p.jsonl"
+    shard = write_prompts(path, 40)
+    fleet = FakeFleet(1, limit=2)
+    with path.open("r+b") as handle:  # someone truncates the file after planning
+        handle.truncate(path.stat().st_size // 2)
+    with pytest.raises(PromptsError, match="malformed JSON") as caught:
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                              transport=fleet.transport())
+    assert "changed after it was scanned" in str(caught.value)
+    out = shard_output(tmp_path / "out")
+    assert 0 < len(out["completions"]) == len(out["stats"]) <= 20

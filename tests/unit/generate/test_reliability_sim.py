@@ -1,0 +1,111 @@
+"""Exactly-once under kill -9 and under failing servers, against real simulated SGLang processes."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from generate_fakes import shard_output
+from fleetgen.sim.local_fleet import LocalSimFleet
+
+from fleetgen.generate import GenerationSettings, run_shard
+from fleetgen.prompts import iter_prompt_ids, plan_shards, scan_prompts
+from fleetgen.synthetic import write_synthetic_prompts
+
+pytestmark = pytest.mark.slow
+CHILD = Path(__file__).with_name("shard_child.py")
+
+
+def settings(**overrides):
+    return GenerationSettings(**{"model": "qwen3.6-27b", "max_tokens": 512, "request_timeout_s": 60.0,
+                                 "recheck_initial_s": 0.2, "recheck_max_s": 1.0, "retry_backoff_s": 0.05,
+                                 **overrides})
+
+
+def served(fleet, count):
+    return sum(fleet.capacity(i)["finished"] for i in range(count))
+
+
+def drained(fleet, count):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        states = [fleet.capacity(i) for i in range(count)]
+        if all(s["running"] == 0 and s["waiting"] == 0 for s in states):
+            return
+        time.sleep(0.1)
+    raise AssertionError("servers did not drain")
+
+
+def lines(path):
+    try:
+        with open(path, "rb") as handle:
+            return sum(1 for _ in handle)
+    except FileNotFoundError:
+        return 0
+
+
+def test_kill_9_at_several_points_then_retry_gives_every_prompt_exactly_once(tmp_path):
+    prompts = write_synthetic_prompts(tmp_path / "prompts.jsonl", 600)
+    shard = plan_shards(prompts, shard_size=600, scan=scan_prompts(prompts))[0]
+    with LocalSimFleet(tmp_path / "fleet", 2, sim={"time_scale": 6.0, "load_seconds": 0.2}) as fleet:
+        endpoints = fleet.endpoints()
+        in_flight_limit = sum(e.max_in_flight for e in endpoints)
+        job = tmp_path / "job.json"
+        job.write_text(json.dumps({"shard": shard, "servers": [e.to_dict() for e in endpoints],
+                                   "out_dir": str(tmp_path / "out"), "settings": settings().to_dict()}))
+        before = served(fleet, 2)
+        stats = tmp_path / "out" / "stats" / "shard-00000.jsonl"
+        kills = 0
+        for kill_at in (0, 120, 300, 450):  # finished prompts on disk when the task is killed
+            child = subprocess.Popen([sys.executable, str(CHILD), str(job)], stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 60
+            while lines(stats) <= kill_at and child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert child.poll() is None, "the shard finished before the kill point"
+            if kill_at == 0:
+                time.sleep(0.3)  # mid-start-up, requests in flight, nothing finished
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+            kills += 1
+        summary = run_shard(shard, endpoints, tmp_path / "out", settings())
+        drained(fleet, 2)
+        received = served(fleet, 2) - before
+
+    out = shard_output(tmp_path / "out")
+    ids = [r["id"] for r in out["completions"]]
+    assert sorted(ids) == sorted(iter_prompt_ids(prompts)) and not out["errors"]
+    assert [r["id"] for r in out["stats"]] == ids
+    assert summary["skipped_already_done"] + summary["done"] == 600
+    redone = received - 600
+    assert 0 <= redone <= kills * in_flight_limit, (redone, kills, in_flight_limit)
+
+
+def test_servers_that_crash_hang_or_answer_500_mid_run(tmp_path, caplog):
+    prompts = write_synthetic_prompts(tmp_path / "prompts.jsonl", 500)
+    shard = plan_shards(prompts, shard_size=500)[0]
+    faults = {1: {"crash_after_requests": 40}, 2: {"hang_after_requests": 40}, 3: {"http_500_after": 60}}
+    with LocalSimFleet(tmp_path / "fleet", 4, sim={"time_scale": 20.0, "load_seconds": 0.2},
+                       faults=faults) as fleet:
+        endpoints = fleet.endpoints()
+        with caplog.at_level(logging.INFO, logger="fleetgen.generate"):
+            summary = run_shard(shard, endpoints, tmp_path / "out",
+                                settings(request_timeout_s=3.0, health_timeout_s=1.0), progress_interval_s=1.0)
+    out = shard_output(tmp_path / "out")
+    assert sorted(r["id"] for r in out["completions"]) == sorted(iter_prompt_ids(prompts))
+    assert not out["errors"] and summary["done"] == 500
+    servers = [summary["servers"][e.name] for e in endpoints]
+    assert not servers[0]["marked_down"]
+    assert servers[1]["marked_down"][0]["reason"].startswith("connection:")
+    assert servers[2]["marked_down"][0]["reason"].startswith("timeout:")
+    assert servers[3]["marked_down"][0]["reason"].startswith("http_500:")
+    assert Counter(r["server"] for r in out["completions"])[endpoints[0].name] > 100
+    for endpoint in endpoints[1:]:
+        assert f"server {endpoint.name} marked down at" in caplog.text
+    assert "done" in caplog.text and "tok/s" in caplog.text
