@@ -5,6 +5,7 @@ nvidia_smi   the fake nvidia-smi
 presets.py   model presets and install_model (config.json + safetensors index)
 server.py    ``python -m fleetgen.sim.server``: start-up phases, memory registration, fatal messages
 args / resolve / pools / graphs   SGLang's flags, start-up hooks, pool sizing, capture memory model
+dryrun.py    a launch's start-up memory from its argv, without a process (``dry_run``, ``size_startup``)
 perf / engine / textgen           speed model, continuous batching, synthetic outputs
 service / http_app / serve        server state, HTTP routes, uvicorn and warm-up
 cli.py       ``fleetgen-sim`` subcommands

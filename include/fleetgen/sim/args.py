@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--chat-template")
     add("--completion-template")
     add("--download-dir")
+    # multimodal: a VLM served without its vision tower; feature transport pools (fields/mm.py, disagg.py)
+    add("--language-model-only", action="store_true")
+    add("--mm-feature-transport", choices=["cpu", "cuda_ipc", "cuda_vmm"])
     # serving
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=30000)

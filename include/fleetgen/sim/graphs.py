@@ -1,7 +1,8 @@
 """What CUDA-graph capture and activations take outside the static pools: the simulator's own model.
 
-SGLang leaves ``pre_load_free * (1 - mem_fraction_static)`` unallocated after the pools; capture
-fails with a CUDA OOM when what the runtime then needs does not fit. The simulator charges:
+SGLang leaves ``pre_load_free * (1 - mem_fraction_static)`` unallocated after the pools, less any
+draft KV pool the budget did not count (pools.py); capture fails with a CUDA OOM when what the
+runtime then needs does not fit. The simulator charges:
 
 * runtime workspaces: ``sim.runtime_workspace_mib`` (cuBLAS/attention-backend/NCCL buffers, sampler);
 * the prefill graph pool (breakable graphs capture chunks up to chunked_prefill_size tokens), sized
@@ -14,9 +15,10 @@ fails with a CUDA OOM when what the runtime then needs does not fit. The simulat
   and draft-extend graphs under EAGLE). Decode batch sizes are clipped to the request pool (the
   effective max_running_requests), as SGLang 0.5.23 clips them.
 
-Seed calibration (B200 183,359 MiB, Qwen3.6-27B, chunked prefill 16384): ~5.1 GiB needed at defaults,
-so ``--mem-fraction-static`` 0.854 and 0.93 start, 0.98 (3.6 GiB left) fails, and 0.98 with
-``--chunked-prefill-size 4096`` fits.
+Seed calibration (B200 183,359 MiB, Qwen3.6-27B, chunked prefill 16384): ~5.1-5.3 GiB needed at
+defaults, so the automatic ``--mem-fraction-static`` (~0.79) and 0.93 start; 0.96 (~7.2 GiB left,
+~3.0 GiB after the ~4.3 GiB MTP draft KV pool) fails, and fits with ``--chunked-prefill-size 4096
+--cuda-graph-max-bs-decode 64``; at 0.98 the draft KV pool itself no longer fits.
 """
 
 from __future__ import annotations

@@ -20,6 +20,42 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
 # get_context_length (sglang-facts §1): first key found, times the rope factor
 CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
                 "max_position_embeddings")
+# configs/model_config.py::multimodal_model_archs (0.5.23): ModelConfig.is_multimodal is true for these
+# (multimodal is enabled by default), and then the KV budget reserves the VLM cache and the automatic
+# mem_fraction_static takes the VLM factor.
+MULTIMODAL_ARCHITECTURES = frozenset("""
+    CLIPModel Cohere2VisionForConditionalGeneration Cosmos3EdgeForConditionalGeneration DeepseekVL2ForCausalLM
+    Ernie4_5_VLMoeForConditionalGeneration MiniMaxM3SparseForConditionalGeneration Gemma3ForConditionalGeneration
+    Gemma3nForConditionalGeneration Gemma4ForConditionalGeneration EmbeddingGemma2Model
+    Gemma4UnifiedForConditionalGeneration DiffusionGemmaForBlockDiffusion Glm4vForConditionalGeneration
+    Glm4vMoeForConditionalGeneration Glm5NextForConditionalGeneration GlmOcrForConditionalGeneration
+    GlmAsrForConditionalGeneration GlmImageForConditionalGeneration Grok1VForCausalLM Grok1AForCausalLM
+    LlavaLlamaForCausalLM Llama4ForConditionalGeneration LlavaMistralForCausalLM LlavaQwenForCausalLM
+    LlavaForConditionalGeneration LlavaVidForCausalLM Lfm2VlForConditionalGeneration
+    LightOnOCRForConditionalGeneration MiMoV2ForCausalLM MiMoV2ASRForCausalLM MiniCPMO MiniCPMV
+    Mistral3ForConditionalGeneration MultiModalityCausalLM MllamaForConditionalGeneration
+    MossVLForConditionalGeneration NemotronH_Nano_VL_V2 NemotronH_Nano_Omni_Reasoning_V3
+    NemotronH_Omni_Reasoning_V3 MuseGlimmerForConditionalGeneration MuseSparkForConditionalGeneration
+    PixtralForConditionalGeneration Qwen2AudioForConditionalGeneration Qwen2VLForConditionalGeneration
+    Qwen2_5_VLForConditionalGeneration Qwen3VLForConditionalGeneration Qwen3VLMoeForConditionalGeneration
+    Qwen3_5ForConditionalGeneration Qwen3_5MoeForConditionalGeneration Qwen4ExpForConditionalGeneration
+    InternS2PreviewForConditionalGeneration InternS2MobiusForConditionalGeneration
+    Qwen3ASRForConditionalGeneration Qwen3OmniMoeForConditionalGeneration KimiVLForConditionalGeneration
+    LocateAnythingForConditionalGeneration InternVLChatModel InternS1ForConditionalGeneration
+    InternS1ProForConditionalGeneration Phi4MMForCausalLM VoxtralForConditionalGeneration
+    WhisperForConditionalGeneration Step3VLForConditionalGeneration POINTSV15ChatModel DotsVLMForCausalLM
+    Dots3NoteForCausalLM DotsOCRForCausalLM Sarashina2VisionForCausalLM NVILAForConditionalGeneration
+    NVILALiteForConditionalGeneration DeepseekOCRForCausalLM UnlimitedOCRForCausalLM
+    JetVLMForConditionalGeneration PaddleOCRVLForConditionalGeneration MiDashengLMModel
+    StepVLForConditionalGeneration Step3p7ForConditionalGeneration KimiK25ForConditionalGeneration
+    BailingMMNativeForConditionalGeneration BailingMM2NativeForConditionalGeneration
+    BailingMoeV3VLForConditionalGeneration
+""".split())
+# configs/model_config.py::ModelConfig.__init__ turns multimodal off by default for these.
+MULTIMODAL_OFF_BY_DEFAULT = frozenset({"Gemma3ForConditionalGeneration", "Llama4ForConditionalGeneration",
+                                       "Step3VLForConditionalGeneration", "InklingForConditionalGeneration"})
+# Vision hidden size of the tower a config class builds when config.json has no vision_config.
+DEFAULT_VISION_HIDDEN = {"Qwen3_5ForConditionalGeneration": 1152, "Qwen3_5MoeForConditionalGeneration": 1152}
 
 
 @dataclass(frozen=True)
@@ -73,6 +109,13 @@ class ModelShape:
     q_lora_rank: int = 0
     linear: LinearAttention | None = None
     eos_token_id: int | None = None
+    # ModelConfig.num_nextn_predict_layers: the only MTP key SGLang reads off the target config
+    # (Qwen3.5/3.6 name theirs mtp_num_hidden_layers, which it does not read); None when absent.
+    nextn_predict_layers: int | None = None
+    # configs/model_config.py::is_multimodal_model (architecture list) and hf_config.vision_config:
+    # (layers, hidden size) of the vision tower the VLM mem-fraction factor reads, None without one.
+    is_multimodal: bool = False
+    vision_tower: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if min(self.hidden_size, self.num_layers, self.num_heads, self.vocab_size) <= 0:
@@ -142,6 +185,19 @@ class ModelShape:
         return int(embed + attn + self._ffn_params(active) + mtp)
 
 
+def _vision_tower(config: dict, architecture: str) -> tuple[int, int] | None:
+    """(num_hidden_layers, hidden_size) as ``adjust_mem_fraction_for_vlm`` reads them: getattr with
+    defaults 24 and 1024. Qwen3.5 configs without a vision_config get Qwen3_5VisionConfig's defaults
+    (configs/qwen3_5.py: a Qwen3VLVisionConfig with hidden_size 1152 and no num_hidden_layers)."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        if architecture not in DEFAULT_VISION_HIDDEN:
+            return None
+        vision = {}
+    hidden = vision.get("hidden_size", DEFAULT_VISION_HIDDEN.get(architecture, 1024))
+    return int(vision.get("num_hidden_layers", 24)), int(hidden)
+
+
 def _first(d: dict, *keys, default=None):
     for key in keys:
         if d.get(key) is not None:
@@ -209,9 +265,11 @@ def from_config(config: dict, *, path: str | None = None) -> ModelShape:
     else:
         moe_layers, shared = 0, 0
     eos = _first(text, "eos_token_id", default=config.get("eos_token_id"))
+    architecture = str((config.get("architectures") or text.get("architectures") or ["unknown"])[0])
+    nextn = text.get("num_nextn_predict_layers")
     try:
         return ModelShape(
-            architecture=str((config.get("architectures") or text.get("architectures") or ["unknown"])[0]),
+            architecture=architecture,
             model_type=str(text.get("model_type") or config.get("model_type") or "unknown"),
             dtype_bytes=DTYPE_BYTES.get(dtype, 2), hidden_size=hidden, num_layers=layers,
             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head,
@@ -227,6 +285,9 @@ def from_config(config: dict, *, path: str | None = None) -> ModelShape:
             kv_lora_rank=kv_lora, qk_rope_head_dim=rope_dim,
             q_lora_rank=int(text.get("q_lora_rank") or 0), linear=linear,
             eos_token_id=eos[0] if isinstance(eos, list) and eos else (eos if isinstance(eos, int) else None),
+            nextn_predict_layers=int(nextn) if nextn is not None else None,
+            is_multimodal=architecture in MULTIMODAL_ARCHITECTURES - MULTIMODAL_OFF_BY_DEFAULT,
+            vision_tower=_vision_tower(config, architecture),
         )
     except ValueError as exc:
         raise ModelConfigError(str(exc), path=path) from exc

@@ -1,9 +1,16 @@
 """Start-up pool sizing as SGLang 0.5.23 does it (sglang-facts §2.1-§2.3, §3).
 
-Budget: ``rest = available - pre_load_free * (1 - mfs)`` (GB floats, as SGLang computes them), then
-the Mamba state pool is carved out first (three branches, with the speculative joint solve), then
-the KV pool takes what remains, then max_running_requests is resolved and capped by the state pool.
-Failures raise ``LaunchError`` carrying SGLang's exact exception type and message.
+Budget: ``rest = available - pre_load_free * (1 - mfs) - mm_reservation`` (GB floats, as
+``mem_cache/kv_cache_configurator.py::KVCacheConfigurator._profile_available_bytes`` computes them),
+then the Mamba state pool is carved out first (three branches, with the speculative joint solve),
+then the KV pool takes what remains, then max_running_requests is resolved and capped by the state
+pool. Failures raise ``LaunchError`` carrying SGLang's exact exception type and message.
+
+Under EAGLE-family speculative decoding the draft worker allocates its own KV pool with the target's
+token count, after the target's pools and before CUDA-graph capture
+(``managers/scheduler.py::Scheduler.init_memory_pools`` from ``init_model_worker``). The budget
+counts it only when SGLang knows the draft's layer count (``eagle_draft_num_layers``, see
+``resolve.draft_kv_layers``); otherwise that pool is real memory taken from the non-static share.
 """
 
 from __future__ import annotations
@@ -22,9 +29,13 @@ class PoolPlan:
     pre_load_free_bytes: int
     available_bytes: int         # free after weights, before pools
     rest_bytes: int              # budget left for the KV pool after the state pool
-    kv_cell_bytes: int           # per token, draft layers folded in
+    kv_cell_bytes: int           # per token the budget charges: target cell + folded draft layers
     max_total_num_tokens: int
-    kv_bytes: int
+    kv_bytes: int                # the target's KV pool: tokens x target cell
+    draft_kv_cell_bytes: int     # the draft worker's own pool per token (0 without one)
+    draft_kv_bytes: int          # tokens x draft cell, budgeted (folded) or not
+    draft_kv_outside_bytes: int  # the part of draft_kv_bytes the budget did not charge
+    mm_reservation_bytes: int    # kept out of the KV budget for multimodal runtime allocations
     mamba_slot_bytes: int        # P: one state slot over all linear layers (0 if not hybrid)
     mamba_conv_slot_bytes: int
     mamba_ratio: int             # state slots per running request (0 if not hybrid)
@@ -45,8 +56,19 @@ class PoolPlan:
         return self.mamba_state_bytes + self.mamba_intermediate_bytes
 
     @property
-    def pool_bytes(self) -> int:
+    def allocated_kv_cell_bytes(self) -> int:
+        """Per token over both KV pools, target and draft: what decoding reads."""
+        return self.kv_bytes // self.max_total_num_tokens + self.draft_kv_cell_bytes
+
+    @property
+    def target_pool_bytes(self) -> int:
+        """What the target worker allocates: its KV pool and the Mamba state pool."""
         return self.kv_bytes + self.mamba_total_bytes
+
+    @property
+    def pool_bytes(self) -> int:
+        """Target pools plus the draft worker's KV pool."""
+        return self.target_pool_bytes + self.draft_kv_bytes
 
 
 def mamba_ratio(launch: Launch) -> int:
@@ -58,10 +80,22 @@ def mamba_ratio(launch: Launch) -> int:
 
 
 def kv_cell_bytes(model: ModelShape, launch: Launch) -> int:
+    """The cell the budget charges (``model_executor/pool_configurator.py::DefaultPoolConfigurator``):
+    the target's full-attention cell, plus ``int(cell * eagle_draft_num_layers / L_kv)`` when known."""
     cell = model.kv_bytes_per_token(launch.attn_tp, launch.kv_dtype_bytes)
     if launch.draft_layers:
         cell += int(cell * launch.draft_layers / model.full_attention_layers)
     return cell
+
+
+def draft_kv_cell_bytes(model: ModelShape, launch: Launch, draft_model: ModelShape | None = None) -> int:
+    """Bytes per token of the draft worker's own KV pool: its layers at the draft's per-layer cell
+    (the target's geometry for a path-less MTP head)."""
+    if not launch.draft_kv_layers:
+        return 0
+    geometry = draft_model or model
+    per_layer = geometry.kv_bytes_per_token(launch.attn_tp, launch.kv_dtype_bytes) // geometry.full_attention_layers
+    return per_layer * launch.draft_kv_layers
 
 
 def weights_oom_error(launch: Launch, available_gb: float, pre_gb: float) -> LaunchError:
@@ -79,6 +113,16 @@ def kv_oom_error(launch: Launch) -> LaunchError:
     return LaunchError("RuntimeError", "Not enough memory. Please try to increase --mem-fraction-static. "
                        f"Current value: mem_fraction_static={launch.mem_fraction_static}",
                        kind="oom_kv", in_scheduler=True)
+
+
+def cuda_oom_error(need_bytes: int, rank: int, total_mib: int, free_bytes: int, process_bytes: int,
+                   what: str) -> LaunchError:
+    """A failed CUDA allocation of ``need_bytes`` during start-up phase ``what``, as PyTorch words it."""
+    return LaunchError("OutOfMemoryError",
+                       f"CUDA out of memory. Tried to allocate {need_bytes / GB:.2f} GiB. GPU {rank} has a total "
+                       f"capacity of {total_mib / 1024:.2f} GiB of which {max(0, free_bytes) / (1 << 20):.2f} MiB is "
+                       f"free. Including non-PyTorch memory, this process has {process_bytes / GB:.2f} GiB memory "
+                       f"in use.", kind=f"oom_cuda_{what}", in_scheduler=True)
 
 
 def mamba_oom_error(slots: int, rest_gb: float, slot_bytes: int) -> LaunchError:
@@ -157,11 +201,12 @@ def resolve_max_running_requests(model: ModelShape, launch: Launch, tokens: int,
 
 
 def size_pools(model: ModelShape, launch: Launch, pre_load_free_bytes: int,
-               available_bytes: int) -> PoolPlan:
+               available_bytes: int, draft_model: ModelShape | None = None) -> PoolPlan:
     """Size the state and KV pools from the measured free memory (min over the server's GPUs)."""
     pre_gb = pre_load_free_bytes / GB
     available_gb = available_bytes / GB
-    rest_gb = available_gb - pre_gb * (1 - launch.mem_fraction_static)
+    mm_reservation_gb = launch.mm_reservation_mb / 1024
+    rest_gb = available_gb - pre_gb * (1 - launch.mem_fraction_static) - mm_reservation_gb
     slots = spec_requests = ratio = 0
     if model.is_hybrid:
         rest_gb, slots, spec_requests, ratio = _mamba(model, launch, rest_gb)
@@ -183,9 +228,15 @@ def size_pools(model: ModelShape, launch: Launch, pre_load_free_bytes: int,
         warnings.append(f"KV pool holds {tokens} tokens, fewer than --context-length {launch.context_len}.")
     conv, ssm = model.mamba_bytes_per_slot(launch.tp, launch.ssm_dtype_bytes)
     draft = launch.spec_draft_tokens if launch.spec_algorithm else 0
+    target_cell = model.kv_bytes_per_token(launch.attn_tp, launch.kv_dtype_bytes)
+    draft_cell = draft_kv_cell_bytes(model, launch, draft_model)
+    folded = cell - target_cell
     return PoolPlan(
         pre_load_free_bytes=pre_load_free_bytes, available_bytes=available_bytes, rest_bytes=rest_bytes,
-        kv_cell_bytes=cell, max_total_num_tokens=tokens, kv_bytes=tokens * cell,
+        kv_cell_bytes=cell, max_total_num_tokens=tokens, kv_bytes=tokens * target_cell,
+        draft_kv_cell_bytes=draft_cell, draft_kv_bytes=tokens * draft_cell,
+        draft_kv_outside_bytes=tokens * max(0, draft_cell - folded),
+        mm_reservation_bytes=int(launch.mm_reservation_mb * (1 << 20)),
         mamba_slot_bytes=conv + ssm, mamba_conv_slot_bytes=conv, mamba_ratio=ratio,
         max_mamba_cache_size=slots, spec_state_requests=spec_requests,
         mamba_state_bytes=(slots + 1) * (conv + ssm) if model.is_hybrid else 0,

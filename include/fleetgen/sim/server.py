@@ -24,7 +24,8 @@ from fleetgen.sim.graphs import capture_failure, graph_memory
 from fleetgen.sim.modelcfg import ModelShape, load_model_dir
 from fleetgen.sim.node import SimNode
 from fleetgen.sim.perf import derive_timing
-from fleetgen.sim.pools import GB, PoolPlan, kv_oom_error, mamba_oom_error, size_pools, weights_oom_error
+from fleetgen.sim.pools import (GB, PoolPlan, cuda_oom_error, kv_oom_error, mamba_oom_error, size_pools,
+                                weights_oom_error)
 from fleetgen.sim.resolve import Launch, LaunchError, resolve_launch
 from fleetgen.sim.simlog import log
 
@@ -67,31 +68,39 @@ def _die_in_scheduler(err: LaunchError, rank: int = 0) -> int:
 
 
 class Startup:
-    """Runs the start-up phases and owns this process's memory registrations."""
+    """Runs the start-up phases and owns this process's memory registrations.
+
+    The process counts its own memory in bytes (what ``torch.cuda.mem_get_info`` sees); the node
+    shows it rounded up to whole MiB, as nvidia-smi does.
+    """
 
     def __init__(self, node: SimNode, gpu_indices: list[int]) -> None:
         self.node = node
         self.gpus = gpu_indices
         self.pid = os.getpid()
-        self.used_mib = {i: 0 for i in gpu_indices}
+        self.used_bytes = {i: 0 for i in gpu_indices}
+
+    @property
+    def used_mib(self) -> dict[int, int]:
+        return {i: -(-used // MIB) for i, used in self.used_bytes.items()}
+
+    def gpu_free_bytes(self, index: int) -> int:
+        """Free bytes on one GPU as this process measures them: the node's free MiB, with this
+        process's own MiB rounding given back."""
+        return self.node.free_mib(index) * MIB + self.used_mib[index] * MIB - self.used_bytes[index]
 
     def free_bytes(self) -> int:
-        return min(self.node.free_mib(i) for i in self.gpus) * MIB
+        return min(self.gpu_free_bytes(i) for i in self.gpus)
 
     def allocate(self, per_gpu_bytes: int, what: str) -> None:
         """Register ``per_gpu_bytes`` more on each GPU, or fail like a CUDA allocation would."""
-        need_mib = -(-per_gpu_bytes // MIB)
         for rank, index in enumerate(self.gpus):
-            free = self.node.free_mib(index)
-            if need_mib > free:
-                total = self.node.gpu(index).total_mib
-                raise LaunchError("OutOfMemoryError",
-                                  f"CUDA out of memory. Tried to allocate {need_mib / 1024:.2f} GiB. GPU {rank} has a "
-                                  f"total capacity of {total / 1024:.2f} GiB of which {free:.2f} MiB is free. "
-                                  f"Including non-PyTorch memory, this process has {self.used_mib[index] / 1024:.2f} GiB "
-                                  f"memory in use.", kind=f"oom_cuda_{what}", in_scheduler=True)
+            free = self.gpu_free_bytes(index)
+            if per_gpu_bytes > free:
+                raise cuda_oom_error(per_gpu_bytes, rank, self.node.gpu(index).total_mib, free,
+                                     self.used_bytes[index], what)
         for rank, index in enumerate(self.gpus):
-            self.used_mib[index] += need_mib
+            self.used_bytes[index] += per_gpu_bytes
             self.node.set_holder(index, self.pid, f"sglang::scheduler_TP{rank % 1000}", self.used_mib[index])
 
     def release(self) -> None:
@@ -119,6 +128,15 @@ def _visible_gpus(node: SimNode, launch: Launch, base: int, step: int) -> list[i
     return [visible[w] for w in wanted]
 
 
+def _log_kv(launch: Launch, model: ModelShape, tokens: int, kv_bytes: int) -> None:
+    if model.is_mla:
+        log(f"KV Cache is allocated. #tokens: {tokens}, KV size: {kv_bytes / GB:.2f} GB", rank=0)
+    else:
+        half = kv_bytes / 2 / GB
+        log(f"KV Cache is allocated. dtype: {launch.kv_dtype_name}, #tokens: {tokens}, "
+            f"K size: {half:.2f} GB, V size: {half:.2f} GB", rank=0)
+
+
 def _log_pools(model: ModelShape, launch: Launch, plan: PoolPlan) -> None:
     if model.is_hybrid:
         conv = plan.mamba_conv_slot_bytes
@@ -129,12 +147,7 @@ def _log_pools(model: ModelShape, launch: Launch, plan: PoolPlan) -> None:
             f"{slots * conv / GB:.2f}GB, ssm_state size: {slots * ssm / GB:.2f}GB "
             f"intermediate_ssm_state_cache size: {inter * ssm / GB:.2f}GB "
             f"intermediate_conv_window_cache size: {inter * conv / GB:.2f}GB", rank=0)
-    if model.is_mla:
-        log(f"KV Cache is allocated. #tokens: {plan.max_total_num_tokens}, KV size: {plan.kv_bytes / GB:.2f} GB", rank=0)
-    else:
-        half = plan.kv_bytes / 2 / GB
-        log(f"KV Cache is allocated. dtype: {launch.kv_dtype_name}, #tokens: {plan.max_total_num_tokens}, "
-            f"K size: {half:.2f} GB, V size: {half:.2f} GB", rank=0)
+    _log_kv(launch, model, plan.max_total_num_tokens, plan.kv_bytes)
 
 
 def run(argv: list[str]) -> int:
@@ -145,16 +158,15 @@ def run(argv: list[str]) -> int:
     try:
         node = SimNode.from_env()
         model, config, weights = load_model_dir(args.model_path)
-        draft_layers, draft_weights = None, 0
+        draft_model, draft_weights = None, 0
         if args.speculative_draft_model_path:
             draft_model, _, draft_weights = load_model_dir(args.speculative_draft_model_path)
-            draft_layers = draft_model.num_layers
         faults = read_faults(node.path, args.port)
     except FleetgenError as exc:
         sys.stderr.write(_exception_text("RuntimeError", str(exc)) + "\n")
         return 1
     try:
-        launch = resolve_launch(args, model, [g.total_mib for g in node.gpus], draft_layers)
+        launch = resolve_launch(args, model, [g.total_mib for g in node.gpus], draft_model)
     except LaunchError as err:
         sys.stderr.write(_exception_text(err.exc_type, err.message) + "\n")
         return 1
@@ -167,8 +179,8 @@ def run(argv: list[str]) -> int:
     try:
         try:
             startup = Startup(node, _visible_gpus(node, launch, args.base_gpu_id, args.gpu_id_step))
-            service = _start_scheduler(args, argv, node, startup, model, config, launch, weights, draft_weights,
-                                       faults, started)
+            service = _start_scheduler(args, argv, node, startup, model, config, launch, weights, draft_model,
+                                       draft_weights, faults, started)
         except LaunchError as err:
             return _die_in_scheduler(err)
         from fleetgen.sim.serve import serve
@@ -178,8 +190,8 @@ def run(argv: list[str]) -> int:
             startup.release()
 
 
-def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, weights, draft_weights,
-                     faults, started):
+def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, weights, draft_model,
+                     draft_weights, faults, started):
     settings = node.sim
     load = settings.load_seconds
     for path, found in ((args.model_path, weights), (args.speculative_draft_model_path, draft_weights)):
@@ -189,7 +201,7 @@ def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, 
     startup.allocate((settings.cuda_context_mib + (settings.nccl_mib if launch.tp > 1 else 0)) * MIB,
                      "context")
     time.sleep(load * PHASES["context"])
-    frees = [node.free_mib(i) / 1024 for i in startup.gpus]
+    frees = [startup.gpu_free_bytes(i) / GB for i in startup.gpus]
     if launch.tp > 1 and min(frees) < 0.9 * max(frees):
         pre_model_load_memory, local_gpu_memory = min(frees), max(frees)
         msg = ("The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
@@ -209,7 +221,7 @@ def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, 
         f"avail mem={available / GB:.2f} GB, mem usage={per_gpu_weights / GB:.2f} GB.", rank=0)
 
     fault = faults.fail_at_launch
-    rest_gb = available / GB - pre_free / GB * (1 - launch.mem_fraction_static)
+    rest_gb = available / GB - pre_free / GB * (1 - launch.mem_fraction_static) - launch.mm_reservation_mb / 1024
     if fault == "oom":
         raise kv_oom_error(launch)
     if fault == "weights_oom":
@@ -217,11 +229,14 @@ def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, 
     if fault == "mamba_oom":
         conv, ssm = model.mamba_bytes_per_slot(launch.tp, launch.ssm_dtype_bytes)
         raise mamba_oom_error(0, rest_gb, conv + ssm)
-    plan = size_pools(model, launch, pre_free, available)
+    plan = size_pools(model, launch, pre_free, available, draft_model)
     for warning in plan.warnings:
         log(warning, rank=0)
-    startup.allocate(plan.pool_bytes, "pools")
+    startup.allocate(plan.target_pool_bytes, "pools")
     _log_pools(model, launch, plan)
+    if plan.draft_kv_bytes:  # the draft worker's own pool, same token count (Scheduler.init_memory_pools)
+        startup.allocate(plan.draft_kv_bytes, "draft_pool")
+        _log_kv(launch, model, plan.max_total_num_tokens, plan.draft_kv_bytes)
     time.sleep(load * PHASES["pools"])
     log(f"Memory pool end. avail mem={startup.free_bytes() / GB:.2f} GB", rank=0)
 
@@ -231,7 +246,7 @@ def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, 
         capture_start = time.monotonic()
         log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={free / GB:.2f} GB", rank=0)
         gpu_total = min(node.gpu(i).total_mib for i in startup.gpus) * MIB
-        process = startup.used_mib[startup.gpus[0]] * MIB
+        process = startup.used_bytes[startup.gpus[0]]
         failure = capture_failure(graphs, 0 if fault == "cuda_graph_oom" else free, gpu_total, process)
         if failure:
             raise LaunchError("Exception", failure, kind="oom_cuda_graph", in_scheduler=True)
@@ -246,8 +261,8 @@ def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, 
 
     from fleetgen.sim.service import Service
     gpu_name = node.gpu(startup.gpus[0]).name
-    timing = derive_timing(model, launch, settings, gpu_name, weights + draft_weights, plan.kv_cell_bytes,
-                           plan.mamba_slot_bytes, speed=faults.speed)
+    timing = derive_timing(model, launch, settings, gpu_name, weights + draft_weights,
+                           plan.allocated_kv_cell_bytes, plan.mamba_slot_bytes, speed=faults.speed)
     return Service(args=args, argv=argv, model=model, architectures=list(config.get("architectures") or []),
                    launch=launch, plan=plan, graphs=graphs, timing=timing, settings=settings, faults=faults,
                    weights_bytes=weights + draft_weights, startup_seconds=time.monotonic() - started)

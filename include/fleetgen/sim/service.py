@@ -99,7 +99,10 @@ class Service:
                 "preferred_sampling_params": self.args.preferred_sampling_params,
                 "weight_version": self.args.weight_version, "load_format": self.args.load_format,
                 "reasoning_parser": self.args.reasoning_parser, "tool_call_parser": self.args.tool_call_parser,
-                "disaggregation_mode": "null", "has_image_understanding": False,
+                "disaggregation_mode": "null",
+                # ModelConfig.is_image_understandable_model: multimodal and a vision tower
+                "has_image_understanding": (self.model.is_multimodal and not self.args.language_model_only
+                                            and self.model.vision_tower is not None),
                 "has_audio_understanding": False, "model_type": self.model.model_type,
                 "architectures": self.architectures}
 

@@ -108,7 +108,7 @@ def auto_mem_fraction_static(gpu_mem_mib: int | None, reserve: ReserveEstimate,
         layers, hidden = vision
         complexity = (layers * hidden ** 2) / (24 * 1024 ** 2)
         factor = max(0.8, min(1.05, 1.0 - 0.1 * (complexity - 1.0)))
-        mfs = mfs * 0.95 * factor
+        mfs = mfs * (0.95 * factor)  # SGLang multiplies by the combined factor: same float, same floors
     return mfs
 
 

@@ -68,7 +68,7 @@ def make_service(extra: list[str], *, faults: Faults | None = None, time_scale: 
     plan = size_pools(model, launch, pre, pre - SEED_WEIGHTS)
     settings = SimSettings(time_scale=time_scale)
     graphs = graph_memory(model, launch, plan.max_running_requests, settings.runtime_workspace_mib)
-    timing = derive_timing(model, launch, settings, "NVIDIA B200", SEED_WEIGHTS, plan.kv_cell_bytes,
+    timing = derive_timing(model, launch, settings, "NVIDIA B200", SEED_WEIGHTS, plan.allocated_kv_cell_bytes,
                            plan.mamba_slot_bytes, speed=faults.speed)
     return Service(args=args, argv=base + extra, model=model, architectures=["Qwen3_5ForConditionalGeneration"],
                    launch=launch, plan=plan, graphs=graphs, timing=timing, settings=settings, faults=faults,

@@ -81,7 +81,9 @@ def test_server_serves_and_releases_its_memory(tools, node, model_dir):
     (["--mem-fraction-static", "0.93"], {"fail_at_launch": "oom"},
      "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
      "Current value: mem_fraction_static=0.93"),
-    (["--mem-fraction-static", "0.98"], None, "Exception: Capture cuda graph failed: CUDA out of memory."),
+    (["--mem-fraction-static", "0.97"], None, "Exception: Capture cuda graph failed: CUDA out of memory."),
+    # at 0.98 the MTP draft worker's KV pool (outside the budget) no longer fits before capture
+    (["--mem-fraction-static", "0.98"], None, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4."),
 ])
 def test_fatal_start_up_exits_with_sglangs_message(tools, node, model_dir, extra, fault, expected):
     port = tools.free_port()

@@ -13,7 +13,13 @@ from fleetgen.sim.resolve import LaunchError, prefill_buckets, resolve_launch
 
 def test_seed_before_caps_at_16_with_21_gib_of_state(tools):
     launch, plan = tools.seed_run(tools.BEFORE)
-    assert launch.mem_fraction_static == 0.854          # auto, B200 table row (sglang-facts §1.1)
+    # auto: B200 table row 0.854 (sglang-facts §1.1), then the VLM factor of a multimodal architecture:
+    # 0.95 x (1 - 0.1 x (24 x 1152^2 / (24 x 1024^2) - 1)) for Qwen3.5's default vision tower
+    assert launch.mfs_reserved_mb == 512 + 1.5 * 16384 + 1024 / 8 + 2 * 512 + 8 * 74  # 26,832 MB
+    assert launch.mfs_vlm_factor == 0.95 * (1.0 - 0.1 * ((24 * 1152 ** 2) / (24 * 1024 ** 2) - 1.0))
+    assert launch.mem_fraction_static == 0.854 * launch.mfs_vlm_factor
+    assert launch.mem_fraction_static == pytest.approx(0.78975, abs=1e-5)
+    assert launch.mm_reservation_mb == 100               # SGLANG_VLM_CACHE_SIZE_MB out of the KV budget
     assert launch.max_running_requests == 48             # speculative default
     assert launch.spec_algorithm == "EAGLE"              # NEXTN rewritten
     assert plan.mamba_slot_bytes == 153_944_064
@@ -22,8 +28,41 @@ def test_seed_before_caps_at_16_with_21_gib_of_state(tools):
     assert plan.max_running_requests == 16
     assert plan.mamba_total_bytes == 149 * 153_944_064   # 81 slots + 17 x 4 intermediate
     assert plan.mamba_total_bytes / tools.GIB == pytest.approx(21.36, abs=0.01)
-    assert plan.kv_cell_bytes == 69_632                  # 65,536 + the MTP layer folded in
+    # mtp_num_hidden_layers is not num_nextn_predict_layers: nothing folded into the budgeted cell...
+    assert (launch.draft_layers, launch.draft_kv_layers) == (0, 1)
+    assert plan.kv_cell_bytes == 65_536
+    # ...but the draft worker's 1-layer pool of the same token count is allocated outside the budget
+    assert plan.draft_kv_cell_bytes == 4_096
+    assert plan.draft_kv_bytes == plan.draft_kv_outside_bytes == plan.max_total_num_tokens * 4_096
+    assert plan.pool_bytes == plan.kv_bytes + plan.draft_kv_bytes + plan.mamba_total_bytes
+    assert plan.max_total_num_tokens == pytest.approx(1.14e6, rel=0.02)  # reported: KV cache ~1.14M tokens
     assert any("capped to 16 by the mamba state cache" in w for w in plan.warnings)
+
+
+def test_target_config_num_nextn_predict_layers_is_folded_into_the_cell(tools):
+    """A path-less MTP head declared as num_nextn_predict_layers is budgeted (int(cell x 1/16))."""
+    config = preset_config("qwen3.6-27b")
+    config["text_config"]["num_nextn_predict_layers"] = 1
+    model = from_config(config)
+    launch = resolve_launch(parse_args(tools.SEED_ARGS + tools.AFTER), model, [tools.B200_MIB])
+    pre = tools.b200_pre_load_free()
+    plan = size_pools(model, launch, pre, pre - tools.SEED_WEIGHTS)
+    assert (launch.draft_layers, launch.draft_kv_layers) == (1, 1)
+    assert plan.kv_cell_bytes == 69_632 and plan.draft_kv_cell_bytes == 4_096
+    assert plan.draft_kv_outside_bytes == 0
+    unfolded = tools.seed_run(tools.AFTER)[1]
+    assert plan.max_total_num_tokens == unfolded.rest_bytes // 69_632 < unfolded.max_total_num_tokens
+
+
+def test_language_model_only_drops_the_multimodal_reservation_and_factor(tools):
+    launch, plan = tools.seed_run(tools.BEFORE + ["--language-model-only"])
+    assert launch.mem_fraction_static == 0.854 and launch.mfs_vlm_factor is None
+    assert launch.mm_reservation_mb == 0 and plan.mm_reservation_bytes == 0
+    gpu_transport, _ = tools.seed_run(tools.AFTER + ["--mm-feature-transport", "cuda_ipc"])
+    assert gpu_transport.mm_reservation_mb == 100 + 1024
+    with_reservation = tools.seed_run(tools.AFTER)[1]
+    without = tools.seed_run(tools.AFTER + ["--language-model-only"])[1]
+    assert without.rest_bytes - with_reservation.rest_bytes == pytest.approx(100 * tools.MIB, abs=2)
 
 
 def test_seed_after_caps_at_40_with_52_gib_of_state(tools):
@@ -65,7 +104,7 @@ def test_qwen3_next_auto_examples(tools):
     assert (plain.max_mamba_cache_size, plain.max_running_requests) == (525, 105)
     assert plain.max_total_num_tokens == pytest.approx(1.84e6, rel=0.01)
     spec = _qwen3_next_rest_40gib(tools, ["--speculative-algorithm", "EAGLE"], {"num_nextn_predict_layers": 1})
-    assert spec.kv_cell_bytes == 13_312
+    assert spec.kv_cell_bytes == 13_312 and spec.draft_kv_outside_bytes == 0
     assert (spec.max_mamba_cache_size, spec.max_running_requests) == (289, 48)
     assert spec.max_total_num_tokens == pytest.approx(1.82e6, rel=0.01)
     asking = _qwen3_next_rest_40gib(tools, ["--speculative-algorithm", "EAGLE", "--max-running-requests", "64"])
@@ -86,15 +125,17 @@ def test_kv_oom_message_is_sglangs(tools):
     model = tools.preset("qwen3.6-27b")
     launch = resolve_launch(parse_args(tools.SEED_ARGS + tools.BEFORE), model, [tools.B200_MIB])
     pre = 100 * tools.GIB
-    # rest after the 80-slot pool is a few hundred bytes: not one KV token fits
+    # rest after the multimodal reservation and the 80-slot pool is a few hundred bytes: no KV token fits
     slot = 153_944_064
     state = (81 + 17 * 4) * slot
-    available = int(pre * (1 - launch.mem_fraction_static)) + state + 1000
+    available = int(pre * (1 - launch.mem_fraction_static)) + 100 * tools.MIB + state + 1000
     with pytest.raises(LaunchError) as err:
         size_pools(model, launch, pre, available)
     assert err.value.exc_type == "RuntimeError"
+    # SGLang prints the VLM-adjusted automatic fraction unrounded
     assert err.value.message == ("Not enough memory. Please try to increase --mem-fraction-static. "
-                                 "Current value: mem_fraction_static=0.854")
+                                 f"Current value: mem_fraction_static={launch.mem_fraction_static}")
+    assert "mem_fraction_static=0.78974984" in err.value.message
 
 
 def test_weights_that_leave_nothing_fail_with_the_value_error(tools):
@@ -144,9 +185,11 @@ def test_llama3_rope_scaling_keeps_the_position_limit(tools):
 
 
 def test_graph_capture_model_on_the_seed(tools):
-    assert tools.seed_capture_fits(tools.BEFORE)                       # auto mfs 0.854
+    assert tools.seed_capture_fits(tools.BEFORE)                       # auto mfs ~0.79
     assert tools.seed_capture_fits(tools.AFTER)                        # 0.93
-    high = ["--max-mamba-cache-size", "200", "--mem-fraction-static", "0.98", "--max-running-requests", "64"]
+    # 0.96 leaves ~7.2 GiB, ~3.0 GiB after the ~4.3 GiB MTP draft KV pool: too little for the
+    # default 16,384-token prefill graphs, enough with smaller prefill chunks and decode batches
+    high = ["--max-mamba-cache-size", "200", "--mem-fraction-static", "0.96", "--max-running-requests", "64"]
     assert not tools.seed_capture_fits(high)
     assert tools.seed_capture_fits(high + ["--chunked-prefill-size", "4096", "--cuda-graph-max-bs-decode", "64"])
 
