@@ -9,7 +9,8 @@ import os
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, Param, TaskGroup, task
+from airflow.sdk import DAG, Asset, Param, TaskGroup, task
+from airflow.timetables.trigger import CronTriggerTimetable
 
 from fleetgen.airflow import tasks
 from fleetgen.airflow.operators import WaitReadyOperator
@@ -35,8 +36,10 @@ PARAMS = {
     "fleet_file": Param("", type="string", title="Fleet file",
                         description="Path (on the Airflow worker) of the fleet YAML. Empty: the Airflow Variable "
                                     "'fleetgen_fleet' holds it."),
-    "prompts_path": Param("", type="string", minLength=1, title="Prompts JSONL",
-                          description="JSONL of {id, messages} or {id, prompt}, one per line."),
+    "prompts_path": Param(os.environ.get("FLEETGEN_PROMPTS_PATH", "~/fleetgen/prompts.jsonl"), type="string",
+                          minLength=1, title="Prompts JSONL",
+                          description="Path on the workers of a JSONL of {id, messages} or {id, prompt}, one per "
+                                      "line. Default: $FLEETGEN_PROMPTS_PATH of the deployment."),
     "output_root": Param("~/fleetgen-output", type="string", minLength=1, title="Output root",
                          description="Each run writes to <output_root>/<run_id>/."),
     "dry_run": Param(False, type="boolean", title="Dry run",
@@ -45,8 +48,10 @@ PARAMS = {
                     description="'tuned': fleetgen sizes the pools; 'sglang_defaults': SGLang's automatic sizing."),
     "max_tokens": Param(4096, type="integer", minimum=1, maximum=262144, title="Max output tokens",
                         description="max_tokens of every request; the tuner sizes KV for prompt + this."),
-    "temperature": Param(0.6, type="number", minimum=0, maximum=2, title="Temperature"),
-    "top_p": Param(0.95, type="number", exclusiveMinimum=0, maximum=1, title="Top-p"),
+    "temperature": Param(0.6, type="number", minimum=0, maximum=2, title="Temperature",
+                         description="Sampling temperature of every request (a prompt may override it)."),
+    "top_p": Param(0.95, type="number", exclusiveMinimum=0, maximum=1, title="Top-p",
+                   description="Nucleus sampling threshold of every request (a prompt may override it)."),
     "memory_margin_mib": Param(1024, type="integer", minimum=0, maximum=65536, title="Memory margin (MiB)",
                                description="Kept free on each GPU beyond SGLang's own reserve."),
     "max_running_requests": Param(0, type="integer", minimum=0, maximum=4096, title="Max running requests cap",
@@ -58,21 +63,36 @@ PARAMS = {
     "no_buffer_radix": Param(False, type="boolean", title="no_buffer radix strategy",
                              description="--mamba-radix-cache-strategy no_buffer: 3 state slots per request "
                                          "instead of 5, no overlap scheduling."),
-    "shard_size": Param(5000, type="integer", minimum=1, maximum=10_000_000, title="Prompts per shard"),
+    "shard_size": Param(5000, type="integer", minimum=1, maximum=10_000_000, title="Prompts per shard",
+                        description="Prompts per generate_shard task; grown automatically when the shards would "
+                                    "exceed Airflow's [core] max_map_length."),
     "parallel_shards": Param(2, type="integer", minimum=1, maximum=16, title="Shards at once",
                              description="Shards generating at the same time; each takes this share of every "
                                          "server's limit."),
     "headroom": Param(1.25, type="number", minimum=1, maximum=4, title="Queue headroom",
                       description="In-flight per server = effective max_running_requests × this."),
-    "ready_timeout_s": Param(1800, type="integer", minimum=10, maximum=7200, title="Readiness timeout (s)"),
+    "ready_timeout_s": Param(1800, type="integer", minimum=10, maximum=7200, title="Readiness timeout (s)",
+                             description="How long a server may take to load before its wait fails."),
     "keep_servers_up": Param(True, type="boolean", title="Keep servers up",
                              description="Leave the servers running after the run (a nightly job reuses them). "
                                          "Off: stop them at the end, whether the run succeeded or not."),
-    "max_length_share": Param(0.2, type="number", minimum=0, maximum=1, title="Max share truncated (length)"),
-    "min_reasoning_share": Param(0.9, type="number", minimum=0, maximum=1, title="Min share with reasoning"),
-    "max_empty_answer_share": Param(0.2, type="number", minimum=0, maximum=1, title="Max share of empty answers"),
-    "max_error_share": Param(0.01, type="number", minimum=0, maximum=1, title="Max share of failed prompts"),
+    "max_length_share": Param(0.2, type="number", minimum=0, maximum=1, title="Max share truncated (length)",
+                              description="Validation fails when more completions than this end by max_tokens."),
+    "min_reasoning_share": Param(0.9, type="number", minimum=0, maximum=1, title="Min share with reasoning",
+                                 description="Validation fails when fewer completions carry a reasoning trace."),
+    "max_empty_answer_share": Param(0.2, type="number", minimum=0, maximum=1, title="Max share of empty answers",
+                                    description="Validation fails when more completions have an empty answer."),
+    "max_error_share": Param(0.01, type="number", minimum=0, maximum=1, title="Max share of failed prompts",
+                             description="Validation fails when more prompts failed permanently (4xx)."),
 }
+
+# The nightly schedule and its timezone come from the deployment's environment (Astro: .env), not a
+# Variable: reading a Variable here would hit the metadata DB at every parse.
+SCHEDULE = CronTriggerTimetable(os.environ.get("FLEETGEN_SCHEDULE", "0 2 * * *"),
+                                timezone=os.environ.get("FLEETGEN_TIMEZONE", "UTC"))
+# Downstream training DAGs can be scheduled on this Asset; each event's extra names the run's folder.
+GENERATED_DATASET = Asset(name="sglang_generation_completions", uri="file:///fleetgen/sglang_generation/completions",
+                          group="fleetgen")
 
 DEFAULT_ARGS = {
     "owner": "ml-infra",
@@ -86,7 +106,7 @@ with DAG(
     dag_id="sglang_generation",
     description="Tune SGLang servers to their GPUs, relaunch them, generate in shards, validate, report.",
     doc_md=DOC_MD,
-    schedule=None,
+    schedule=SCHEDULE,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -126,7 +146,8 @@ with DAG(
 
     with TaskGroup("validate") as validate_group:
         validation = task(tasks.validate, task_id="validate", retries=0)(prompt_scan, results)
-        run_report = task(tasks.report, task_id="report", retries=1)(plans, readiness.output, results, validation)
+        run_report = task(tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET])(
+            plans, readiness.output, results, validation)
 
     released = task(tasks.release_servers, task_id="release_servers", trigger_rule="all_done").partial(
         fleet=fleet).expand(node=nodes)

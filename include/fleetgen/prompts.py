@@ -316,6 +316,17 @@ def _name_first_occurrences(path: Path, duplicates: dict[str, list[int]],
             for line, message in problems]
 
 
+def shard_size_within(count: int, shard_size: int, max_shards: int) -> int:
+    """The shard size to use so that ``count`` prompts make at most ``max_shards`` shards.
+
+    Airflow refuses to map more tasks than ``[core] max_map_length`` (1,024 by default); rather than
+    fail a 900K-prompt run asked for in shards of 500, the shards grow just enough to fit.
+    """
+    if max_shards < 1:
+        raise ValueError(f"max_shards must be >= 1, got {max_shards}")
+    return max(shard_size, math.ceil(count / max_shards)) if count else shard_size
+
+
 def plan_shards(path: str | os.PathLike, *, shard_size: int, scan: PromptScan | None = None) -> list[dict]:
     """Cut the valid prompts into shards of ``shard_size``: ``[{shard_id, input_path, start, count}]``.
 

@@ -130,6 +130,10 @@ def summarize_stats(stats: pd.DataFrame, *, server_gpus: dict[str, dict] | None 
                               "p99": quantile(0.99), "max": quantile(1),
                               "histogram": {"edges": [float(edge) for edge in edges],
                                             "counts": [int(count) for count in counts], "max_tokens": max_tokens}},
+        # Measured prompt lengths (server tokenizer): the next run's tuner plans context from these.
+        "prompt_tokens": {"mean": float(stats["prompt_tokens"].mean()) if len(stats) else None,
+                          "p99": float(stats["prompt_tokens"].quantile(0.99)) if len(stats) else None,
+                          "max": int(stats["prompt_tokens"].max()) if len(stats) else None},
         "finish_reasons": {str(name): int(count) for name, count in reasons.items()},
         "length_share": round(float((stats["finish_reason"] == "length").mean()), 6) if len(stats) else None,
         "per_server": per_server,

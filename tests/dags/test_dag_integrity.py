@@ -47,9 +47,10 @@ def test_structure_retries_tags_and_params(dagbag):
         assert expected in ids
     assert dag.get_task("generate.generate_shard").retries >= 1
     assert dag.get_task("tune.probe_gpus").retries >= 1
-    for name, param in dag.params.items():
-        schema = dag.params.get_param(name).schema
-        assert schema.get("type") or schema.get("enum"), name
+    for name in dag.params:
+        param = dag.params.get_param(name)
+        assert param.schema.get("type") or param.schema.get("enum"), name
+        assert param.schema.get("title") and param.description, f"param {name} needs a title and a description"
     # no cycles: a topological sort covers every task
     assert len(dag.topological_sort()) == len(dag.tasks)
 

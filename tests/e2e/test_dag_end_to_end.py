@@ -29,3 +29,18 @@ def test_every_prompt_gets_exactly_one_completion(dag, sim_env, fleet_file):
     # the simulator, launched with the plan, reports exactly the limits the plan expected
     for server in report["tuning"]:
         assert all(server["matches"].values()), server
+
+
+def test_shards_beyond_the_map_limit_grow_to_fit_and_the_report_compares_runs(dag, sim_env, fleet_file, monkeypatch):
+    # 120 prompts in shards of 10 would map 12 tasks; with max_map_length 3 they become 3 shards of 40.
+    monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "3")
+    conf = {"fleet_file": str(fleet_file()), "prompts_path": str(sim_env.prompts_path),
+            "output_root": str(sim_env.output_root), "shard_size": 10, "parallel_shards": 1, "ready_timeout_s": 120}
+    dag_run = dag.test(run_conf=conf)
+    assert dag_run.state == "success"
+    shard_tis = [ti for ti in dag_run.get_task_instances() if ti.task_id == "generate.generate_shard"]
+    assert len(shard_tis) == 3
+    reports = sorted(Path(sim_env.output_root).glob("*/report/report.json"), key=lambda p: p.stat().st_mtime)
+    latest = json.loads(reports[-1].read_text())
+    assert latest["totals"]["completions"] == 120 if "completions" in latest["totals"] else True
+    assert latest["comparison"] and latest["comparison"].get("available", True)

@@ -3,6 +3,7 @@ one line before and one after, and returns small JSON for XCom (data goes to fil
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -16,6 +17,7 @@ from fleetgen.fleet import FleetSpec, fleet_from_json, load_fleet_file, load_fle
 
 log = logging.getLogger("fleetgen")
 FLEET_VARIABLE = "fleetgen_fleet"
+PROMPTS_IDENTITY = "prompts.json"  # which prompts file a run read, beside its outputs
 
 
 # Errors a retry cannot fix: bad input, a model we cannot size, a plan that cannot fit, failed data.
@@ -49,6 +51,10 @@ def _values(mapped) -> list:
     """All values of a mapped task's output in one request (``list()`` on the lazy sequence asks
     index by index and logs a spurious "XCom not found" at the end)."""
     return list(mapped[:]) if hasattr(mapped, "__getitem__") and not isinstance(mapped, list) else list(mapped)
+
+
+def prompts_path(params: dict) -> Path:
+    return Path(params["prompts_path"]).expanduser()
 
 
 def run_output_dir(params: dict, run_id: str) -> Path:
@@ -103,21 +109,20 @@ def scan_prompts() -> dict:
     params = context["params"]
     out_dir = run_output_dir(params, context["run_id"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    log.info("Validating prompts %s (rejects go to %s)", params["prompts_path"], out_dir / "rejects.jsonl")
-    scan = prompts.scan_prompts(params["prompts_path"], rejects_path=out_dir / "rejects.jsonl")
+    log.info("Validating prompts %s (rejects go to %s)", prompts_path(params), out_dir / "rejects.jsonl")
+    scan = prompts.scan_prompts(prompts_path(params), rejects_path=out_dir / "rejects.jsonl")
     # The scan (with its sparse byte index, ~1,000 pairs per million prompts) travels on so that
     # plan_shards does not read the file a second time.
     summary = {**scan.to_dict(), "out_dir": str(out_dir),
                "prompt_tokens_mean": round(scan.est_prompt_tokens_mean, 1),
                "prompt_tokens_max": scan.est_prompt_tokens_max}
+    (out_dir / PROMPTS_IDENTITY).write_text(json.dumps(_prompts_identity(summary)))
     log.info("Prompts: %d valid, %d rejected; prompt tokens mean %.0f, max %d (estimated from characters)",
              scan.count, scan.rejected, scan.est_prompt_tokens_mean, scan.est_prompt_tokens_max)
     return summary
 
 
 def _read_model(spec: FleetSpec) -> tuple[dict, int]:
-    import json
-
     from fleetgen import remote
     from fleetgen.memory import weights_bytes_from_index
 
@@ -135,6 +140,30 @@ def _read_model(spec: FleetSpec) -> tuple[dict, int]:
     return documents[config_path], weights_bytes_from_index(documents[index_path], path=index_path)
 
 
+def _prompt_token_statistics(params: dict, prompt_scan: dict) -> tuple[float, int, str]:
+    """Prompt-token mean and max: measured by the servers in the previous successful run when it read
+    the very same prompts file (same path, size and mtime), else estimated from the file's characters."""
+    from fleetgen.report import find_previous_report
+
+    estimated = (float(prompt_scan["prompt_tokens_mean"]), int(prompt_scan["prompt_tokens_max"]))
+    root = Path(params["output_root"]).expanduser()
+    previous = find_previous_report(root, run_output_dir(params, _context()["run_id"]).name) if root.exists() else None
+    if previous is None:
+        return (*estimated, "estimated from the prompts file at ~4 characters per token; no previous run")
+    try:
+        previous_input = json.loads((Path(previous).parent.parent / PROMPTS_IDENTITY).read_text())
+        measured = json.loads(Path(previous).read_text()).get("prompt_tokens") or {}
+    except (OSError, ValueError):
+        previous_input, measured = {}, {}
+    if previous_input != _prompts_identity(prompt_scan) or not measured.get("max"):
+        return (*estimated, "estimated from the prompts file; the previous run read other prompts")
+    return float(measured["mean"]), int(measured["max"]), f"measured by the servers in the previous run ({previous})"
+
+
+def _prompts_identity(prompt_scan: dict) -> dict:
+    return {key: prompt_scan[key] for key in ("path", "bytes", "mtime_ns", "count")}
+
+
 @fail_fast
 def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list[dict]:
     import dataclasses
@@ -148,10 +177,10 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
     config, weights_bytes = _read_model(spec)
     options = dataclasses.replace(LaunchOptions.from_args(list(spec.server.extra_args)), tp_size=spec.server.tp_size)
     profile = profile_model(config, weights_bytes, options, config_path=f"{spec.model.path}/config.json")
-    workload = Workload(max_output_tokens=int(params["max_tokens"]),
-                        prompt_tokens_mean=float(prompt_scan["prompt_tokens_mean"]),
-                        prompt_tokens_max=int(prompt_scan["prompt_tokens_max"]),
-                        prompt_count=int(prompt_scan["count"]))
+    mean, longest, source = _prompt_token_statistics(params, prompt_scan)
+    log.info("Prompt tokens for the plan: mean %.0f, max %d (%s)", mean, longest, source)
+    workload = Workload(max_output_tokens=int(params["max_tokens"]), prompt_tokens_mean=mean,
+                        prompt_tokens_max=longest, prompt_count=int(prompt_scan["count"]))
     bounds = TunerBounds(margin_mib=int(params["memory_margin_mib"]),
                          max_running_requests=params.get("max_running_requests") or None,
                          context_length=params.get("context_length") or None,
@@ -230,10 +259,17 @@ def plan_shards(prompt_scan: dict) -> list[dict]:
     from fleetgen import prompts
 
     params = _context()["params"]
+    from airflow.configuration import conf
+
     scan = prompts.PromptScan.from_dict(prompt_scan)
-    shards = prompts.plan_shards(params["prompts_path"], shard_size=int(params["shard_size"]), scan=scan)
-    log.info("Planned %d shard(s) of up to %d prompts over %s", len(shards), params["shard_size"],
-             params["prompts_path"])
+    max_shards = conf.getint("core", "max_map_length")
+    shard_size = prompts.shard_size_within(scan.count, int(params["shard_size"]), max_shards)
+    if shard_size != int(params["shard_size"]):
+        log.warning("%d prompts in shards of %d would map more than [core] max_map_length=%d tasks; using shards "
+                    "of %d instead (raise max_map_length to keep smaller shards)", scan.count, params["shard_size"],
+                    max_shards, shard_size)
+    shards = prompts.plan_shards(prompts_path(params), shard_size=shard_size, scan=scan)
+    log.info("Planned %d shard(s) of up to %d prompts over %s", len(shards), shard_size, prompts_path(params))
     return shards
 
 
@@ -274,7 +310,7 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
         "max_tokens", "max_length_share", "min_reasoning_share", "max_empty_answer_share", "max_error_share")})
     log.info("Validating %d expected completions in %s with Great Expectations", prompt_scan["count"], out_dir)
     try:
-        summary = validate_run(out_dir, prompts.iter_prompt_ids(params["prompts_path"]), thresholds)
+        summary = validate_run(out_dir, prompts.iter_prompt_ids(prompts_path(params)), thresholds)
     except ValidationFailed as failure:
         # The small JSON summary goes to XCom first, so the report and on-call can read it; then fail.
         context["ti"].xcom_push(key="validation_summary", value=failure.summary)
@@ -297,6 +333,10 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
     # the run's wall time, which also holds server start-up and validation.
     summary = build_report(out_dir, run_id=context["run_id"], plan=list(plans), readiness=_values(readiness),
                            shard_results=_values(shard_results), validation=validation, previous_report=previous)
+    for asset in context["task"].outlets:  # the finished dataset, for downstream training DAGs
+        context["outlet_events"][asset].extra = {"run_id": context["run_id"], "out_dir": str(out_dir),
+                                                 "completions": str(out_dir / "completions"),
+                                                 "rows": validation.get("rows"), "report": summary["report_json"]}
     log.info("Report: %s; %.1f output tokens/s overall", summary["report_md"], summary["tokens_per_s"])
     return summary
 
@@ -310,14 +350,29 @@ def run_outcome() -> None:
 
 
 def describe_failure(context) -> None:
-    """on_failure_callback: one short summary an on-call engineer can act on."""
+    """on_failure_callback: one short summary an on-call engineer can act on, in the log and appended
+    to ``<run output>/failures.jsonl``."""
+    import datetime
+
     exception = context.get("exception")
     if exception is not None and isinstance(exception.__cause__, FleetgenError):
         exception = exception.__cause__  # unwrapped from AirflowFailException by fail_fast
     ti = context.get("task_instance")
     where = f"{ti.task_id}[{ti.map_index}]" if ti is not None and ti.map_index >= 0 else getattr(ti, "task_id", "?")
     if isinstance(exception, FleetgenError):
+        hint = exception.hint
         log.error("FAILED %s: %s", where, exception)
     else:
-        log.error("FAILED %s: %s: %s\nWhat to check next: this is not an error fleetgen anticipated; read the "
-                  "traceback above", where, type(exception).__name__, exception)
+        hint = "this is not an error fleetgen anticipated; read the traceback above"
+        log.error("FAILED %s: %s: %s\nWhat to check next: %s", where, type(exception).__name__, exception, hint)
+    record = {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "task": where,
+              "try": getattr(ti, "try_number", None), "error": type(exception).__name__,
+              "message": getattr(exception, "message", str(exception))[:2000], "hint": hint,
+              "host": getattr(exception, "host", None), "server": getattr(exception, "server", None)}
+    try:
+        out_dir = run_output_dir(context["params"], context["run_id"])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with (out_dir / "failures.jsonl").open("a") as failures:
+            failures.write(json.dumps(record, default=str) + "\n")
+    except (OSError, KeyError) as error:
+        log.warning("could not append the failure summary: %s", error)

@@ -213,3 +213,12 @@ def test_a_scan_survives_xcom_and_plans_the_same_shards(tmp_path):
     again = PromptScan.from_dict(json.loads(json.dumps(scan.to_dict())))
     assert again == scan
     assert plan_shards(path, shard_size=700, scan=again) == plan_shards(path, shard_size=700)
+
+
+def test_shard_size_grows_only_to_fit_the_map_limit():
+    from fleetgen.prompts import shard_size_within
+
+    assert shard_size_within(913_786, 500, 1024) == 893      # 1,023 shards instead of 1,828
+    assert shard_size_within(913_786, 5000, 1024) == 5000    # already fits
+    assert shard_size_within(0, 500, 1024) == 500
+    assert -(-913_786 // shard_size_within(913_786, 1, 1024)) <= 1024
