@@ -59,7 +59,11 @@ def test_bad_flag_fails_the_wait_within_seconds_with_sglangs_line(dag, sim_env, 
     log = task_log()
     assert "error: unrecognized arguments: --enable-turbo-mode" in log
     assert "died while starting" in log and "What to check next" in log
-    print(f"bad-flag run failed after {elapsed:.1f} s")
+    # Seconds from SGLang's fatal line landing in the log to the failed task (a figure, not an assertion).
+    log_path = sim_env.node_dir(0) / "home" / "fleetgen" / "logs" / f"sglang-{sim_env.base_port}.log"
+    waited = next(ti for ti in dag_run.get_task_instances() if ti.task_id == "servers.wait_ready" and ti.map_index == 0)
+    latency = waited.end_date.timestamp() - log_path.stat().st_mtime
+    print(f"bad-flag run failed after {elapsed:.1f} s; fatal line to failed wait_ready[0]: {latency:.2f} s")
 
 
 def test_old_flag_names_are_refused_before_anything_is_touched(dag, sim_env, fleet_file, task_log):
@@ -111,3 +115,30 @@ def test_unreachable_node_is_named(dag, sim_env, tmp_path, task_log):
     assert states[("tune.probe_gpus", 0)] == "success" and states[("tune.probe_gpus", 1)] == "failed"
     log = task_log()
     assert "[host gpu-node-9] cannot reach the node via connection 'fleetgen_node9'" in log
+
+
+def test_foreign_process_gets_its_own_plan_and_survives_the_stop(dag, sim_env, fleet_file, task_log):
+    import subprocess
+    import sys
+
+    from fleetgen.sim.node import SimNode
+
+    node = SimNode.load(sim_env.node_dir(0))
+    holder = subprocess.Popen([sys.executable, "-m", "fleetgen.sim.cli", "hold", "--gpu", "0", "--mib", "40960",
+                               "--name", "someone-elses-job", "--node", str(node.path)],
+                              env={**os.environ, **node.env()}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert "holding 40960 MiB" in holder.stdout.readline()
+        dag_run = dag.test(run_conf=_conf(sim_env, fleet_file()))
+        assert dag_run.state == "success"
+        assert holder.poll() is None, "the stop killed a process that is not ours"
+        log = task_log()
+        assert "someone-elses-job" in log  # the probe names who holds memory
+        run_dir = max(sim_env.output_root.glob("*/report/report.json"), key=lambda p: p.stat().st_mtime).parent.parent
+        tuning = {t["gpu_ids"][0]: t for t in json.loads((run_dir / "report" / "report.json").read_text())["tuning"]}
+        # GPU 0 has 40 GiB less: its own, smaller plan, which the server then honours exactly.
+        assert tuning[0]["expected"]["max_running_requests"] < tuning[1]["expected"]["max_running_requests"]
+        assert all(all(t["matches"].values()) for t in tuning.values())
+    finally:
+        holder.terminate()
+        holder.wait(timeout=10)

@@ -10,4 +10,5 @@ perf / engine / textgen           speed model, continuous batching, synthetic ou
 service / http_app / serve        server state, HTTP routes, uvicorn and warm-up
 cli.py       ``fleetgen-sim`` subcommands
 sshd.py      SSH endpoint running commands "on" a node
+local_fleet  servers launched directly on loopback (no SSH, no Airflow), for benchmarks
 """
