@@ -11,6 +11,9 @@ Failures, by what they say about the server:
   failure that marks a server down counts against the prompt's ``max_attempts``; the requests that
   fail after it on a server already down are the server's fault, not the prompt's. Every server
   down for ``all_down_timeout_s`` fails the shard.
+- a server that answers nothing for ``stall_check_s`` while requests are in flight and then fails its
+  ``/health`` probe too (hung, not busy) is marked down at once and the requests it holds are
+  abandoned and sent elsewhere, instead of each waiting out the request timeout.
 - 408, 429, or a completion the server aborted: the prompt is retried; the server stays up.
 - 401/403/404: the run is misconfigured (key, URL, model), so the shard stops at once.
 - any other 4xx: the prompt itself is wrong (e.g. longer than the context): written to the errors
@@ -41,6 +44,7 @@ from fleetgen.prompts import Prompt
 
 MONITOR_TICK_S = 0.25
 MARK_INTERVAL_S = 1.0
+STALLED = "fleetgen: server stalled"  # cancel message for requests abandoned on a hung server
 
 
 @dataclass(slots=True)
@@ -130,6 +134,9 @@ class ServerState:
     marked_down: list[dict] = field(default_factory=list)
     recovered: list[dict] = field(default_factory=list)
     recheck: asyncio.Task | None = None
+    last_answer: float = 0.0  # monotonic time of the last response (of any kind) from this server
+    requesting: set = field(default_factory=set)  # worker tasks waiting on this server right now
+    stall_probe: asyncio.Task | None = None
 
     def summary(self) -> dict:
         return {"completed": self.completed, "failed": self.failed, "retried": self.retried,
@@ -174,6 +181,7 @@ class Dispatcher:
             await self.queue.finished.wait()
         finally:
             tasks.extend(server.recheck for server in self.servers if server.recheck is not None)
+            tasks.extend(server.stall_probe for server in self.servers if server.stall_probe is not None)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -213,17 +221,28 @@ class Dispatcher:
         body, sampling = request_body(item.prompt, self.settings)
         request = httpx.Request("POST", server.chat_url, content=body, headers=self.headers,
                                 extensions=self._request_extensions)
-        server.in_flight += 1
         started = time.monotonic()
+        if server.in_flight == 0:
+            server.last_answer = started  # silence is measured from the first request in flight
+        server.in_flight += 1
+        worker = asyncio.current_task()
+        server.requesting.add(worker)
         try:
             response = await self._send(request)
         except httpx.TimeoutException as exc:
             return self._server_failed(server, item, "timeout", f"{type(exc).__name__}: {exc}")
         except httpx.TransportError as exc:
             return self._server_failed(server, item, "connection", f"{type(exc).__name__}: {exc}")
+        except asyncio.CancelledError as exc:
+            if exc.args != (STALLED,):
+                raise
+            worker.uncancel()  # abandoned by the stall watchdog: this worker goes on with other prompts
+            return self._server_failed(server, item, "stalled", "abandoned: the server stopped answering")
         finally:
             server.in_flight -= 1
-        latency_s = time.monotonic() - started
+            server.requesting.discard(worker)
+        server.last_answer = time.monotonic()
+        latency_s = server.last_answer - started
         status = response.status_code
         if status == 200:
             try:
@@ -349,6 +368,21 @@ class Dispatcher:
             return f"{HEALTH_PATH}: {type(exc).__name__}: {exc}"
         return None if response.status_code == 200 else f"{HEALTH_PATH}: HTTP {response.status_code}"
 
+    async def _probe_stalled(self, server: ServerState) -> None:
+        """A silent server: busy (its /health answers) or hung (it does not, so abandon its requests)."""
+        try:
+            silent_s = time.monotonic() - server.last_answer
+            why = await self._health(server)
+            if why is None or server.down_since is not None:
+                return
+            self._mark_down(server, f"stalled: no answer for {silent_s:.0f} s with {server.in_flight} "
+                                    f"request(s) in flight, and {why}")
+            for worker in list(server.requesting):
+                worker.cancel(STALLED)
+        finally:
+            server.last_answer = time.monotonic()  # next probe, if any, after another quiet period
+            server.stall_probe = None
+
     async def _trial(self, server: ServerState) -> str | None:
         """One real request before the server's workers resume; None when it did not fail."""
         item = self.queue.take()
@@ -364,6 +398,10 @@ class Dispatcher:
             if now >= next_mark:
                 next_mark = now + MARK_INTERVAL_S
                 self.store.save_mark(*self.queue.low_water())
+            for server in self.servers:
+                if (server.down_since is None and server.in_flight and server.stall_probe is None
+                        and now - server.last_answer >= self.settings.stall_check_s):
+                    server.stall_probe = self._spawn(self._probe_stalled(server))
             if all(server.down_since is not None for server in self.servers):
                 since = max(server.down_since for server in self.servers)
                 if now - since >= self.settings.all_down_timeout_s:

@@ -65,6 +65,10 @@ class GenerationSettings:
     recheck_initial_s: float = 1.0  # first health re-check of a server marked down; doubles per failure
     recheck_max_s: float = 30.0
     health_timeout_s: float = 30.0  # SGLang's /health runs a one-token generation (sglang-facts.md §5)
+    # A server with requests in flight that has answered nothing for this long gets a /health probe;
+    # if that fails too it is marked down and its requests go elsewhere, without waiting out the
+    # (long) request timeout. Busy but healthy servers answer /health and are left alone.
+    stall_check_s: float = 60.0
     all_down_timeout_s: float = 120.0  # every server down this long fails the shard
     client_error_breaker: int = 20  # this many client errors before any success stops the shard
 
@@ -87,7 +91,7 @@ class GenerationSettings:
         if not _positive_int(self.max_attempts) or not _positive_int(self.client_error_breaker):
             problems.append("max_attempts and client_error_breaker must be positive integers")
         for name in ("connect_timeout_s", "retry_backoff_s", "recheck_initial_s", "recheck_max_s",
-                     "health_timeout_s", "all_down_timeout_s"):
+                     "health_timeout_s", "all_down_timeout_s", "stall_check_s"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         if problems:

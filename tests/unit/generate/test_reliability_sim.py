@@ -109,3 +109,22 @@ def test_servers_that_crash_hang_or_answer_500_mid_run(tmp_path, caplog):
     for endpoint in endpoints[1:]:
         assert f"server {endpoint.name} marked down at" in caplog.text
     assert "done" in caplog.text and "tok/s" in caplog.text
+
+
+def test_a_hung_server_is_abandoned_without_waiting_out_the_request_timeout(tmp_path, caplog):
+    prompts = write_synthetic_prompts(tmp_path / "prompts.jsonl", 300)
+    shard = plan_shards(prompts, shard_size=300)[0]
+    with LocalSimFleet(tmp_path / "fleet", 2, sim={"time_scale": 20.0, "load_seconds": 0.2},
+                       faults={1: {"hang_after_requests": 20}}) as fleet:
+        endpoints = fleet.endpoints()
+        with caplog.at_level(logging.INFO, logger="fleetgen.generate"):
+            # A 10-minute request timeout: only the stall watchdog can free the hung server's prompts in time.
+            summary = run_shard(shard, endpoints, tmp_path / "out",
+                                settings(request_timeout_s=600.0, health_timeout_s=1.0, stall_check_s=2.0),
+                                progress_interval_s=1.0)
+    out = shard_output(tmp_path / "out")
+    assert sorted(r["id"] for r in out["completions"]) == sorted(iter_prompt_ids(prompts))
+    assert summary["done"] == 300 and not out["errors"]
+    hung = summary["servers"][endpoints[1].name]
+    assert hung["marked_down"][0]["reason"].startswith("stalled: no answer for")
+    assert f"server {endpoints[1].name} marked down at" in caplog.text
