@@ -163,6 +163,8 @@ def airflow_env(airflow_home: Path, settings_env: dict[str, str]) -> dict[str, s
         "AIRFLOW__CORE__DAG_RUN_CONF_OVERRIDES_PARAMS": "True",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         "PYTHONUNBUFFERED": "1",
+        # `airflow standalone` starts its components as `airflow ...` from PATH: use this environment's.
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
     })
     return env
 

@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 
 from fleetgen.plots import render_markdown, write_plots
-from fleetgen.validate import json_safe, load_errors, load_stats
+from fleetgen.stats_table import load_errors, load_stats
+from fleetgen.validate import json_safe
 
 __all__ = ["build_report", "find_previous_report", "compare_reports", "summarize_stats", "REPORT_SCHEMA"]
 
