@@ -26,8 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,87 +36,14 @@ from fleetgen.errors import AllServersDown, GenerationError
 from fleetgen.generate import jsonio
 from fleetgen.generate.chat import CHAT_PATH, HEALTH_PATH, BadResponse, error_message, parse_chat_response, request_body
 from fleetgen.generate.progress import Progress
+from fleetgen.generate.queue import WorkQueue, _Item
 from fleetgen.generate.records import completion_record, error_record, stats_record, utc_now
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.store import ShardStore
-from fleetgen.prompts import Prompt
 
 MONITOR_TICK_S = 0.25
 MARK_INTERVAL_S = 1.0
 STALLED = "fleetgen: server stalled"  # cancel message for requests abandoned on a hung server
-
-
-@dataclass(slots=True)
-class _Item:
-    index: int  # position among the shard's valid prompts
-    prompt: Prompt
-    attempts: int = 0
-
-
-class WorkQueue:
-    """Fresh prompts read lazily from the shard, and failed ones waiting to be offered again.
-
-    Also knows the low-water mark: the first prompt, in file order, that is not finished yet
-    (every prompt before it is), which the store persists so a resume can start reading there.
-    """
-
-    def __init__(self, fresh: Iterator[tuple[int, int, int, Prompt]], start: tuple[int, int]) -> None:
-        self._fresh: Iterator[tuple[int, int, int, Prompt]] | None = fresh
-        self._retry: deque[_Item] = deque()
-        self._delayed = 0
-        self.in_flight = 0
-        self._changed = asyncio.Event()
-        self.finished = asyncio.Event()
-        self._taken: deque[tuple[int, int]] = deque()  # (index, line start) in the order read
-        self._finished_indexes: set[int] = set()
-        self._after_taken = start  # (index, offset) just past the last prompt read
-
-    def take(self) -> _Item | None:
-        if self._retry:
-            item = self._retry.popleft()
-        elif self._fresh is not None:
-            position = next(self._fresh, None)
-            if position is None:
-                self._fresh = None
-                self._check_finished()
-                return None
-            index, line_start, line_end, prompt = position
-            self._taken.append((index, line_start))
-            self._after_taken = (index + 1, line_end)
-            item = _Item(index, prompt)
-        else:
-            return None
-        self.in_flight += 1
-        return item
-
-    def finish(self, item: _Item) -> None:
-        """The item's records are written: it will never be sent again."""
-        self.in_flight -= 1
-        self._finished_indexes.add(item.index)
-        while self._taken and self._taken[0][0] in self._finished_indexes:
-            self._finished_indexes.discard(self._taken.popleft()[0])
-        self._check_finished()
-
-    def low_water(self) -> tuple[int, int]:
-        return self._taken[0] if self._taken else self._after_taken
-
-    def retry_later(self, item: _Item, delay_s: float) -> None:
-        self.in_flight -= 1
-        self._delayed += 1
-        asyncio.get_running_loop().call_later(delay_s, self._release, item)
-
-    def _release(self, item: _Item) -> None:
-        self._delayed -= 1
-        self._retry.append(item)
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    async def wait_for_change(self) -> None:
-        await self._changed.wait()
-
-    def _check_finished(self) -> None:
-        if self._fresh is None and not self._retry and not self._delayed and not self.in_flight:
-            self.finished.set()
 
 
 @dataclass
