@@ -39,6 +39,22 @@ def get_json(url: str, timeout: float = 5.0) -> dict:
         return json.loads(response.read())
 
 
+def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float = 30.0) -> None:
+    """Until ``url``/health answers 200 (the port opens only after weights, pools and graphs).
+    Raises RuntimeError if the process exits first or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the simulated server behind {url} exited with status {process.returncode}")
+        try:
+            if urllib.request.urlopen(f"{url}/health", timeout=1).status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"the simulated server behind {url} was not healthy after {timeout_s:.0f} s")
+
+
 class LocalSimFleet:
     """``count`` servers, one per simulated GPU of one node; ``faults`` maps a server index to its faults."""
 
@@ -62,19 +78,12 @@ class LocalSimFleet:
                 [sys.executable, "-m", "fleetgen.sim.server", "--model-path", str(self.model_dir),
                  "--host", "127.0.0.1", "--port", str(port), *self.flags],
                 env=env, stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + 90
         for port, process in zip(self.ports, self.processes):
-            while True:
-                try:
-                    get_json(f"http://127.0.0.1:{port}/model_info", timeout=1)
-                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200:
-                        break
-                except OSError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    self.__exit__()
-                    raise RuntimeError(f"simulated server on port {port} did not start; see {self.root}")
-                time.sleep(0.2)
+            try:
+                wait_healthy(process, f"http://127.0.0.1:{port}", timeout_s=90)
+            except RuntimeError as error:
+                self.__exit__()
+                raise RuntimeError(f"{error}; see {self.root}") from None
         return self
 
     def __exit__(self, *exc) -> None:

@@ -12,17 +12,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
-
 from fleetgen.sim.args import parse_args
 from fleetgen.sim.dryrun import StartupSizing, dry_run
+from fleetgen.sim.local_fleet import wait_healthy
 from fleetgen.sim.modelcfg import load_model_dir
 from fleetgen.sim.resolve import resolve_launch
 from fleetgen.tuner import TunerBounds, compare_expected
-from fleetgen.tuning.sizing import auto_mem_fraction_static, gpu_table, sglang_reserve_mb
+from fleetgen.tuning.sizing import (
+    auto_mem_fraction_static,
+    gpu_table,
+    sglang_reserve_mb,
+)
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -153,16 +156,10 @@ def test_automatic_mem_fraction_agrees_on_every_gpu_size(models, preset, tp):
 
 
 def _wait_healthy(proc, url, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass  # the port opens only after weights, pools and graphs
-        time.sleep(0.05)
-    raise AssertionError("server did not become healthy")
+    try:
+        wait_healthy(proc, url, timeout)
+    except RuntimeError as error:
+        raise AssertionError(f"{error}: {proc.stdout.read() if proc.poll() is not None else ''}") from None
 
 
 @pytest.mark.slow

@@ -5,11 +5,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
-
+from fleetgen.sim.local_fleet import wait_healthy
 from fleetgen.sim.node import create_node, write_faults
 from fleetgen.sim.presets import install_model
 
@@ -39,16 +38,10 @@ def _smi(node, *args):
 
 
 def _wait_healthy(proc, url, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass  # the port opens only after weights, pools and graphs
-        time.sleep(0.05)
-    raise AssertionError("server did not become healthy")
+    try:
+        wait_healthy(proc, url, timeout)
+    except RuntimeError as error:
+        raise AssertionError(f"{error}: {proc.stdout.read() if proc.poll() is not None else ''}") from None
 
 
 def test_server_serves_and_releases_its_memory(tools, node, model_dir):
