@@ -67,8 +67,8 @@ PARAMS = {
                         description="Prompts per generate_shard task; grown automatically when the shards would "
                                     "exceed Airflow's [core] max_map_length."),
     "parallel_shards": Param(2, type="integer", minimum=1, maximum=16, title="Shards at once",
-                             description="Shards generating at the same time; each takes this share of every "
-                                         "server's limit."),
+                             description="Shards generating at the same time; each takes 1/this of every "
+                                         "server's limit. Keep it equal to the slots of the fleetgen_fleet pool."),
     "headroom": Param(1.25, type="number", minimum=1, maximum=4, title="Queue headroom",
                       description="In-flight per server = effective max_running_requests × this."),
     "ready_timeout_s": Param(1800, type="integer", minimum=10, maximum=7200, title="Readiness timeout (s)",
