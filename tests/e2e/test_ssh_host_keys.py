@@ -1,0 +1,31 @@
+"""Host keys are verified: a node presenting another key than the connection's is refused, by name."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _connection(sim_env, host_key: str) -> str:
+    return json.dumps({"conn_type": "ssh", "host": "127.0.0.1", "port": sim_env.ssh_ports[0], "login": "fleetgen",
+                       "extra": {"key_file": str(sim_env.key_dir / "id_ed25519"), "host_key": host_key,
+                                 "look_for_keys": False}})
+
+
+def test_known_host_key_connects_and_a_different_one_is_refused(sim_env, monkeypatch, tmp_path):
+    import asyncssh
+
+    from fleetgen.airflow.node_shell import NodeShell
+    from fleetgen.errors import HostUnreachable
+    from fleetgen.sim.sshd import ensure_keys
+
+    monkeypatch.setenv("AIRFLOW_CONN_NODE_GOOD", _connection(sim_env, ensure_keys(sim_env.key_dir).host_public_key))
+    with NodeShell("node0", "node_good") as shell:
+        assert shell.run("nvidia-smi --query-gpu=index --format=csv,noheader")[1].split() == ["0", "1"]
+
+    impostor = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().split()
+    monkeypatch.setenv("AIRFLOW_CONN_NODE_BAD", _connection(sim_env, " ".join(impostor[:2])))
+    with pytest.raises(HostUnreachable) as refused, NodeShell("node0", "node_bad") as shell:
+        shell.run("true")
+    assert "[host node0]" in str(refused.value) and "does not match" in str(refused.value), refused.value
