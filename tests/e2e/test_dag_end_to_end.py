@@ -14,7 +14,7 @@ def _task_states(dag_run):
 
 def test_every_prompt_gets_exactly_one_completion(dag, sim_env, fleet_file):
     conf = {"fleet_file": str(fleet_file()), "prompts_path": str(sim_env.prompts_path),
-            "output_root": str(sim_env.output_root), "shard_size": 50, "parallel_shards": 1,
+            "output_root": str(sim_env.output_root), "shard_size": 50,
             "max_tokens": 4096, "ready_timeout_s": 120}
     dag_run = dag.test(run_conf=conf)
     states = _task_states(dag_run)

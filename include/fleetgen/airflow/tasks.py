@@ -273,6 +273,18 @@ def plan_shards(prompt_scan: dict) -> list[dict]:
     return shards
 
 
+def _running_shards(ti):
+    """How many generate_shard tasks of this run are running now (this one included), asked of
+    Airflow's execution API: concurrent shards then split each server's limit between them."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    def count() -> int:
+        return RuntimeTaskInstance.get_ti_count(dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id],
+                                                states=["running"])
+
+    return count
+
+
 @fail_fast
 def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
     from fleetgen.generate import GenerationSettings, ServerEndpoint, run_shard, server_limits
@@ -281,16 +293,21 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
     params = context["params"]
     spec = fleet_from_json(fleet)
     ready = _values(readiness)
+    parallel = int(params["parallel_shards"])
+    # 0 (auto): start with the whole limit and follow how many shards of this run are generating.
     limits = server_limits({r["server"]: r["effective_max_running_requests"] for r in ready},
-                           headroom=float(params["headroom"]), parallel_shards=int(params["parallel_shards"]))
+                           headroom=float(params["headroom"]), parallel_shards=parallel or 1)
+    sharing = _running_shards(context["ti"]) if parallel == 0 else None
     endpoints = [ServerEndpoint(name=r["server"], url=r["url"], max_in_flight=limits[r["server"]], host=r["host"],
                                 gpu_ids=tuple(r["gpu_ids"])) for r in ready]
     settings = GenerationSettings(model=spec.model.served_name, max_tokens=int(params["max_tokens"]),
                                   temperature=float(params["temperature"]), top_p=float(params["top_p"]))
     out_dir = run_output_dir(params, context["run_id"])
-    log.info("Generating shard %d (%d prompts from byte %d) on %d server(s), in-flight limits %s",
-             shard["shard_id"], shard["count"], shard["start"], len(endpoints), limits)
-    result = run_shard(shard, endpoints, out_dir, settings, api_key=lifecycle.api_key(spec), log=log)
+    log.info("Generating shard %d (%d prompts from byte %d) on %d server(s), in-flight limits %s%s",
+             shard["shard_id"], shard["count"], shard["start"], len(endpoints), limits,
+             ", shared with the other running shards" if sharing else f" (1/{parallel} of each server's)")
+    result = run_shard(shard, endpoints, out_dir, settings, api_key=lifecycle.api_key(spec), log=log,
+                       sharing=sharing)
     log.info("Shard %d done: %d completed, %d failed, %d already done before; %d output tokens in %.1f s",
              shard["shard_id"], result["done"], result["failed"], result.get("skipped_already_done", 0),
              result["completion_tokens"], result["seconds"])

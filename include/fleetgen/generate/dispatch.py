@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,8 @@ class ServerState:
     last_answer: float = 0.0  # monotonic time of the last response (of any kind) from this server
     requesting: set = field(default_factory=set)  # worker tasks waiting on this server right now
     stall_probe: asyncio.Task | None = None
+    cap: int = 0  # workers allowed to send now: max_in_flight shared with the other running shards
+    cap_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def summary(self) -> dict:
         return {"completed": self.completed, "failed": self.failed, "retried": self.retried,
@@ -73,13 +75,20 @@ class Dispatcher:
     def __init__(self, *, shard_id: int, servers: list[ServerEndpoint], queue: WorkQueue, store: ShardStore,
                  settings: GenerationSettings, transport: httpx.AsyncBaseTransport,
                  headers: list[tuple[bytes, bytes]], progress: Progress, log: logging.Logger,
-                 progress_interval_s: float, finished_before: int = 0) -> None:
+                 progress_interval_s: float, finished_before: int = 0,
+                 sharing: Callable[[], int] | None = None, sharing_interval_s: float = 10.0) -> None:
         self.shard_id = shard_id
         # URLs and headers are parsed once: httpx would parse them again for every request.
         self.servers = [ServerState(endpoint, httpx.URL(endpoint.url + CHAT_PATH),
                                     httpx.URL(endpoint.url + HEALTH_PATH)) for endpoint in servers]
         for server in self.servers:
             server.up.set()
+            server.cap = server.endpoint.max_in_flight
+        # How many shards use the fleet right now (this one included); each gets its share of every
+        # server's limit, so that together they keep each server at its limit, not a multiple of it.
+        self.sharing = sharing
+        self.sharing_interval_s = sharing_interval_s
+        self.shards_sharing = 1
         self.queue = queue
         self.store = store
         self.settings = settings
@@ -100,8 +109,9 @@ class Dispatcher:
             "write": settings.connect_timeout_s, "pool": settings.connect_timeout_s}}
 
     async def run(self) -> None:
-        tasks = [self._spawn(self._worker(server)) for server in self.servers
-                 for _ in range(server.endpoint.max_in_flight)]
+        self._reshare()
+        tasks = [self._spawn(self._worker(server, slot)) for server in self.servers
+                 for slot in range(server.endpoint.max_in_flight)]
         tasks.append(self._spawn(self._monitor()))
         try:
             await self.queue.finished.wait()
@@ -132,10 +142,13 @@ class Dispatcher:
                 self._stop(exc)
         return asyncio.create_task(guarded())
 
-    async def _worker(self, server: ServerState) -> None:
+    async def _worker(self, server: ServerState, slot: int) -> None:
         while self.fatal is None:
             if not server.up.is_set():
                 await server.up.wait()
+            if slot >= server.cap:  # another shard holds this share of the server for now
+                await server.cap_changed.wait()
+                continue
             item = self.queue.take()
             if item is None:
                 await self.queue.wait_for_change()
@@ -294,6 +307,28 @@ class Dispatcher:
             return f"{HEALTH_PATH}: {type(exc).__name__}: {exc}"
         return None if response.status_code == 200 else f"{HEALTH_PATH}: HTTP {response.status_code}"
 
+    def _reshare(self) -> None:
+        """Ask how many shards share the fleet and resize every server's cap to this shard's part."""
+        if self.sharing is None:
+            return
+        try:
+            sharing = max(1, int(self.sharing()))
+        except Exception as exc:  # keep the last known share: a failed count must not stop generation
+            self.log.warning("shard %d: could not count the shards sharing the fleet (%s); keeping 1/%d",
+                             self.shard_id, exc, self.shards_sharing)
+            return
+        if sharing == self.shards_sharing and all(s.cap for s in self.servers):
+            return
+        self.shards_sharing = sharing
+        for server in self.servers:
+            cap = max(1, -(-server.endpoint.max_in_flight // sharing))
+            if cap != server.cap:
+                server.cap = cap
+                server.cap_changed.set()
+                server.cap_changed = asyncio.Event()
+        self.log.info("shard %d: %d shard(s) share the fleet; in-flight caps now %s", self.shard_id, sharing,
+                      ", ".join(f"{s.endpoint.name}={s.cap}" for s in self.servers))
+
     async def _probe_stalled(self, server: ServerState) -> None:
         """A silent server: busy (its /health answers) or hung (it does not, so abandon its requests)."""
         try:
@@ -318,9 +353,13 @@ class Dispatcher:
         tick = min(MONITOR_TICK_S, self.progress_interval_s)
         next_report = time.monotonic() + self.progress_interval_s
         next_mark = time.monotonic() + MARK_INTERVAL_S
+        next_share = time.monotonic() + self.sharing_interval_s
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
+            if self.sharing is not None and now >= next_share:
+                next_share = now + self.sharing_interval_s
+                self._reshare()
             if now >= next_mark:
                 next_mark = now + MARK_INTERVAL_S
                 self.store.save_mark(*self.queue.low_water())

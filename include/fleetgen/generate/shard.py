@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -25,7 +26,8 @@ _httpx_log = logging.getLogger("httpx")
 async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.PathLike,
                           settings: GenerationSettings, *, api_key: str | None = None,
                           log: logging.Logger | None = None, progress_interval_s: float = 5.0,
-                          transport: httpx.AsyncBaseTransport | None = None) -> dict:
+                          transport: httpx.AsyncBaseTransport | None = None,
+                          sharing: Callable[[], int] | None = None, sharing_interval_s: float = 10.0) -> dict:
     """Generate every prompt of ``shard`` not already on disk under ``out_dir``; see ``run_shard``."""
     log = log or _default_log
     if _httpx_log.getEffectiveLevel() < logging.WARNING:
@@ -48,7 +50,8 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         pooled = transport or PooledTransport()
         dispatcher = Dispatcher(shard_id=shard_id, servers=servers, queue=queue, store=store, settings=settings,
                                 transport=pooled, headers=headers, progress=progress, log=log,
-                                progress_interval_s=progress_interval_s, finished_before=resume.finished)
+                                progress_interval_s=progress_interval_s, finished_before=resume.finished,
+                                sharing=sharing, sharing_interval_s=sharing_interval_s)
         try:
             await dispatcher.run()
         finally:
@@ -68,7 +71,8 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
 
 def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.PathLike,
               settings: GenerationSettings, *, api_key: str | None = None, log: logging.Logger | None = None,
-              progress_interval_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None) -> dict:
+              progress_interval_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None,
+              sharing: Callable[[], int] | None = None) -> dict:
     """Generate one shard to ``out_dir``/{completions,stats,errors}/shard-NNNNN.jsonl; resumable.
 
     Returns ``{"shard_id", "done", "failed", "skipped_already_done", "prompt_tokens",
@@ -76,9 +80,13 @@ def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.Path
     "marked_down": [{"at", "reason"}], "recovered": [{"at", "down_s"}]}}}`` (JSON-safe).
     Raises ``AllServersDown`` (after saving progress) when every server stays down, and
     ``GenerationError`` when the run is misconfigured. ``api_key`` is only ever sent as a header.
+
+    ``servers[].max_in_flight`` is the whole fleet's limit for a server. ``sharing``, when given, is
+    asked every few seconds how many shards generate right now (this one included); this shard then
+    uses 1/n of each server's limit, so concurrent shards together keep it at the limit.
     """
     coroutine = run_shard_async(shard, servers, out_dir, settings, api_key=api_key, log=log,
-                                progress_interval_s=progress_interval_s, transport=transport)
+                                progress_interval_s=progress_interval_s, transport=transport, sharing=sharing)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - depends on the environment

@@ -246,3 +246,34 @@ async def test_a_prompts_file_cut_short_mid_run_stops_the_shard_with_progress_sa
     assert "changed after it was scanned" in str(caught.value)
     out = shard_output(tmp_path / "out")
     assert 0 < len(out["completions"]) == len(out["stats"]) <= 20
+
+
+async def test_concurrent_shards_split_each_servers_limit_and_a_lone_shard_takes_it_all(tmp_path):
+    # Two shards running together each keep at most half of every server's limit...
+    fleet = FakeFleet(2, limit=8)
+    shard = write_prompts(tmp_path / "a.jsonl", 120)
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out-a", fast_settings(), transport=fleet.transport(),
+                          sharing=lambda: 2)
+    assert all(fleet.max_in_flight[name] == 4 for name in fleet.names), fleet.max_in_flight
+    assert_each_prompt_once(shard_output(tmp_path / "out-a"), 120)
+    # ... and when the count drops to one mid-run, the shard grows back to the full limit.
+    fleet = FakeFleet(2, limit=8, delay_s=0.02)
+    counts = iter([3] + [1] * 10_000)
+    shard = write_prompts(tmp_path / "b.jsonl", 200)
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out-b", fast_settings(), transport=fleet.transport(),
+                          sharing=lambda: next(counts), sharing_interval_s=0.05, progress_interval_s=0.01)
+    assert all(fleet.max_in_flight[name] == 8 for name in fleet.names), fleet.max_in_flight
+    assert_each_prompt_once(shard_output(tmp_path / "out-b"), 200)
+
+
+async def test_a_failing_share_count_keeps_generating(tmp_path, caplog):
+    fleet = FakeFleet(1, limit=4)
+    shard = write_prompts(tmp_path / "p.jsonl", 20)
+
+    def broken() -> int:
+        raise RuntimeError("API unavailable")
+
+    with caplog.at_level(logging.WARNING):
+        summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                                        transport=fleet.transport(), sharing=broken)
+    assert summary["done"] == 20 and "could not count the shards sharing the fleet" in caplog.text
