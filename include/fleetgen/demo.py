@@ -197,7 +197,7 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         prepare_airflow(airflow_home, env)
         conf = {"prompts_path": str(environment.prompts_path), "output_root": str(environment.output_root),
-                "shard_size": args.shard_size, "parallel_shards": 1, "max_tokens": 4096,
+                "shard_size": args.shard_size, "max_tokens": 4096,
                 "ready_timeout_s": 300}
         log_path = root / "dags-test.log"
         print(f"Running the DAG sglang_generation on a simulated 7 x B200 node (log: {log_path}) ...", flush=True)
