@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,12 +37,11 @@ MAX_TOKENS = 4096
 
 def plan_flags(fleet: LocalSimFleet, prompts: Path) -> tuple[list[str], int]:
     """The tuner's flags for GPU 0 of the fleet's node (all 7 are alike), from its nvidia-smi."""
-    smi = str(Path(fleet.node.path) / "bin" / "nvidia-smi")
-    gpus = probe.parse_gpu_csv(subprocess.run(smi + " " + probe.GPU_QUERY.split(" ", 1)[1], shell=True,
-                                              capture_output=True, text=True, check=True).stdout, host="node0")
-    apps = probe.parse_apps_csv(subprocess.run(smi + " " + probe.APP_QUERY.split(" ", 1)[1], shell=True,
-                                               capture_output=True, text=True, check=True).stdout, host="node0")
-    inventory = probe.build_inventory("node0", gpus, apps, {})
+    # The DAG's own probe command, run "on" the node (its PATH holds the fake nvidia-smi).
+    command = probe.probe_command(run_dir="~/fleetgen/run", module="fleetgen.sim.server", ports=fleet.ports)
+    output = subprocess.run(["bash", "-c", command], env={**os.environ, **fleet.node.env()}, capture_output=True,
+                            text=True, check=True).stdout
+    inventory = probe.parse_probe_output(output, host="node0")
     config = json.loads((fleet.model_dir / "config.json").read_text())
     weights = weights_bytes_from_index(json.loads((fleet.model_dir / "model.safetensors.index.json").read_text()))
     options = LaunchOptions.from_args(SEED_BASE_FLAGS)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -125,14 +124,14 @@ class SimEnvironment:
         }
 
     def stop_servers(self) -> None:
-        """Stop every simulated server of ours on every node (pid files under each node's home)."""
+        """Stop our simulated servers on every node, as the DAG does (pid file + command line check)."""
+        from fleetgen.remote import stop_command
+
         for index in range(self.nodes):
-            for pid_path in (self.node_dir(index) / "home" / "fleetgen" / "run").glob("*.pid"):
-                try:
-                    os.kill(int(pid_path.read_text().strip()), signal.SIGTERM)
-                except (ValueError, ProcessLookupError, PermissionError):
-                    pass
-                pid_path.unlink(missing_ok=True)
+            ports = [self.node_base_port(index) + gpu for gpu in range(self.gpus_per_node)]
+            command = stop_command(run_dir="~/fleetgen/run", module="fleetgen.sim.server", ports=ports, grace_s=10)
+            subprocess.run(["bash", "-c", command], env=sshd.node_environment(self.node_dir(index)),
+                           stdout=subprocess.DEVNULL, check=False)
 
     def stop(self) -> None:
         self.stop_servers()
@@ -168,7 +167,7 @@ def airflow_env(airflow_home: Path, settings_env: dict[str, str]) -> dict[str, s
     return env
 
 
-def airflow_cli(env: dict[str, str]) -> list[str]:
+def airflow_cli() -> list[str]:
     return [str(Path(sys.executable).parent / "airflow")]
 
 
@@ -176,7 +175,7 @@ def prepare_airflow(airflow_home: Path, env: dict[str, str]) -> None:
     """Initialise the SQLite metadata DB once and apply airflow_settings.yaml (idempotent)."""
     airflow_home.mkdir(parents=True, exist_ok=True)
     if not (airflow_home / "airflow.db").exists():
-        subprocess.run(airflow_cli(env) + ["db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(airflow_cli() + ["db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
     subprocess.run([sys.executable, "-m", "fleetgen.airflow.apply_settings", str(PROJECT_ROOT / "airflow_settings.yaml")],
                    env=env, check=True)
 
@@ -202,7 +201,7 @@ def run_demo(args: argparse.Namespace) -> int:
         log_path = root / "dags-test.log"
         print(f"Running the DAG sglang_generation on a simulated 7 x B200 node (log: {log_path}) ...", flush=True)
         with log_path.open("w") as log_file:
-            result = subprocess.run(airflow_cli(env) + ["dags", "test", "sglang_generation", "-c", json.dumps(conf)],
+            result = subprocess.run(airflow_cli() + ["dags", "test", "sglang_generation", "-c", json.dumps(conf)],
                                     env=env, stdout=log_file, stderr=subprocess.STDOUT)
         wall = time.monotonic() - started
         report_path = newest_report(environment.output_root)

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Airflow UI: http://localhost:{args.port}  (user admin, password {args.password})\n"
           f"Trigger 'sglang_generation' with this configuration (or fill the form):\n  {json.dumps(conf)}\n"
           f"Stop with Ctrl-C.", flush=True)
-    standalone = subprocess.Popen(airflow_cli(env) + ["standalone"], env=env, start_new_session=True)
+    standalone = subprocess.Popen(airflow_cli() + ["standalone"], env=env, start_new_session=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a TERM to us also stops Airflow and the fleet
     try:
         return standalone.wait()

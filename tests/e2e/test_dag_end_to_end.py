@@ -31,7 +31,8 @@ def test_every_prompt_gets_exactly_one_completion(dag, sim_env, fleet_file):
         assert all(server["matches"].values()), server
 
 
-def test_shards_beyond_the_map_limit_grow_to_fit_and_the_report_compares_runs(dag, sim_env, fleet_file, monkeypatch):
+def test_shards_beyond_the_map_limit_grow_to_fit_and_the_report_compares_runs(dag, sim_env, fleet_file, monkeypatch,
+                                                                                caplog):
     # 120 prompts in shards of 10 would map 12 tasks; with max_map_length 3 they become 3 shards of 40.
     monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "3")
     conf = {"fleet_file": str(fleet_file()), "prompts_path": str(sim_env.prompts_path),
@@ -42,5 +43,8 @@ def test_shards_beyond_the_map_limit_grow_to_fit_and_the_report_compares_runs(da
     assert len(shard_tis) == 3
     reports = sorted(Path(sim_env.output_root).glob("*/report/report.json"), key=lambda p: p.stat().st_mtime)
     latest = json.loads(reports[-1].read_text())
-    assert latest["totals"]["completions"] == 120 if "completions" in latest["totals"] else True
-    assert latest["comparison"] and latest["comparison"].get("available", True)
+    assert latest["totals"]["completions"] == 120
+    assert latest["comparison"]["available"] is True
+    assert latest["comparison"]["previous_report"] == str(reports[-2])
+    # the second run over the same prompts plans from the prompt lengths the servers measured in the first
+    assert "Prompt tokens for the plan" in caplog.text and "measured by the servers in the previous run" in caplog.text

@@ -39,8 +39,7 @@ def two_nodes(tmp_path_factory, airflow_db):
 
 def test_two_nodes_generate_everything_and_the_key_stays_secret(dag, two_nodes, capfd, caplog):
     environment, fleet_path = two_nodes
-    api_key = os.environ["FLEETGEN_API_KEY"] if "FLEETGEN_API_KEY" in os.environ else \
-        (environment.root / "api_key").read_text().strip()
+    api_key = (environment.root / "api_key").read_text().strip()
     conf = {"fleet_file": str(fleet_path), "prompts_path": str(environment.prompts_path),
             "output_root": str(environment.output_root), "shard_size": 240, "parallel_shards": 1,
             "keep_servers_up": False}
@@ -54,13 +53,9 @@ def test_two_nodes_generate_everything_and_the_key_stays_secret(dag, two_nodes, 
     stats = [json.loads(line) for path in (run_dir / "stats").glob("*.jsonl") for line in path.read_text().splitlines()]
     assert len(stats) == 240 and {row["server"].split(":")[0] for row in stats} == {"node0", "node1"}
 
-    # The key really protects the servers (the simulator enforces --api-key) ...
-    import httpx
-
-    url = f"http://127.0.0.1:{environment.node_base_port(0)}"
-    released = httpx.get(f"{url}/model_info", timeout=2.0) if _listening(url) else None
-    assert released is None or released.status_code == 401
-    # ... and appears nowhere: not in the task logs, not in XCom, not in any output file.
+    # The servers ran with the key (the launch read it from stdin; requests carried it, or they would have
+    # been refused with 401 and the shard stopped) and it appears nowhere: not in the task logs, not in
+    # XCom, not in any output file.
     out, err = capfd.readouterr()
     assert api_key not in out + err + caplog.text
     from airflow.models.xcom import XComModel
@@ -75,10 +70,3 @@ def test_two_nodes_generate_everything_and_the_key_stays_secret(dag, two_nodes, 
     # keep_servers_up=False: the servers were stopped at the end
     assert not list((environment.node_dir(0) / "home" / "fleetgen" / "run").glob("*.pid"))
 
-
-def _listening(url: str) -> bool:
-    import socket
-
-    host, port = url.rsplit("/", 1)[-1].split(":")
-    with socket.socket() as sock:
-        return sock.connect_ex((host, int(port))) == 0

@@ -96,8 +96,9 @@ def test_server_that_never_becomes_ready_times_out_with_what_the_log_said(dag, s
 
 
 def test_unreachable_node_is_named(dag, sim_env, tmp_path, task_log):
-    fleet = json.loads(os.environ["AIRFLOW_VAR_FLEETGEN_FLEET"]) if os.environ["AIRFLOW_VAR_FLEETGEN_FLEET"].startswith("{") \
-        else __import__("yaml").safe_load(os.environ["AIRFLOW_VAR_FLEETGEN_FLEET"])
+    import yaml
+
+    fleet = yaml.safe_load(os.environ["AIRFLOW_VAR_FLEETGEN_FLEET"])
     fleet["nodes"][0]["gpus"] = [0, 1]
     fleet["nodes"].append({"name": "gpu-node-9", "ssh_conn_id": "fleetgen_node9", "address": "127.0.0.1",
                            "gpus": [0], "base_port": sim_env.base_port + 10})

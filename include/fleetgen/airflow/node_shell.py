@@ -12,6 +12,7 @@ import socket
 import time
 
 from fleetgen.errors import HostUnreachable, RemoteError
+from fleetgen.remote import quote
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class NodeShell:
         started = time.monotonic()
         try:
             channel_in, channel_out, channel_err = client.exec_command(
-                "bash -c " + _single_word(command), timeout=timeout_s)
+                "bash -c " + quote(command), timeout=timeout_s)
             if stdin is not None:
                 channel_in.write(stdin)
                 channel_in.flush()
@@ -92,8 +93,3 @@ class NodeShell:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-
-def _single_word(command: str) -> str:
-    import shlex
-
-    return shlex.quote(command)
