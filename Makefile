@@ -25,7 +25,7 @@ $(SGLANG_STAMP): scripts/sglang-venv.sh
 	touch $(SGLANG_STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m fleetgen.demo
+	$(BIN)/python -m sglang_sim.demo
 
 test: $(STAMP) $(SGLANG_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -37,7 +37,7 @@ bench: $(STAMP)
 	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
 
 ui: $(STAMP)
-	$(BIN)/python -m fleetgen.ui
+	$(BIN)/python -m sglang_sim.ui
 
 clean:
 	rm -rf .demo .pytest_cache

@@ -28,8 +28,8 @@ from pathlib import Path
 import httpx
 
 from fleetgen.generate import GenerationSettings, ServerEndpoint, run_shard
-from fleetgen.prompts import plan_shards
-from fleetgen.synthetic import write_synthetic_prompts
+from fleetgen.prompts.scan import plan_shards
+from sglang_sim.synthetic import write_synthetic_prompts
 
 SERVERS = 7
 IN_FLIGHT = 50

@@ -23,13 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from fleetgen import probe, remote
+from fleetgen.nodes import probe
+from fleetgen.nodes import remote
 from fleetgen.generate import GenerationSettings, run_shard_async
-from fleetgen.memory import LaunchOptions, profile_model, weights_bytes_from_index
-from fleetgen.prompts import plan_shards, scan_prompts
-from fleetgen.sim.local_fleet import SEED_BASE_FLAGS, SEED_HAND_TUNED_FLAGS, LocalSimFleet, get_json
-from fleetgen.synthetic import write_synthetic_prompts
-from fleetgen.tuner import TunerBounds, Workload, plan_server
+from fleetgen.tuning.profile import LaunchOptions, profile_model, weights_bytes_from_index
+from fleetgen.prompts.scan import plan_shards, scan_prompts
+from sglang_sim.local_fleet import SEED_BASE_FLAGS, SEED_HAND_TUNED_FLAGS, LocalSimFleet, get_json
+from sglang_sim.synthetic import write_synthetic_prompts
+from fleetgen.tuning.planner import TunerBounds, Workload, plan_server
 
 SERVERS = 7
 MAX_TOKENS = 4096
@@ -38,7 +39,7 @@ MAX_TOKENS = 4096
 def plan_flags(fleet: LocalSimFleet, prompts: Path) -> tuple[list[str], int]:
     """The tuner's flags for GPU 0 of the fleet's node (all 7 are alike), from its nvidia-smi."""
     # The DAG's own probe command, run "on" the node (its PATH holds the fake nvidia-smi).
-    command = probe.probe_command(run_dir="~/fleetgen/run", module="fleetgen.sim.server", ports=fleet.ports)
+    command = probe.probe_command(run_dir="~/fleetgen/run", module="sglang_sim.server", ports=fleet.ports)
     output = subprocess.run(["bash", "-c", command], env={**os.environ, **fleet.node.env()}, capture_output=True,
                             text=True, check=True).stdout
     inventory = probe.parse_probe_output(output, host="node0")

@@ -1,4 +1,4 @@
-"""Benchmark: time and peak memory of ``fleetgen.validate.validate_run`` over 1,000,000 completions.
+"""Benchmark: time and peak memory of ``fleetgen.validation.suite.validate_run`` over 1,000,000 completions.
 
 Goal: <= 30 s and <= 1 GiB for 1M completions, whatever the length of the generated texts.
 
@@ -110,7 +110,7 @@ def child(out: Path, rows: int) -> None:
             touched.append(f"{event} {args[0]}")
 
     sys.addaudithook(audit)
-    from fleetgen.validate import ValidationThresholds, validate_run
+    from fleetgen.validation.suite import ValidationThresholds, validate_run
 
     thresholds = ValidationThresholds(max_tokens=MAX_TOKENS, min_mean_completion_tokens=1_000,
                                       max_mean_completion_tokens=3_500, min_reasoning_share=0.9)

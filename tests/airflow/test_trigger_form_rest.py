@@ -18,7 +18,7 @@ DAG_ID = "sglang_generation"
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
-    from fleetgen.sim.sshd import free_port, wait_for_port
+    from sglang_sim.sshd import free_port, wait_for_port
 
     home = tmp_path_factory.mktemp("airflow-api")
     port = free_port()

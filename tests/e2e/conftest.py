@@ -26,8 +26,8 @@ def airflow_db():
 def sim_env(tmp_path_factory, airflow_db):
     """One simulated 2 x B200 node reachable over SSH, with the settings of airflow_settings.yaml applied."""
     from fleetgen.airflow.apply_settings import apply_to_db
-    from fleetgen.demo import SimEnvironment
-    from fleetgen.settings import load_settings
+    from sglang_sim.demo import SimEnvironment
+    from fleetgen.airflow.settings_file import load_settings
 
     environment = SimEnvironment(root=tmp_path_factory.mktemp("fleet"), gpus_per_node=2, prompts=120,
                                  sim={"time_scale": 400.0, "load_seconds": 4.0}).prepare().start()

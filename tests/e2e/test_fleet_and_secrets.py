@@ -14,8 +14,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory, airflow_db):
     from fleetgen.airflow.apply_settings import apply_to_db
-    from fleetgen.demo import SimEnvironment
-    from fleetgen.settings import load_settings
+    from sglang_sim.demo import SimEnvironment
+    from fleetgen.airflow.settings_file import load_settings
 
     environment = SimEnvironment(root=tmp_path_factory.mktemp("two-nodes"), nodes=2, gpus_per_node=1, prompts=240,
                                  sim={"time_scale": 400.0, "load_seconds": 3.0}).prepare().start()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from fleetgen.sim.node import write_faults
+from sglang_sim.node import write_faults
 
 pytestmark = pytest.mark.slow
 
@@ -105,7 +105,7 @@ def test_unreachable_node_is_named(dag, sim_env, tmp_path, task_log):
     path = tmp_path / "fleet.json"
     path.write_text(json.dumps(fleet))
     node0 = json.loads(os.environ["AIRFLOW_CONN_FLEETGEN_NODE0"])
-    from fleetgen.sim.sshd import free_port
+    from sglang_sim.sshd import free_port
 
     os.environ["AIRFLOW_CONN_FLEETGEN_NODE9"] = json.dumps({**node0, "port": free_port()})  # nothing listens
     try:
@@ -122,10 +122,10 @@ def test_foreign_process_gets_its_own_plan_and_survives_the_stop(dag, sim_env, f
     import subprocess
     import sys
 
-    from fleetgen.sim.node import SimNode
+    from sglang_sim.node import SimNode
 
     node = SimNode.load(sim_env.node_dir(0))
-    holder = subprocess.Popen([sys.executable, "-m", "fleetgen.sim.cli", "hold", "--gpu", "0", "--mib", "40960",
+    holder = subprocess.Popen([sys.executable, "-m", "sglang_sim.cli", "hold", "--gpu", "0", "--mib", "40960",
                                "--name", "someone-elses-job", "--node", str(node.path)],
                               env={**os.environ, **node.env()}, stdout=subprocess.PIPE, text=True)
     try:

@@ -16,9 +16,9 @@ def _connection(sim_env, host_key: str) -> str:
 def test_known_host_key_connects_and_a_different_one_is_refused(sim_env, monkeypatch, tmp_path):
     import asyncssh
 
-    from fleetgen.airflow.node_shell import NodeShell
+    from fleetgen.airflow.hooks import NodeShell
     from fleetgen.errors import HostUnreachable
-    from fleetgen.sim.sshd import ensure_keys
+    from sglang_sim.sshd import ensure_keys
 
     monkeypatch.setenv("AIRFLOW_CONN_NODE_GOOD", _connection(sim_env, ensure_keys(sim_env.key_dir).host_public_key))
     with NodeShell("node0", "node_good") as shell:

@@ -12,8 +12,8 @@ import subprocess
 
 import pytest
 
-from fleetgen.memory import LaunchOptions, profile_model
-from fleetgen.tuner import TunerBounds, Workload, plan_server
+from fleetgen.tuning.profile import LaunchOptions, profile_model
+from fleetgen.tuning.planner import TunerBounds, Workload, plan_server
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 VENV_PYTHON = pathlib.Path(os.environ.get("FLEETGEN_SGLANG_VENV", REPO / ".sglang-venv")) / "bin" / "python"

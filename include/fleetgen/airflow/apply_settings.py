@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from fleetgen.errors import FleetgenError
-from fleetgen.settings import Settings, load_settings
+from fleetgen.airflow.settings_file import Settings, load_settings
 
 
 def apply_to_db(settings: Settings) -> None:

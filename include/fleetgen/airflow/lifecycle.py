@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 import time
 
-from fleetgen import probe, remote
-from fleetgen.airflow.node_shell import NodeShell
+from fleetgen.nodes import probe
+from fleetgen.nodes import remote
+from fleetgen.airflow.hooks import NodeShell
 from fleetgen.errors import RemoteError, ServerStartupError
-from fleetgen.fleet import FleetSpec, ServerSlot
+from fleetgen.nodes.fleet import FleetSpec, ServerSlot
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from fleetgen import servers
+from fleetgen.nodes import readiness
 from fleetgen.errors import HostUnreachable, PlanError, ServerNotReady, ServerStartupError
-from fleetgen.fleet import ServerSlot, fleet_from_json
+from fleetgen.nodes.fleet import ServerSlot, fleet_from_json
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 class WaitReadyOperator(BaseOperator):
     """Wait (deferred, in the triggerer) for one server; return its effective limits.
 
-    On an SGLang memory error the server's plan is backed off one step (``fleetgen.tuner.backoff``)
+    On an SGLang memory error the server's plan is backed off one step (``fleetgen.tuning.planner.backoff``)
     and the server alone is relaunched, at most ``max_relaunches`` times; then the task fails with
     SGLang's own fatal line and the log tail.
     """
@@ -35,7 +35,7 @@ class WaitReadyOperator(BaseOperator):
         self.max_relaunches = max_relaunches
 
     def _trigger(self, launched: dict, attempt: int):
-        from fleetgen.airflow.readiness import ReadinessTrigger
+        from fleetgen.airflow.triggers import ReadinessTrigger
 
         fleet = fleet_from_json(self.fleet)
         return ReadinessTrigger(
@@ -61,23 +61,23 @@ class WaitReadyOperator(BaseOperator):
         if event["status"] == "timeout":
             raise ServerNotReady(
                 f"{where} not ready after {event['waited_s']:.0f} s; the log last said:\n"
-                f"{servers.format_log_excerpt(tail)}", host=node, server=name,
+                f"{readiness.format_log_excerpt(tail)}", host=node, server=name,
                 hint=f"read {launched['log_path']} on {node}; raise the wait timeout if the model loads slowly")
         kind, fatal_line = event["kind"], event["fatal_line"]
         log.error("%s failed to start: %s", where, fatal_line)
-        if kind in servers.OOM_KINDS and attempt < int(self.max_relaunches):
+        if kind in readiness.OOM_KINDS and attempt < int(self.max_relaunches):
             return self._relaunch_smaller(context, launched, attempt, kind, fatal_line)
-        fatal = servers.FatalLine(kind, fatal_line, 0)
+        fatal = readiness.FatalLine(kind, fatal_line, 0)
         raise ServerStartupError(
             f"{where} died while starting: {fatal_line}\n(log {launched['log_path']}, after {attempt} relaunch(es); "
-            f"last {len(tail)} lines:)\n{servers.format_log_excerpt(tail)}",
+            f"last {len(tail)} lines:)\n{readiness.format_log_excerpt(tail)}",
             host=node, server=name, fatal_line=fatal_line, kind=kind, log_tail=tail, hint=fatal.hint)
 
     def _ready(self, launched: dict, event: dict, attempt: int) -> dict:
-        from fleetgen.tuner import ServerPlan, compare_expected
+        from fleetgen.tuning.planner import ServerPlan, compare_expected
 
         info = event["server_info"]
-        limits = servers.parse_server_info(info, server=launched["name"])
+        limits = readiness.parse_server_info(info, server=launched["name"])
         plan = ServerPlan.from_dict(launched["plan"])
         mismatches = compare_expected(plan, info)
         for line in mismatches:
@@ -94,8 +94,8 @@ class WaitReadyOperator(BaseOperator):
 
     def _relaunch_smaller(self, context, launched: dict, attempt: int, kind: str, fatal_line: str) -> None:
         from fleetgen.airflow.lifecycle import api_key, launch_server, stop_ports
-        from fleetgen.airflow.node_shell import NodeShell
-        from fleetgen.tuner import ServerPlan, backoff, render_budget_table
+        from fleetgen.airflow.hooks import NodeShell
+        from fleetgen.tuning.planner import ServerPlan, backoff, render_budget_table
 
         fleet = fleet_from_json(self.fleet)
         try:

@@ -8,12 +8,12 @@ import logging
 import re
 from pathlib import Path
 
-from fleetgen import probe
+from fleetgen.nodes import probe
 from fleetgen.airflow import lifecycle
-from fleetgen.airflow.node_shell import NodeShell
+from fleetgen.airflow.hooks import NodeShell
 from fleetgen.errors import (ConfigError, FleetgenError, ModelConfigError, PlanError, ProbeError, PromptsError,
                              ValidationFailed)
-from fleetgen.fleet import FleetSpec, fleet_from_json, load_fleet_file, load_fleet_text
+from fleetgen.nodes.fleet import FleetSpec, fleet_from_json, load_fleet_file, load_fleet_text
 
 log = logging.getLogger("fleetgen")
 FLEET_VARIABLE = "fleetgen_fleet"
@@ -103,7 +103,7 @@ def probe_gpus(node: str, fleet: dict) -> dict:
 
 @fail_fast
 def scan_prompts() -> dict:
-    from fleetgen import prompts
+    from fleetgen.prompts import scan as prompts
 
     context = _context()
     params = context["params"]
@@ -123,8 +123,8 @@ def scan_prompts() -> dict:
 
 
 def _read_model(spec: FleetSpec) -> tuple[dict, int]:
-    from fleetgen import remote
-    from fleetgen.memory import weights_bytes_from_index
+    from fleetgen.nodes import remote
+    from fleetgen.tuning.profile import weights_bytes_from_index
 
     node = spec.nodes[0]
     config_path = f"{spec.model.path.rstrip('/')}/config.json"
@@ -143,7 +143,7 @@ def _read_model(spec: FleetSpec) -> tuple[dict, int]:
 def _prompt_token_statistics(params: dict, prompt_scan: dict) -> tuple[float, int, str]:
     """Prompt-token mean and max: measured by the servers in the previous successful run when it read
     the very same prompts file (same path, size and mtime), else estimated from the file's characters."""
-    from fleetgen.report import find_previous_report
+    from fleetgen.report.build import find_previous_report
 
     estimated = (float(prompt_scan["prompt_tokens_mean"]), int(prompt_scan["prompt_tokens_max"]))
     root = Path(params["output_root"]).expanduser()
@@ -168,8 +168,8 @@ def _prompts_identity(prompt_scan: dict) -> dict:
 def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list[dict]:
     import dataclasses
 
-    from fleetgen.memory import LaunchOptions, profile_model
-    from fleetgen.tuner import TunerBounds, Workload, plan_server, render_budget_table
+    from fleetgen.tuning.profile import LaunchOptions, profile_model
+    from fleetgen.tuning.planner import TunerBounds, Workload, plan_server, render_budget_table
 
     params = _context()["params"]
     spec = fleet_from_json(fleet)
@@ -256,7 +256,7 @@ def flatten(nested: list[list[dict]]) -> list[dict]:
 
 @fail_fast
 def plan_shards(prompt_scan: dict) -> list[dict]:
-    from fleetgen import prompts
+    from fleetgen.prompts import scan as prompts
 
     params = _context()["params"]
     from airflow.configuration import conf
@@ -316,9 +316,9 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
 
 @fail_fast
 def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
-    from fleetgen import prompts
+    from fleetgen.prompts import scan as prompts
     from fleetgen.errors import ValidationFailed
-    from fleetgen.validate import ValidationThresholds, validate_run
+    from fleetgen.validation.suite import ValidationThresholds, validate_run
 
     context = _context()
     params = context["params"]
@@ -339,7 +339,7 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
 
 @fail_fast
 def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], validation: dict) -> dict:
-    from fleetgen.report import build_report, find_previous_report
+    from fleetgen.report.build import build_report, find_previous_report
 
     context = _context()
     params = context["params"]

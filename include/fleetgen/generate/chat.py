@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from fleetgen.generate import jsonio
 from fleetgen.generate.settings import GenerationSettings
-from fleetgen.prompts import Prompt
+from fleetgen.prompts.scan import Prompt
 
 CHAT_PATH = "/v1/chat/completions"
 HEALTH_PATH = "/health"

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from fleetgen.prompts import Prompt
+from fleetgen.prompts.scan import Prompt
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 """The three per-shard output records: completion, stats and error lines.
 
 Every record starts with ``"id"`` so that resume can read ids without parsing the rest of a line
-(``fleetgen.prompts.fast_id``). Field lists are the file contracts of DESIGN.md.
+(``fleetgen.prompts.lines.fast_id``). Field lists are the file contracts of DESIGN.md.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from datetime import datetime, timezone
 
 from fleetgen.generate.chat import ChatResult
-from fleetgen.prompts import Prompt
+from fleetgen.prompts.scan import Prompt
 
 
 def completion_record(prompt: Prompt, result: ChatResult, *, server: str, latency_s: float,

@@ -31,7 +31,7 @@ from pathlib import Path
 from fleetgen.errors import GenerationError
 from fleetgen.generate import jsonio
 from fleetgen.generate.records import stats_record
-from fleetgen.prompts import Prompt, fast_id, iter_shard_positions
+from fleetgen.prompts.scan import Prompt, fast_id, iter_shard_positions
 
 TAIL_CHUNK = 1 << 20
 BLOCK = 1 << 22

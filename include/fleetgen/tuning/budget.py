@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetgen.memory import GIB, MIB, MemoryProfile
+from fleetgen.tuning.profile import GIB, MIB, MemoryProfile
 from fleetgen.tuning.plan import ServerPlan, format_flag_value
 from fleetgen.tuning.sizing import PoolSizing, ReserveEstimate
 

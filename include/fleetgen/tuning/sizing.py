@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fleetgen.memory import GIB, MIB, MemoryProfile
+from fleetgen.tuning.profile import GIB, MIB, MemoryProfile
 
 MAX_PREFILL_TOKENS_DEFAULT = 16384  # --max-prefill-tokens (sglang-facts 1)
 SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48  # speculative_hook: "reset to 48 for speculative decoding"

@@ -1,7 +1,7 @@
 import pytest
 
 from fleetgen.errors import ConfigError
-from fleetgen.fleet import fleet_from_json, load_fleet_file, load_fleet_text, parse_fleet
+from fleetgen.nodes.fleet import fleet_from_json, load_fleet_file, load_fleet_text, parse_fleet
 
 BASE = {
     "model": {"path": "/models/m", "served_name": "m"},

@@ -1,6 +1,7 @@
 import pytest
 
-from fleetgen import probe, remote
+from fleetgen.nodes import probe
+from fleetgen.nodes import remote
 from fleetgen.errors import ProbeError
 
 # nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,memory.free --format=csv,noheader,nounits

@@ -9,7 +9,7 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetgen import remote
+from fleetgen.nodes import remote
 
 # Anything a hostile fleet file could hold: quotes, $(...), backticks, newlines, globs, unicode. No NUL:
 # no argv can carry one.

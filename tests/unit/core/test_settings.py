@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from fleetgen.errors import ConfigError
-from fleetgen.fleet import load_fleet_text
-from fleetgen.settings import load_settings
+from fleetgen.nodes.fleet import load_fleet_text
+from fleetgen.airflow.settings_file import load_settings
 
 ROOT = Path(__file__).resolve().parents[3]
 ENV = {"FLEETGEN_SSH_PORT": "2222", "FLEETGEN_DEMO_DIR": "/d", "FLEETGEN_SSH_HOST_KEY": "ssh-ed25519 AAAAC3",

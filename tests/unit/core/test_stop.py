@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from fleetgen import remote
+from fleetgen.nodes import remote
 
 SLEEPER = "import signal, sys, time\nif 'ignore-term' in sys.argv: signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(600)\n"
 

@@ -2,10 +2,10 @@
 
 Tuner side (as ``airflow/tasks.py::derive_plan`` does it): the model's ``config.json`` and
 ``model.safetensors.index.json`` as installed on the node, ``LaunchOptions.from_args(extra_args)``
-with the server's tp size, and the GPU inventory parsed by ``fleetgen.probe`` from the node's own
+with the server's tp size, and the GPU inventory parsed by ``fleetgen.nodes.probe`` from the node's own
 ``nvidia-smi`` output (the fake one, rendered in-process: the same text the binary prints).
 Simulator side: the server's argv as ``remote.LaunchSpec`` builds it (plan flags, then the user's
-extra args) sized by ``fleetgen.sim.dryrun`` on the same node, or launched for real.
+extra args) sized by ``sglang_sim.dryrun`` on the same node, or launched for real.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from fleetgen import probe, remote
-from fleetgen.memory import LaunchOptions, profile_model, weights_bytes_from_index
-from fleetgen.sim.node import SimNode, create_node
-from fleetgen.sim.nvidia_smi import render
-from fleetgen.sim.presets import install_model
-from fleetgen.tuner import ServerPlan, TunerBounds, Workload, plan_server
+from fleetgen.nodes import probe
+from fleetgen.nodes import remote
+from fleetgen.tuning.profile import LaunchOptions, profile_model, weights_bytes_from_index
+from sglang_sim.node import SimNode, create_node
+from sglang_sim.nvidia_smi import render
+from sglang_sim.presets import install_model
+from fleetgen.tuning.planner import ServerPlan, TunerBounds, Workload, plan_server
 
 B200_MIB = 183_359
 SEED_GPUS = 7
@@ -74,7 +75,7 @@ class Case:
 
     def server_argv(self, plan: ServerPlan) -> list[str]:
         """The server's flags as the launcher writes them (``python -m MODULE`` left off)."""
-        spec = remote.LaunchSpec(python="python", module="fleetgen.sim.server", model_path=str(self.model_dir),
+        spec = remote.LaunchSpec(python="python", module="sglang_sim.server", model_path=str(self.model_dir),
                                  served_name=self.model_dir.name, port=self.port, gpu_ids=self.gpu_ids,
                                  bind_host="127.0.0.1", run_dir="/tmp/run", log_dir="/tmp/log",
                                  args=tuple(remote.flags_to_args(plan.flags) + list(self.extra_args)))

@@ -1,8 +1,8 @@
 """The tuner's plan, launched on the simulated node, gives exactly the values the plan expects.
 
-The tuner (fleetgen.tuner) and the simulator (fleetgen.sim) implement SGLang 0.5.23's sizing
+The tuner (fleetgen.tuning.planner) and the simulator (sglang_sim) implement SGLang 0.5.23's sizing
 separately; here each plan's flags plus the user's extra args go through the simulator's start-up
-sizing (``fleetgen.sim.dryrun``: context, pre-load baseline, weights, pools, draft pool, CUDA-graph
+sizing (``sglang_sim.dryrun``: context, pre-load baseline, weights, pools, draft pool, CUDA-graph
 capture) on the node whose nvidia-smi output the tuner planned from. The effective
 max_running_requests, max_mamba_cache_size and max_total_num_tokens must be equal, not close, and
 the launch must survive graph capture with the user's margin still free.
@@ -15,12 +15,12 @@ import sys
 
 import httpx
 import pytest
-from fleetgen.sim.args import parse_args
-from fleetgen.sim.dryrun import StartupSizing, dry_run
-from fleetgen.sim.local_fleet import wait_healthy
-from fleetgen.sim.modelcfg import load_model_dir
-from fleetgen.sim.resolve import resolve_launch
-from fleetgen.tuner import TunerBounds, compare_expected
+from sglang_sim.args import parse_args
+from sglang_sim.dryrun import StartupSizing, dry_run
+from sglang_sim.local_fleet import wait_healthy
+from sglang_sim.modelcfg import load_model_dir
+from sglang_sim.resolve import resolve_launch
+from fleetgen.tuning.planner import TunerBounds, compare_expected
 from fleetgen.tuning.sizing import (
     auto_mem_fraction_static,
     gpu_table,
@@ -168,7 +168,7 @@ def test_simulated_server_process_reports_the_seed_plan(xc, models, seed_node):
     case = xc.Case(models.seed, (3,), tuple(xc.SEED_EXTRA_ARGS), port=port)
     plan = case.plan(seed_node)
     env = dict(os.environ, **seed_node.env(), CUDA_VISIBLE_DEVICES="3")
-    proc = subprocess.Popen([sys.executable, "-m", "fleetgen.sim.server", *case.server_argv(plan)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_sim.server", *case.server_argv(plan)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from fleetgen.generate import GenerationSettings, ServerEndpoint
-from fleetgen.prompts import plan_shards
+from fleetgen.prompts.scan import plan_shards
 
 FAST = dict(retry_backoff_s=0.01, recheck_initial_s=0.02, recheck_max_s=0.1, all_down_timeout_s=5.0)
 

@@ -11,7 +11,7 @@ from generate_fakes import FakeFleet, fast_settings, shard_output, write_prompts
 from fleetgen.errors import AllServersDown, GenerationError, PromptsError
 from fleetgen.generate import run_shard_async
 from fleetgen.generate.dispatch import WorkQueue
-from fleetgen.prompts import Prompt, plan_shards
+from fleetgen.prompts.scan import Prompt, plan_shards
 
 pytestmark = pytest.mark.anyio
 API_KEY = "sk-very-secret-key-123"

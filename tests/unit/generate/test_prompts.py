@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fleetgen.errors import PromptsError
-from fleetgen.prompts import (INDEX_STRIDE, PromptScan, fast_id, iter_prompt_ids, iter_shard, plan_shards,
+from fleetgen.prompts.scan import (INDEX_STRIDE, PromptScan, fast_id, iter_prompt_ids, iter_shard, plan_shards,
                               scan_prompts)
 
 
@@ -216,7 +216,7 @@ def test_a_scan_survives_xcom_and_plans_the_same_shards(tmp_path):
 
 
 def test_shard_size_grows_only_to_fit_the_map_limit():
-    from fleetgen.prompts import shard_size_within
+    from fleetgen.prompts.scan import shard_size_within
 
     assert shard_size_within(913_786, 500, 1024) == 893      # 1,023 shards instead of 1,828
     assert shard_size_within(913_786, 5000, 1024) == 5000    # already fits

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from generate_fakes import shard_output
-from fleetgen.sim.local_fleet import LocalSimFleet
+from sglang_sim.local_fleet import LocalSimFleet
 
 from fleetgen.generate import GenerationSettings, run_shard
-from fleetgen.prompts import iter_prompt_ids, plan_shards, scan_prompts
-from fleetgen.synthetic import write_synthetic_prompts
+from fleetgen.prompts.scan import iter_prompt_ids, plan_shards, scan_prompts
+from sglang_sim.synthetic import write_synthetic_prompts
 
 pytestmark = pytest.mark.slow
 CHILD = Path(__file__).with_name("shard_child.py")

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.sim.args import parse_args
-from fleetgen.sim.faults import Faults
-from fleetgen.sim.graphs import graph_memory
-from fleetgen.sim.modelcfg import ModelShape, load_model_dir
-from fleetgen.sim.node import SimSettings
-from fleetgen.sim.perf import derive_timing
-from fleetgen.sim.pools import PoolPlan, size_pools
-from fleetgen.sim.resolve import Launch, resolve_launch
-from fleetgen.sim.service import Service
+from sglang_sim.args import parse_args
+from sglang_sim.faults import Faults
+from sglang_sim.graphs import graph_memory
+from sglang_sim.modelcfg import ModelShape, load_model_dir
+from sglang_sim.node import SimSettings
+from sglang_sim.perf import derive_timing
+from sglang_sim.pools import PoolPlan, size_pools
+from sglang_sim.resolve import Launch, resolve_launch
+from sglang_sim.service import Service
 
-MODELS = Path(__file__).resolve().parents[3] / "include" / "fleetgen" / "sim" / "models"
+MODELS = Path(__file__).resolve().parents[3] / "include" / "sglang_sim" / "models"
 B200_MIB = 183_359
 MIB = 1 << 20
 GIB = 1 << 30

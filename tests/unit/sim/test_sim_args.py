@@ -2,7 +2,7 @@
 
 import pytest
 
-from fleetgen.sim.args import human_int, parse_args
+from sglang_sim.args import human_int, parse_args
 
 
 def _fail(argv, capsys):

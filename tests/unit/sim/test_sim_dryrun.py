@@ -4,11 +4,11 @@ import os
 
 import pytest
 
-from fleetgen.sim.args import parse_args
-from fleetgen.sim.dryrun import GpuMemory, dry_run, size_startup
-from fleetgen.sim.node import SimSettings, create_node
-from fleetgen.sim.presets import install_model
-from fleetgen.sim.resolve import LaunchError
+from sglang_sim.args import parse_args
+from sglang_sim.dryrun import GpuMemory, dry_run, size_startup
+from sglang_sim.node import SimSettings, create_node
+from sglang_sim.presets import install_model
+from sglang_sim.resolve import LaunchError
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from fleetgen.sim.engine import BatchEngine, SimClock
-from fleetgen.sim.perf import Timing
+from sglang_sim.engine import BatchEngine, SimClock
+from sglang_sim.perf import Timing
 
 # 100 tokens/s per request whatever the batch, no prefill cost
 FLAT = Timing(step_base_s=0.01, expert_stream_s=0.0, step_per_request_s=0.0, accept_length=1.0,

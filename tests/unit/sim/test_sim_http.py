@@ -6,8 +6,8 @@ import json
 import httpx
 import pytest
 
-from fleetgen.sim.faults import Faults
-from fleetgen.sim.http_app import build_app
+from sglang_sim.faults import Faults
+from sglang_sim.http_app import build_app
 
 CHAT = {"messages": [{"role": "user", "content": "Why is the sky blue?"}], "max_tokens": 4096}
 

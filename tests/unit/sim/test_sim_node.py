@@ -6,9 +6,9 @@ import os
 import pytest
 
 from fleetgen.errors import ConfigError
-from fleetgen.sim.faults import Faults, read_faults
-from fleetgen.sim.node import NODE_ENV, SimNode, SimSettings, create_node, write_faults
-from fleetgen.sim.presets import install_model, preset_names
+from sglang_sim.faults import Faults, read_faults
+from sglang_sim.node import NODE_ENV, SimNode, SimSettings, create_node, write_faults
+from sglang_sim.presets import install_model, preset_names
 
 
 def test_create_node_layout_and_reload(tmp_path):
@@ -86,9 +86,9 @@ def test_install_model_writes_config_and_index(tmp_path):
 
 
 def test_cuda_visible_devices_pick_the_server_gpus(tmp_path, monkeypatch, tools):
-    from fleetgen.sim.args import parse_args
-    from fleetgen.sim.resolve import LaunchError, resolve_launch
-    from fleetgen.sim.server import _visible_gpus
+    from sglang_sim.args import parse_args
+    from sglang_sim.resolve import LaunchError, resolve_launch
+    from sglang_sim.server import _visible_gpus
 
     node = create_node(tmp_path / "n", name="n", gpus=4)
     model = tools.preset("qwen3.6-27b")

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from fleetgen.sim.node import create_node, pid_alive
-from fleetgen.sim.nvidia_smi import render
+from sglang_sim.node import create_node, pid_alive
+from sglang_sim.nvidia_smi import render
 
 
 @pytest.fixture

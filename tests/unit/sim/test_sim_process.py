@@ -8,9 +8,9 @@ import sys
 
 import httpx
 import pytest
-from fleetgen.sim.local_fleet import wait_healthy
-from fleetgen.sim.node import create_node, write_faults
-from fleetgen.sim.presets import install_model
+from sglang_sim.local_fleet import wait_healthy
+from sglang_sim.node import create_node, write_faults
+from sglang_sim.presets import install_model
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def model_dir(tmp_path):
 
 def _launch(node, model_dir, args, *, gpu="1"):
     env = dict(os.environ, **node.env(), CUDA_VISIBLE_DEVICES=gpu)
-    return subprocess.Popen([sys.executable, "-m", "fleetgen.sim.server", "--model-path", str(model_dir), *args],
+    return subprocess.Popen([sys.executable, "-m", "sglang_sim.server", "--model-path", str(model_dir), *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -111,7 +111,7 @@ def test_crash_fault_kills_the_server_after_n_requests(tools, node, model_dir):
 
 def test_hold_cli_registers_and_frees_memory(node):
     def hold():
-        proc = subprocess.Popen([sys.executable, "-m", "fleetgen.sim.cli", "hold", "--gpu", "0", "--mib", "1000",
+        proc = subprocess.Popen([sys.executable, "-m", "sglang_sim.cli", "hold", "--gpu", "0", "--mib", "1000",
                                  "--name", "foreign", "--node", str(node.path)], stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().startswith("holding 1000 MiB on GPU 0")
         return proc
@@ -127,7 +127,7 @@ def test_hold_cli_registers_and_frees_memory(node):
 
 
 def test_create_node_cli(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "fleetgen.sim.cli", "create-node", str(tmp_path / "n"), "--name", "n1",
+    out = subprocess.run([sys.executable, "-m", "sglang_sim.cli", "create-node", str(tmp_path / "n"), "--name", "n1",
                           "--gpus", "3", "--time-scale", "100"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["gpus"] == 3

@@ -4,11 +4,11 @@ import argparse
 
 import pytest
 
-from fleetgen.sim.args import parse_args
-from fleetgen.sim.modelcfg import from_config
-from fleetgen.sim.pools import size_pools
-from fleetgen.sim.presets import preset_config
-from fleetgen.sim.resolve import LaunchError, prefill_buckets, resolve_launch
+from sglang_sim.args import parse_args
+from sglang_sim.modelcfg import from_config
+from sglang_sim.pools import size_pools
+from sglang_sim.presets import preset_config
+from sglang_sim.resolve import LaunchError, prefill_buckets, resolve_launch
 
 
 def test_seed_before_caps_at_16_with_21_gib_of_state(tools):

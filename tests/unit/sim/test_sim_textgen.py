@@ -1,7 +1,7 @@
 """Reproducible output lengths, their distribution, and reasoning/answer rendering."""
 
-from fleetgen.sim.node import SimSettings
-from fleetgen.sim.textgen import estimate_chat_tokens, plan_output, render_text
+from sglang_sim.node import SimSettings
+from sglang_sim.textgen import estimate_chat_tokens, plan_output, render_text
 
 DEFAULTS = SimSettings()
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fleetgen.memory import LaunchOptions, profile_model
-from fleetgen.tuner import Workload
+from fleetgen.tuning.profile import LaunchOptions, profile_model
+from fleetgen.tuning.planner import Workload
 
 CONFIGS = pathlib.Path(__file__).parent / "configs"
 B200_TOTAL_MIB = 183_359

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fleetgen.errors import PlanError
-from fleetgen.tuner import MAX_BACKOFF_ATTEMPTS, ServerPlan, TunerBounds, backoff, compare_expected, plan_server
+from fleetgen.tuning.planner import MAX_BACKOFF_ATTEMPTS, ServerPlan, TunerBounds, backoff, compare_expected, plan_server
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 import pytest
 from fleetgen.errors import ModelConfigError
-from fleetgen.memory import LaunchOptions, MemoryProfile, profile_model, weights_bytes_from_index
+from fleetgen.tuning.profile import LaunchOptions, MemoryProfile, profile_model, weights_bytes_from_index
 from fleetgen.tuning.geometry import model_geometry
 
 MIB = 1 << 20

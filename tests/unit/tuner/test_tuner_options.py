@@ -3,7 +3,7 @@
 import pytest
 
 from fleetgen.errors import ConfigError
-from fleetgen.memory import LaunchOptions
+from fleetgen.tuning.profile import LaunchOptions
 
 
 def test_seed_args(cases):

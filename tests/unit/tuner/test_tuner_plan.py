@@ -5,8 +5,8 @@ import json
 import pytest
 
 from fleetgen.errors import ConfigError, PlanError
-from fleetgen.memory import GIB, MIB, LaunchOptions, profile_model
-from fleetgen.tuner import (CUDA_CONTEXT_MIB, ServerPlan, TunerBounds, Workload, plan_server,
+from fleetgen.tuning.profile import GIB, MIB, LaunchOptions, profile_model
+from fleetgen.tuning.planner import (CUDA_CONTEXT_MIB, ServerPlan, TunerBounds, Workload, plan_server,
                             render_budget_table)
 from fleetgen.tuning.sizing import size_pools
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fleetgen.memory import GIB, LaunchOptions, profile_model
+from fleetgen.tuning.profile import GIB, LaunchOptions, profile_model
 from fleetgen.tuning.sizing import (auto_mem_fraction_static, gpu_table, prefill_graph_batch_sizes,
                                     sglang_reserve_mb, size_pools)
 

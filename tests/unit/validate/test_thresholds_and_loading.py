@@ -9,7 +9,7 @@ import pytest
 from validate_fixtures import error_row, good_row, write_jsonl, write_run
 
 from fleetgen.errors import ConfigError, ValidationFailed
-from fleetgen.validate import STATS_COLUMNS, ValidationThresholds, load_errors, load_stats
+from fleetgen.validation.suite import STATS_COLUMNS, ValidationThresholds, load_errors, load_stats
 
 
 @pytest.mark.parametrize("changes", [

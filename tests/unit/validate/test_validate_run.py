@@ -10,7 +10,7 @@ import pytest
 from validate_fixtures import MAX_TOKENS, FileAccessWatch, error_row, good_row, write_run
 
 from fleetgen.errors import ValidationFailed
-from fleetgen.validate import STATS_COLUMNS, ValidationThresholds, validate_run
+from fleetgen.validation.suite import STATS_COLUMNS, ValidationThresholds, validate_run
 
 ROWS = 200
 THRESHOLDS = ValidationThresholds(max_tokens=MAX_TOKENS)
@@ -173,7 +173,7 @@ def test_no_output_at_all_fails_on_missing_ids(tmp_path):
 
 def test_validation_and_report_never_open_the_completion_texts(tmp_path):
     """Memory cannot follow text size if the texts are never read: completions/ is not even listed."""
-    from fleetgen.report import build_report
+    from fleetgen.report.build import build_report
 
     out = write_run(tmp_path / "run", rows())
     completions = out / "completions"

@@ -1,0 +1,361 @@
+"""Launch plan per server: the SGLang flags that give the most concurrent requests the GPU can hold.
+
+Objective (issue 3): the largest ``max_running_requests`` per server such that
+
+- the KV pool holds every running request at its full context length, and
+- SGLang's own reserve for activations and CUDA graphs (sglang-facts 1.1), any draft KV pool SGLang
+  allocates outside its static budget (2.2), and the user's margin all stay free.
+
+The plan sets the Mamba slots explicitly (``--max-mamba-cache-size = ratio x requests``, branch 1 of
+2.3), the request cap, ``--mem-fraction-static`` as high as that free memory allows, and sizes the
+chunked-prefill size and decode CUDA-graph batch to the workload, which shrinks the reserve. Every
+expected value comes from :func:`fleetgen.tuning.sizing.size_pools`, SGLang's own arithmetic, so the
+server's /server_info must agree with the plan exactly; :func:`compare_expected` checks that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fleetgen.errors import PlanError
+from fleetgen.tuning.profile import GIB, MIB, LaunchOptions, MemoryProfile, ModelGeometry, profile_geometry
+from fleetgen.tuning.budget import budget_rows, compare_expected, render_budget_table
+from fleetgen.tuning.plan import FAILURE_KINDS, ServerPlan, TunerBounds, Workload, format_flag_value
+from fleetgen.tuning.sizing import (SPEC_DEFAULT_MAX_RUNNING_REQUESTS, PoolSizing, ReserveEstimate,
+                                    auto_mem_fraction_static, gpu_table, sglang_reserve_mb, size_pools)
+
+__all__ = ["Workload", "TunerBounds", "ServerPlan", "plan_server", "backoff", "compare_expected",
+           "render_budget_table", "CUDA_CONTEXT_MIB", "MAX_BACKOFF_ATTEMPTS", "format_flag_value"]
+
+# Device memory a fresh SGLang process holds per GPU before it measures its baseline: the CUDA
+# context and torch start-up, plus NCCL / custom all-reduce buffers when tp > 1. nvidia-smi shows it
+# as the used memory of a server that has not loaded weights yet. SGLang's baseline (2.1) is the
+# free memory *after* it, so the plan subtracts it. The simulated node uses the same defaults.
+CUDA_CONTEXT_MIB = 600
+NCCL_BUFFERS_MIB = 400
+MAX_BACKOFF_ATTEMPTS = 3
+_MAX_REQUESTS_SEARCHED = 1 << 15
+_BACKOFF_REQUEST_STEP = 0.10  # a memory failure re-plans with 10 % fewer requests (at least one)
+_BACKOFF_MIN_RESERVE_STEP = 2 * GIB
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    requests: int
+    mem_fraction_static: float
+    chunked_prefill_size: int
+    decode_max_bs: int
+    reserve: ReserveEstimate
+    sizing: PoolSizing
+    max_running_requests_flag: int | None
+    max_mamba_cache_size_flag: int | None
+
+
+def plan_server(*, host: str, gpu_ids: list[int], port: int, gpus: list[dict], profile: MemoryProfile,
+                options: LaunchOptions, workload: Workload, bounds: TunerBounds) -> ServerPlan:
+    """Plan one server on ``gpus`` (the probe's inventory rows for ``gpu_ids``)."""
+    inputs = {"gpus": [dict(g) for g in gpus], "profile": profile.to_dict(), "options": options.to_dict(),
+              "workload": workload.to_dict(), "bounds": bounds.to_dict(),
+              "adjust": {"mrr_cap": None, "extra_reserve_bytes": 0, "pre_free_shrink_bytes": 0}}
+    return _plan(host=host, gpu_ids=list(gpu_ids), port=port, inputs=inputs, attempt=0)
+
+
+def backoff(plan: ServerPlan, failure_kind: str) -> ServerPlan:
+    """A plan one step smaller in the dimension that failed (sglang-facts 2.1-2.3, 3, 5.4).
+
+    - ``oom_kv`` / ``oom_mamba`` / ``exited``: 10 % fewer running requests (K follows);
+    - ``oom_cuda_graph``: one more step of free memory (lower ``--mem-fraction-static``);
+    - ``oom_weights``: assume one step less pre-load free memory than the probe saw.
+    Raises PlanError when no smaller plan fits, or after ``MAX_BACKOFF_ATTEMPTS`` relaunches.
+    """
+    if failure_kind not in FAILURE_KINDS:
+        raise PlanError(f"unknown failure kind {failure_kind!r}; expected one of {FAILURE_KINDS}",
+                        host=plan.host, server=plan.server)
+    if plan.mode != "tuned":
+        raise PlanError(f"the server died ({failure_kind}) with SGLang's automatic sizing; there are no "
+                        "tuner flags to back off", host=plan.host, server=plan.server,
+                        hint="run in tuned mode, or pass smaller memory flags in the extra args")
+    if plan.attempt >= MAX_BACKOFF_ATTEMPTS:
+        raise PlanError(f"the server still fails ({failure_kind}) after {plan.attempt} smaller relaunches",
+                        host=plan.host, server=plan.server,
+                        hint="read the server log excerpt; check for processes that took GPU memory after the probe")
+    inputs = {**plan.inputs, "adjust": dict(plan.inputs["adjust"])}
+    adjust = inputs["adjust"]
+    requests = plan.expected["max_running_requests"]
+    step_bytes = max(_BACKOFF_MIN_RESERVE_STEP, _pre_load_free(plan.inputs["gpus"], 0) // 100)
+    if failure_kind in ("oom_kv", "oom_mamba", "exited"):
+        if requests <= 1:
+            raise PlanError(f"the server fails ({failure_kind}) even with 1 running request",
+                            host=plan.host, server=plan.server, hint="the model does not fit these GPUs")
+        adjust["mrr_cap"] = min(requests - 1, math.floor(requests * (1 - _BACKOFF_REQUEST_STEP)))
+    elif failure_kind == "oom_cuda_graph":
+        adjust["extra_reserve_bytes"] += step_bytes
+    else:
+        adjust["pre_free_shrink_bytes"] += step_bytes
+    smaller = _plan(host=plan.host, gpu_ids=plan.gpu_ids, port=plan.port, inputs=inputs, attempt=plan.attempt + 1)
+    smaller.notes.append(f"attempt {smaller.attempt}: backed off after {failure_kind} "
+                         f"(max_running_requests {requests} -> {smaller.expected['max_running_requests']}, "
+                         f"--mem-fraction-static {plan.flags.get('--mem-fraction-static')} -> "
+                         f"{smaller.flags.get('--mem-fraction-static')})")
+    return smaller
+
+
+# -- planning ---------------------------------------------------------------------------------------
+
+def _process_overhead_mib(tp_size: int) -> int:
+    return CUDA_CONTEXT_MIB + (NCCL_BUFFERS_MIB if tp_size > 1 else 0)
+
+
+def _pre_load_free(gpus: list[dict], shrink_bytes: int) -> int:
+    """SGLang's baseline (2.1), MIN over ranks: free memory plus what our stopping servers hold,
+    less the new process's own start-up memory."""
+    values = []
+    for gpu in gpus:
+        ours = sum(int(p.get("used_mib", 0)) for p in gpu.get("processes", []) if p.get("ours"))
+        values.append((int(gpu["free_mib"]) + ours - _process_overhead_mib(len(gpus))) * MIB)
+    return min(values) - shrink_bytes
+
+
+def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: int) -> ServerPlan:
+    gpus = inputs["gpus"]
+    base_profile = MemoryProfile.from_dict(inputs["profile"])
+    options = LaunchOptions.from_dict(inputs["options"])
+    workload = Workload(**inputs["workload"])
+    bounds = TunerBounds(**inputs["bounds"])
+    adjust = inputs["adjust"]
+    server = f"{host}:{port}"
+    if not gpus or len(gpus) != options.tp_size or len(gpu_ids) != len(gpus):
+        raise PlanError(f"server has {len(gpu_ids)} GPU id(s) and {len(gpus)} inventory row(s) but tp size "
+                        f"{options.tp_size}", host=host, server=server,
+                        hint="give each server exactly tp_size GPUs in the fleet description")
+    if [int(g["index"]) for g in gpus] != [int(i) for i in gpu_ids]:
+        raise PlanError(f"inventory rows {[g['index'] for g in gpus]} do not match gpu_ids {gpu_ids}",
+                        host=host, server=server)
+
+    flags: dict = {}
+    notes: list[str] = list(base_profile.notes)
+    options, flags = _apply_opt_ins(base_profile, options, bounds, flags, notes)
+    profile = profile_geometry(ModelGeometry.from_dict(base_profile.geometry),
+                               base_profile.weights_bytes_total - base_profile.draft_weights_bytes, options,
+                               draft_layers=base_profile.draft_model_layers,
+                               draft_weights_bytes=base_profile.draft_weights_bytes)
+    if profile.is_hybrid and not options.disable_radix_cache and options.mamba_radix_cache_strategy == "auto" \
+            and bounds.mode == "tuned":
+        flags["--mamba-radix-cache-strategy"] = profile.radix_strategy
+    context = _context_length(profile, options, workload, bounds, host, server)
+    if options.context_length is None and (bounds.mode == "tuned" or bounds.context_length is not None):
+        flags["--context-length"] = context
+
+    gpu_total_mib = min(int(g["total_mib"]) for g in gpus)
+    pre_free = _pre_load_free(gpus, adjust["pre_free_shrink_bytes"])
+    if pre_free <= profile.weights_bytes_per_gpu:
+        raise PlanError(f"weights need {profile.weights_bytes_per_gpu / GIB:.2f} GiB per GPU but only "
+                        f"{pre_free / GIB:.2f} GiB are free", host=host, server=server,
+                        hint="free the GPUs (foreign processes) or raise the tensor-parallel size")
+    table_chunk, table_bs = gpu_table(gpu_total_mib, options.tp_size)
+
+    if bounds.mode == "sglang_defaults":
+        best = _sglang_defaults(profile, options, pre_free, gpu_total_mib, table_chunk, table_bs, context,
+                                host, server)
+    else:
+        best = _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib, table_chunk,
+                       table_bs, context, host, server)
+        flags.update(_tuned_flags(profile, options, best))
+        if best.sizing.max_total_num_tokens < best.sizing.effective_max_running_requests * context:
+            notes.append(f"the KV pool holds {best.sizing.max_total_num_tokens} tokens, less than "
+                         f"{best.sizing.effective_max_running_requests} requests x {context} context")
+    margin = bounds.margin_mib * MIB + adjust["extra_reserve_bytes"]
+    expected = {"max_running_requests": best.sizing.effective_max_running_requests,
+                "max_mamba_cache_size": best.sizing.max_mamba_cache_size,
+                "max_total_num_tokens": best.sizing.max_total_num_tokens}
+    summary = {"gpu_total_bytes": gpu_total_mib * MIB, "pre_load_free_bytes": pre_free,
+               "foreign_bytes": _foreign_bytes(gpus),
+               "cuda_context_bytes": _process_overhead_mib(len(gpus)) * MIB,
+               "margin_bytes": margin, "context_length": context, "decode_max_bs": best.decode_max_bs,
+               "chunked_prefill_size": best.chunked_prefill_size}
+    budget = budget_rows(profile, best.sizing, best.reserve, summary)
+    if budget[-1]["bytes"] < 0:
+        notes.append(f"{-budget[-1]['bytes'] / MIB:,.0f} MiB short of SGLang's reserve + margin: --mem-fraction-static "
+                     f"{format_flag_value(best.mem_fraction_static)} leaves too little free memory for "
+                     "activations and CUDA graphs")
+    inputs = {**inputs, "resolved_profile": profile.to_dict()}
+    return ServerPlan(host=host, gpu_ids=list(gpu_ids), port=port, flags=flags, expected=expected,
+                      budget=budget, attempt=attempt, mode=bounds.mode, notes=notes, inputs=inputs)
+
+
+def _apply_opt_ins(profile: MemoryProfile, options: LaunchOptions, bounds: TunerBounds, flags: dict,
+                   notes: list[str]) -> tuple[LaunchOptions, dict]:
+    """The user's opt-in trade-offs, unless their own extra args already decide them."""
+    if bounds.mode != "tuned" or not profile.is_hybrid:
+        return options, flags
+    if bounds.bf16_ssm_state:
+        if options.mamba_ssm_dtype is None:
+            options = options.replace(mamba_ssm_dtype="bfloat16")
+            flags["--mamba-ssm-dtype"] = "bfloat16"
+        else:
+            notes.append(f"bf16 SSM state not applied: the extra args set --mamba-ssm-dtype {options.mamba_ssm_dtype}")
+    if bounds.no_buffer_radix:
+        if options.mamba_radix_cache_strategy == "auto" and not options.disable_radix_cache:
+            options = options.replace(mamba_radix_cache_strategy="no_buffer")
+            flags["--mamba-radix-cache-strategy"] = "no_buffer"
+        else:
+            notes.append("no_buffer radix strategy not applied: the extra args already set "
+                         f"--mamba-radix-cache-strategy {options.mamba_radix_cache_strategy}"
+                         + (" / --disable-radix-cache" if options.disable_radix_cache else ""))
+    return options, flags
+
+
+def _context_length(profile: MemoryProfile, options: LaunchOptions, workload: Workload, bounds: TunerBounds,
+                    host: str, server: str) -> int:
+    """The user's --context-length, else the bound, else the workload's longest prompt plus the
+    output budget rounded up to 1024; never above the model's own (SGLang rejects that)."""
+    if options.context_length is not None:
+        context = options.context_length
+    elif bounds.context_length is not None:
+        context = bounds.context_length
+    elif bounds.mode == "sglang_defaults":
+        return profile.model_context_length
+    else:
+        context = min(profile.model_context_length, math.ceil(workload.full_context_tokens / 1024) * 1024)
+    if context > profile.model_context_length:
+        raise PlanError(f"context length {context} exceeds the model's {profile.model_context_length}",
+                        host=host, server=server, hint="SGLang refuses it unless "
+                        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1; lower the context length bound")
+    return context
+
+
+def _foreign_bytes(gpus: list[dict]) -> int:
+    return max(sum(int(p.get("used_mib", 0)) for p in g.get("processes", []) if not p.get("ours"))
+               for g in gpus) * MIB
+
+
+def _sglang_defaults(profile, options, pre_free, gpu_total_mib, table_chunk, table_bs, context,
+                     host, server) -> _Candidate:
+    """What SGLang reaches with no tuner flags (1.1, then 2-3)."""
+    chunk = options.chunked_prefill_size or table_chunk
+    decode_bs = options.cuda_graph_max_bs_decode or table_bs
+    if options.cuda_graph_max_bs_decode is None and options.max_running_requests is not None:
+        decode_bs = min(decode_bs, options.max_running_requests)
+    reserve = sglang_reserve_mb(gpu_mem_mib=gpu_total_mib, chunked_prefill_size=chunk, decode_max_bs=decode_bs,
+                                tp_size=options.tp_size, uses_mla=profile.uses_mla,
+                                graphs_enabled=not options.disable_cuda_graph)
+    vision = None
+    geometry = profile.geometry
+    if profile.multimodal_reserve_bytes and geometry.get("vision_layers") is not None:
+        vision = (geometry["vision_layers"], geometry["vision_hidden_size"])
+    mfs = options.mem_fraction_static or auto_mem_fraction_static(gpu_total_mib, reserve, vision)
+    mrr = options.max_running_requests
+    if mrr is None and options.spec_enabled:
+        mrr = SPEC_DEFAULT_MAX_RUNNING_REQUESTS
+    sizing = _size(profile, options, pre_free, mfs, mrr, options.max_mamba_cache_size, context)
+    if not sizing.ok:
+        raise PlanError(f"SGLang's automatic sizing would fail ({sizing.failure}): {sizing.message}",
+                        host=host, server=server)
+    return _Candidate(sizing.effective_max_running_requests, mfs, chunk, decode_bs, reserve, sizing, None, None)
+
+
+def _size(profile, options, pre_free, mfs, mrr, mamba_cache_size, context) -> PoolSizing:
+    return size_pools(profile, pre_load_free_bytes=pre_free, mem_fraction_static=mfs,
+                      max_running_requests=mrr, max_mamba_cache_size=mamba_cache_size,
+                      context_length=context, page_size=options.page_size,
+                      max_total_tokens=options.max_total_tokens, disable_radix_cache=options.disable_radix_cache)
+
+
+def _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib, table_chunk, table_bs,
+            context, host, server) -> _Candidate:
+    """Binary search for the most requests that fit (every constraint only tightens as requests grow)."""
+    # Chunked prefill sized to the workload's longest prompt, at least 2048 (the activation floor).
+    chunk = options.chunked_prefill_size or min(table_chunk, max(2048, math.ceil(workload.prompt_tokens_max
+                                                                                  / 1024) * 1024))
+    margin = bounds.margin_mib * MIB + adjust["extra_reserve_bytes"]
+    ratio = profile.state_slots_per_request
+    caps = [c for c in (bounds.max_running_requests, options.max_running_requests, adjust["mrr_cap"]) if c]
+    if profile.is_hybrid and options.max_mamba_cache_size is not None:
+        caps.append(options.max_mamba_cache_size // ratio)
+    controllable = options.max_running_requests is None or (profile.is_hybrid
+                                                            and options.max_mamba_cache_size is None)
+    page = options.page_size
+    needed_tokens_per_request = math.ceil(context / page) * page
+
+    def evaluate(requests: int) -> _Candidate | None:
+        decode_bs = options.cuda_graph_max_bs_decode or min(table_bs, requests)
+        reserve = sglang_reserve_mb(gpu_mem_mib=gpu_total_mib, chunked_prefill_size=chunk,
+                                    decode_max_bs=decode_bs, tp_size=options.tp_size, uses_mla=profile.uses_mla,
+                                    graphs_enabled=not options.disable_cuda_graph)
+        mrr_flag = options.max_running_requests or requests
+        mamba_flag = options.max_mamba_cache_size
+        if profile.is_hybrid and mamba_flag is None:
+            mamba_flag = ratio * requests
+        held_free = reserve.total_bytes + margin
+        for mfs in _mem_fraction_candidates(options, pre_free, held_free):
+            sizing = _size(profile, options, pre_free, mfs, mrr_flag, mamba_flag, context)
+            if not sizing.ok:
+                return None
+            outside = profile.draft_kv_bytes_per_token_outside * sizing.max_total_num_tokens
+            if options.mem_fraction_static is None and pre_free - pre_free * mfs < held_free + outside:
+                continue
+            if controllable and (sizing.effective_max_running_requests < requests
+                                 or sizing.max_total_num_tokens < requests * needed_tokens_per_request):
+                return None
+            return _Candidate(sizing.effective_max_running_requests, mfs, chunk, decode_bs, reserve, sizing,
+                              None if options.max_running_requests else mrr_flag,
+                              None if options.max_mamba_cache_size else (mamba_flag if profile.is_hybrid else None))
+        return None
+
+    if not controllable:
+        only = evaluate(options.max_running_requests)
+        if only is None:
+            raise PlanError("the pinned --max-running-requests/--max-mamba-cache-size do not fit",
+                            host=host, server=server, hint="drop them from the extra args and let the tuner size")
+        return only
+    low, high = 1, min(caps) if caps else _MAX_REQUESTS_SEARCHED
+    best = evaluate(low)
+    if best is None:
+        raise PlanError(_no_fit_message(profile, pre_free, context), host=host, server=server,
+                        hint="use GPUs with more free memory, a larger tp size, a shorter context, or the "
+                             "bf16 SSM state / no_buffer radix options")
+    while low < high:
+        middle = (low + high + 1) // 2
+        candidate = evaluate(middle)
+        if candidate is None:
+            high = middle - 1
+        else:
+            low, best = middle, candidate
+    return best
+
+
+def _mem_fraction_candidates(options, pre_free: int, held_free: int):
+    """The pinned --mem-fraction-static; else 3-decimal values from the highest that leaves
+    ``held_free`` free, counting down (the caller also keeps the outside draft pool free, which grows
+    with the KV pool, so the first value that passes the exact check is the answer)."""
+    if options.mem_fraction_static is not None:
+        yield options.mem_fraction_static
+        return
+    mille = min(math.floor((pre_free - held_free) / pre_free * 1000), 999)
+    for step in range(mille, 0, -1):
+        yield step / 1000
+
+
+def _tuned_flags(profile: MemoryProfile, options: LaunchOptions, best: _Candidate) -> dict:
+    flags: dict = {}
+    if options.mem_fraction_static is None:
+        flags["--mem-fraction-static"] = best.mem_fraction_static
+    if best.max_running_requests_flag is not None:
+        flags["--max-running-requests"] = best.max_running_requests_flag
+    if best.max_mamba_cache_size_flag is not None:
+        flags["--max-mamba-cache-size"] = best.max_mamba_cache_size_flag
+    if options.chunked_prefill_size is None:
+        flags["--chunked-prefill-size"] = best.chunked_prefill_size
+    if options.cuda_graph_max_bs_decode is None and not options.disable_cuda_graph:
+        flags["--cuda-graph-max-bs-decode"] = best.decode_max_bs
+    return flags
+
+
+def _no_fit_message(profile: MemoryProfile, pre_free: int, context: int) -> str:
+    one_request = (profile.kv_bytes_per_token * context
+                   + profile.state_bytes_per_slot * (profile.state_slots_per_request + 1)
+                   + profile.spec_bytes_per_request * 2)
+    return (f"not even one request fits: {pre_free / GIB:.2f} GiB pre-load free, weights "
+            f"{profile.weights_bytes_per_gpu / GIB:.2f} GiB per GPU, one request at context {context} needs "
+            f"about {one_request / GIB:.2f} GiB of KV/state plus SGLang's reserve")

@@ -1,0 +1,349 @@
+"""Validation of a run's output with Great Expectations Core, over the per-completion stats only.
+
+The suite reads ``<out>/stats/*.jsonl`` (one small row per finished prompt) and
+``<out>/errors/*.jsonl`` (prompts that failed permanently) through :mod:`fleetgen.validation.stats_table`
+(whose readers are re-exported here). It never opens ``<out>/completions/``: memory and time
+depend on the number of prompts, not on how long the generated texts are.
+
+Two tables are validated:
+- ``completions``: one row per stats line (nulls, token ranges, finish reasons, shares);
+- ``coverage``: one row per prompt id (expected, plus any unknown id seen), saying whether the prompt
+  has exactly one outcome: a completion, or a permanent error record.
+
+Great Expectations is imported inside :func:`validate_run` (it costs ~3 s), so importing this
+module from a DAG file stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from fleetgen.errors import ConfigError, ValidationFailed
+# The table readers moved to their own module; re-exported so existing imports keep working.
+from fleetgen.validation.stats_table import ERROR_COLUMNS, STATS_COLUMNS, load_errors, load_stats  # noqa: F401
+
+__all__ = ["ValidationThresholds", "load_stats", "load_errors", "validate_run", "STATS_COLUMNS", "SAMPLE_IDS",
+           "json_safe"]
+
+log = logging.getLogger(__name__)
+
+SAMPLE_IDS = 10  # ids listed per failed expectation / per missing or duplicate list
+
+
+@dataclass(frozen=True)
+class ValidationThresholds:
+    """Pass/fail bounds of the suite. Shares are fractions in [0, 1] of the rows they concern."""
+
+    max_tokens: int
+    min_mean_completion_tokens: float = 1
+    max_mean_completion_tokens: float | None = None
+    allowed_finish_reasons: tuple[str, ...] = ("stop", "length")
+    max_length_share: float = 0.2
+    min_reasoning_share: float = 0.9
+    max_empty_answer_share: float = 0.1
+    max_error_share: float = 0.01
+
+    def __post_init__(self) -> None:
+        # DAG Params arrive as JSON: accept a list for the finish reasons and keep the tuple.
+        object.__setattr__(self, "allowed_finish_reasons", tuple(self.allowed_finish_reasons))
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
+                              hint="pass the max_tokens the generation used")
+        if not self.allowed_finish_reasons or not all(
+                isinstance(reason, str) and reason for reason in self.allowed_finish_reasons):
+            raise ConfigError(f"allowed_finish_reasons must be non-empty strings, got {self.allowed_finish_reasons!r}")
+        low, high = self.min_mean_completion_tokens, self.max_mean_completion_tokens
+        if not _finite(low) or low < 0:
+            raise ConfigError(f"min_mean_completion_tokens must be a number >= 0, got {low!r}")
+        if high is not None and (not _finite(high) or high < low):
+            raise ConfigError(f"max_mean_completion_tokens must be None or >= min_mean_completion_tokens ({low}), "
+                              f"got {high!r}")
+        for name in ("max_length_share", "min_reasoning_share", "max_empty_answer_share", "max_error_share"):
+            share = getattr(self, name)
+            if not _finite(share) or not 0 <= share <= 1:
+                raise ConfigError(f"{name} must be a fraction in [0, 1], got {share!r}",
+                                  hint="shares are fractions: 0.05 means 5 %")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "ValidationThresholds":
+        """Build from DAG Params; keys that are absent or None keep their defaults (max_tokens is required)."""
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown validation threshold(s): {', '.join(unknown)}",
+                              hint=f"known thresholds: {', '.join(sorted(known))}")
+        given = {key: value for key, value in values.items() if value is not None}
+        if "max_tokens" not in given:
+            raise ConfigError("validation thresholds need max_tokens")
+        return cls(**given)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["allowed_finish_reasons"] = list(self.allowed_finish_reasons)
+        return out
+
+
+@dataclass(frozen=True)
+class _Check:
+    """One expectation and how to read its result back: ``kind`` picks the observed value."""
+
+    name: str
+    table: str  # "completions" or "coverage"
+    kind: str  # "count" (unexpected rows), "bad_share", "good_share" or "mean"
+    bound: str  # the pass condition in words, for messages
+    expectation: Any = field(repr=False)
+
+
+def _mostly(passing_share: float) -> float:
+    """GX's ``mostly``: it passes when passing rows / rows considered >= mostly. The 1e-9 slack keeps a
+    share exactly at the threshold passing despite float rounding of ``1 - share`` (< 0.001 row at 1M)."""
+    return max(0.0, passing_share - 1e-9)
+
+
+def _quiet_gx_import() -> None:
+    # GX logs ~200 INFO lines from this logger on first import (see the reference notes).
+    logging.getLogger("great_expectations._docs_decorators").setLevel(logging.WARNING)
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+
+
+def _checks(thresholds: ValidationThresholds, stats_columns: Iterable[str]) -> list[_Check]:
+    _quiet_gx_import()
+    import great_expectations.expectations as gxe
+
+    t = thresholds
+    checks = [
+        _Check(f"{column}_not_null", "completions", "count", "0 rows",
+               gxe.ExpectColumnValuesToNotBeNull(column=column))
+        for column in stats_columns
+    ]
+    checks += [
+        _Check("completion_tokens_in_range", "completions", "count", f"0 rows outside [1, {t.max_tokens}]",
+               gxe.ExpectColumnValuesToBeBetween(column="completion_tokens", min_value=1, max_value=t.max_tokens)),
+        _Check("mean_completion_tokens", "completions", "mean",
+               f"mean in [{t.min_mean_completion_tokens}, {t.max_mean_completion_tokens or 'inf'}]",
+               gxe.ExpectColumnMeanToBeBetween(column="completion_tokens", min_value=t.min_mean_completion_tokens,
+                                               max_value=t.max_mean_completion_tokens)),
+        _Check("finish_reason_allowed", "completions", "count",
+               f"0 rows outside {list(t.allowed_finish_reasons)}",
+               gxe.ExpectColumnValuesToBeInSet(column="finish_reason", value_set=list(t.allowed_finish_reasons))),
+        _Check("length_share", "completions", "bad_share", f"share of finish_reason=length <= {t.max_length_share}",
+               gxe.ExpectColumnValuesToNotBeInSet(column="finish_reason", value_set=["length"],
+                                                  mostly=_mostly(1 - t.max_length_share))),
+        _Check("reasoning_share", "completions", "good_share",
+               f"share with a reasoning trace >= {t.min_reasoning_share}",
+               gxe.ExpectColumnValuesToBeBetween(column="reasoning_chars", min_value=1,
+                                                 mostly=_mostly(t.min_reasoning_share))),
+        _Check("empty_answer_share", "completions", "bad_share",
+               f"share of empty answers <= {t.max_empty_answer_share}",
+               gxe.ExpectColumnValuesToBeBetween(column="content_chars", min_value=1,
+                                                 mostly=_mostly(1 - t.max_empty_answer_share))),
+        _Check("no_missing_ids", "coverage", "count", "0 prompts without a completion or an error record",
+               gxe.ExpectColumnValuesToNotBeInSet(column="outcome", value_set=["missing"])),
+        _Check("no_duplicate_ids", "coverage", "count", "0 prompts with more than one completion",
+               gxe.ExpectColumnValuesToBeBetween(column="completions", max_value=1)),
+        _Check("no_unknown_ids", "coverage", "count", "0 completions for ids absent from the prompts",
+               gxe.ExpectColumnValuesToBeInSet(column="expected", value_set=[True])),
+        _Check("error_share", "coverage", "bad_share", f"share of prompts that failed <= {t.max_error_share}",
+               gxe.ExpectColumnValuesToNotBeInSet(column="outcome", value_set=["failed"],
+                                                  mostly=_mostly(1 - t.max_error_share))),
+    ]
+    for check in checks:
+        check.expectation.meta = {"fleetgen_check": check.name}
+    return checks
+
+
+def _coverage(stats_ids: pd.Series, failed_ids: pd.Series, expected_ids: Iterable[str]) -> tuple[pd.DataFrame, int]:
+    """One row per prompt id: expected ids in prompt order, then unknown ids in stats order.
+
+    Returns the table and the number of duplicate ids in ``expected_ids`` (dropped here; the prompts
+    reader reports them with line numbers).
+    """
+    expected = pd.Index(list(expected_ids), dtype=object)
+    unique_expected = expected.drop_duplicates()
+    completion_counts = stats_ids.dropna().value_counts(sort=False)
+    unknown = completion_counts.index[~completion_counts.index.isin(unique_expected)]
+    ids = unique_expected.append(pd.Index(unknown, dtype=object))
+    completions = completion_counts.reindex(ids, fill_value=0).to_numpy(dtype=np.int64)
+    failed = ids.isin(pd.Index(failed_ids.dropna().unique(), dtype=object))
+    # A completion wins over an error record: a prompt retried after a failure is done.
+    outcome_codes = np.where(completions > 0, 0, np.where(failed, 1, 2))
+    table = pd.DataFrame({
+        "id": ids.to_numpy(dtype=object),
+        "completions": completions,
+        "outcome": pd.Categorical.from_codes(outcome_codes, categories=["completed", "failed", "missing"]),
+        "expected": np.arange(len(ids)) < len(unique_expected),
+    })
+    return table, len(expected) - len(unique_expected)
+
+
+def _first_ids(ids: pd.Series | pd.Index, limit: int = SAMPLE_IDS) -> list[str]:
+    return [str(value) for value in list(ids[:limit])]
+
+
+def json_safe(value: Any) -> Any:
+    """Plain JSON types only (numpy scalars unwrapped, NaN/inf -> None), for XCom."""
+    if isinstance(value, dict):
+        return {str(key): json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _read_result(check: _Check, result: Any) -> dict:
+    body = result.result or {}
+    entry: dict[str, Any] = {"name": check.name, "table": check.table,
+                             "expectation": result.expectation_config.type,
+                             "column": result.expectation_config.kwargs.get("column"),
+                             "success": bool(result.success), "bound": check.bound}
+    exception = result.exception_info or {}
+    if exception.get("raised_exception"):
+        entry["success"] = False
+        entry["error"] = str(exception.get("exception_message"))[:500]
+    if check.kind == "mean":
+        mean = body.get("observed_value")
+        entry["observed"] = round(float(mean), 4) if mean is not None else None
+        entry["sample_ids"] = []
+        return entry
+    unexpected = int(body.get("unexpected_count") or 0)
+    percent = body.get("unexpected_percent")
+    bad_share = round(percent / 100, 6) if percent is not None else 0.0
+    entry["unexpected_count"] = unexpected
+    entry["observed"] = {"count": unexpected, "bad_share": bad_share,
+                         "good_share": round(1 - bad_share, 6)}[check.kind]
+    entry["sample_ids"] = [str(row.get("id")) for row in body.get("partial_unexpected_index_list") or []][:SAMPLE_IDS]
+    return entry
+
+
+def _run_gx(tables: dict[str, pd.DataFrame], checks: list[_Check],
+            docs_dir: Path | None) -> tuple[list[dict], str | None]:
+    _quiet_gx_import()
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig, InMemoryStoreBackendDefaults, ProgressBarsConfig)
+
+    # Stores in memory; the only thing written is the Data Docs site, when asked for.
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        data_docs_sites={"fleetgen": {
+            "class_name": "SiteBuilder", "show_how_to_buttons": False,
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}} if docs_dir else {},
+        progress_bars=ProgressBarsConfig(globally=False),
+        analytics_enabled=False,
+    )
+    context = gx.get_context(mode="ephemeral", project_config=config)
+    source = context.data_sources.add_pandas("fleetgen_run")
+    result_format = {"result_format": "SUMMARY", "partial_unexpected_count": SAMPLE_IDS,
+                     "unexpected_index_column_names": ["id"]}
+    by_name = {check.name: check for check in checks}
+    entries: dict[str, dict] = {}
+    for table_name, frame in tables.items():
+        batch = source.add_dataframe_asset(table_name).add_batch_definition_whole_dataframe("whole_table")
+        suite = context.suites.add(gx.ExpectationSuite(
+            name=f"fleetgen_{table_name}",
+            expectations=[check.expectation for check in checks if check.table == table_name]))
+        definition = context.validation_definitions.add(
+            gx.ValidationDefinition(name=f"fleetgen_{table_name}", data=batch, suite=suite))
+        outcome = definition.run(batch_parameters={"dataframe": frame}, result_format=result_format)
+        for result in outcome.results:
+            name = (result.expectation_config.meta or {}).get("fleetgen_check")
+            entries[name] = _read_result(by_name[name], result)
+    index = None
+    if docs_dir:
+        shutil.rmtree(docs_dir, ignore_errors=True)  # a retried task must not list an earlier attempt's pages
+        context.build_data_docs(site_names=["fleetgen"])
+        index = str(docs_dir / "index.html")
+    return [entries[check.name] for check in checks], index
+
+
+def _describe(entry: dict) -> str:
+    observed = entry["observed"]
+    if "unexpected_count" in entry and entry["observed"] != entry["unexpected_count"]:
+        observed = f"{observed} ({entry['unexpected_count']} rows)"
+    text = f"- {entry['name']}: observed {observed}, expected {entry['bound']}"
+    if entry.get("error"):
+        text += f"; error: {entry['error']}"
+    if entry["sample_ids"]:
+        text += f"; sample ids: {', '.join(entry['sample_ids'])}"
+    return text
+
+
+def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: ValidationThresholds, *,
+                 build_docs: bool = True, raise_on_failure: bool = True) -> dict:
+    """Validate a run's stats against ``thresholds``; return a small JSON-safe summary.
+
+    The summary is also written to ``<out>/validation/summary.json``. On failure (and
+    ``raise_on_failure``) raises :class:`ValidationFailed` listing each failed expectation with its
+    observed value and sample ids; the summary rides along as ``.summary``.
+    """
+    started = time.monotonic()
+    out = Path(out_dir)
+    stats, stats_info = load_stats(out, with_info=True)
+    errors = load_errors(out)
+    coverage, expected_duplicates = _coverage(stats["id"], errors["id"], expected_ids)
+    checks = _checks(thresholds, stats.columns)
+    docs_dir = out / "validation" / "data_docs" if build_docs else None
+    entries, docs_index = _run_gx({"completions": stats, "coverage": coverage}, checks, docs_dir)
+
+    missing_ids = coverage.loc[coverage["outcome"] == "missing", "id"]
+    duplicate_counts = coverage.loc[coverage["completions"] > 1, "completions"]
+    unknown_ids = coverage.loc[~coverage["expected"], "id"]
+    failed = [entry for entry in entries if not entry["success"]]
+    summary = json_safe({
+        "success": not failed,
+        "out_dir": str(out),
+        "rows": len(stats),
+        "expected": int(coverage["expected"].sum()),
+        "expected_duplicate_ids": expected_duplicates,
+        "completed": int((coverage["outcome"] == "completed").sum()),
+        "failed_prompts": int((coverage["outcome"] == "failed").sum()),
+        "error_records": len(errors),
+        "missing": {"count": len(missing_ids), "first_ids": _first_ids(missing_ids)},
+        "duplicates": {"count": len(duplicate_counts), "extra_rows": int((duplicate_counts - 1).sum()),
+                       "first_ids": _first_ids(coverage.loc[duplicate_counts.index, "id"])},
+        "unknown_ids": {"count": len(unknown_ids), "first_ids": _first_ids(unknown_ids)},
+        "stats_files": stats_info["files"],
+        "torn_lines": stats_info["torn_lines"],
+        "thresholds": thresholds.to_dict(),
+        "expectations": entries,
+        "failed_expectations": [entry["name"] for entry in failed],
+        "data_docs": docs_index,
+        "seconds": round(time.monotonic() - started, 3),
+    })
+    summary_path = out / "validation" / "summary.json"
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    log.info("validated %s: %d rows, %d expected ids, %d of %d expectations failed (%.1f s)",
+             out, summary["rows"], summary["expected"], len(failed), len(entries), summary["seconds"])
+    if failed:
+        for entry in failed:
+            log.warning("expectation failed %s", _describe(entry)[2:])
+        if raise_on_failure:
+            lines = [f"validation failed: {len(failed)} of {len(entries)} expectations "
+                     f"({summary['rows']} completion rows, {summary['expected']} prompts)"]
+            lines += [_describe(entry) for entry in failed]
+            raise ValidationFailed(
+                "\n".join(lines), summary=summary, path=str(out),
+                hint=(f"open {docs_index or summary_path} for every expectation; "
+                      "missing ids usually mean a shard did not finish (re-run generate for it), "
+                      "errors are listed in errors/*.jsonl"))
+    return summary

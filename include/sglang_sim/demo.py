@@ -1,0 +1,239 @@
+"""The simulated fleet behind ``make demo`` and the end-to-end tests.
+
+``SimEnvironment`` lays out (idempotently) simulated GPU nodes, the model directory, SSH keys and a
+prompts file under one folder, starts one loopback SSH server per node, and produces the
+environment variables that ``airflow_settings.yaml`` expects. ``python -m sglang_sim.demo`` runs the
+whole DAG on it with ``airflow dags test`` and prints where everything is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sglang_sim import sshd
+from sglang_sim.synthetic import write_synthetic_prompts
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEMO_API_KEY_FILE = "api_key"
+B200_MIB = 183359
+
+
+def free_port_block(count: int, start: int | None = None, stop: int = 60000) -> int:
+    """First port P >= start such that P..P+count-1 are all free on loopback (start: random, so that
+    environments set up side by side rarely race for the same block)."""
+    import random
+
+    port = start if start is not None else random.randrange(20000, 40000, 100)
+    while port + count < stop:
+        for offset in range(count):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port + offset))
+                except OSError:
+                    port = port + offset + 1
+                    break
+        else:
+            return port
+    raise RuntimeError(f"no {count} consecutive free ports between {start} and {stop}")
+
+
+@dataclass
+class SimEnvironment:
+    root: Path
+    nodes: int = 1
+    gpus_per_node: int = 7
+    total_mib: int = B200_MIB
+    gpu_name: str = "NVIDIA B200"
+    prompts: int = 3000
+    sim: dict = field(default_factory=dict)
+    ssh_ports: list[int] = field(default_factory=list)
+    base_port: int = 0
+    _sshd: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def key_dir(self) -> Path:
+        return self.root / "keys"
+
+    def node_dir(self, index: int) -> Path:
+        return self.root / f"node{index}"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "models" / "qwen3.6-27b"
+
+    @property
+    def prompts_path(self) -> Path:
+        return self.root / "prompts.jsonl"
+
+    @property
+    def output_root(self) -> Path:
+        return self.root / "output"
+
+    def prepare(self) -> "SimEnvironment":
+        from sglang_sim.node import create_node
+        from sglang_sim.presets import install_model
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        for index in range(self.nodes):
+            if not (self.node_dir(index) / "node.json").exists():
+                create_node(self.node_dir(index), name=f"node{index}", gpus=self.gpus_per_node,
+                            gpu_name=self.gpu_name, total_mib=self.total_mib, sim=self.sim or None)
+        if not (self.model_dir / "config.json").exists():
+            install_model(self.model_dir, preset="qwen3.6-27b")
+        sshd.ensure_keys(self.key_dir)
+        if not self.prompts_path.exists() or self._prompt_count() != self.prompts:
+            write_synthetic_prompts(self.prompts_path, self.prompts)
+        api_key_path = self.root / DEMO_API_KEY_FILE
+        if not api_key_path.exists():
+            api_key_path.write_text(os.urandom(16).hex())
+            api_key_path.chmod(0o600)
+        return self
+
+    def _prompt_count(self) -> int:
+        with self.prompts_path.open("rb") as handle:
+            return sum(1 for _ in handle)
+
+    def node_base_port(self, index: int) -> int:
+        return self.base_port + index * self.gpus_per_node
+
+    def start(self) -> "SimEnvironment":
+        self.ssh_ports = [sshd.free_port() for _ in range(self.nodes)]
+        self.base_port = free_port_block(self.nodes * self.gpus_per_node)
+        for index, port in enumerate(self.ssh_ports):
+            self._sshd.append(sshd.start_sshd(self.node_dir(index), port=port, key_dir=self.key_dir,
+                                              log_path=self.root / f"sshd-node{index}.log"))
+        return self
+
+    def settings_env(self) -> dict[str, str]:
+        keys = sshd.ensure_keys(self.key_dir)
+        return {
+            "FLEETGEN_DEMO_DIR": str(self.root),
+            "FLEETGEN_PYTHON": sys.executable,
+            "FLEETGEN_SSH_PORT": str(self.ssh_ports[0]),
+            "FLEETGEN_SSH_HOST_KEY": keys.host_public_key,
+            "FLEETGEN_API_KEY": (self.root / DEMO_API_KEY_FILE).read_text().strip(),
+            "FLEETGEN_BASE_PORT": str(self.base_port),
+        }
+
+    def stop_servers(self) -> None:
+        """Stop our simulated servers on every node, as the DAG does (pid file + command line check)."""
+        from fleetgen.nodes.remote import stop_command
+
+        for index in range(self.nodes):
+            ports = [self.node_base_port(index) + gpu for gpu in range(self.gpus_per_node)]
+            command = stop_command(run_dir="~/fleetgen/run", module="sglang_sim.server", ports=ports, grace_s=10)
+            subprocess.run(["bash", "-c", command], env=sshd.node_environment(self.node_dir(index)),
+                           stdout=subprocess.DEVNULL, check=False)
+
+    def stop(self) -> None:
+        self.stop_servers()
+        for process in self._sshd:
+            process.terminate()
+        for process in self._sshd:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self._sshd.clear()
+
+
+def airflow_env(airflow_home: Path, settings_env: dict[str, str]) -> dict[str, str]:
+    """Environment for Airflow processes: the settings as AIRFLOW_CONN_*/AIRFLOW_VAR_* too (the
+    triggerer of `dags test` resolves connections from the environment, not the database)."""
+    from fleetgen.airflow.settings_file import load_settings
+
+    env = dict(os.environ)
+    env.update(settings_env)
+    env.update(load_settings(PROJECT_ROOT / "airflow_settings.yaml", env).environment())
+    env.update({
+        "AIRFLOW_HOME": str(airflow_home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CORE__DAG_RUN_CONF_OVERRIDES_PARAMS": "True",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        "PYTHONUNBUFFERED": "1",
+        # `airflow standalone` starts its components as `airflow ...` from PATH: use this environment's.
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+    })
+    return env
+
+
+def airflow_cli() -> list[str]:
+    return [str(Path(sys.executable).parent / "airflow")]
+
+
+def prepare_airflow(airflow_home: Path, env: dict[str, str]) -> None:
+    """Initialise the SQLite metadata DB once and apply airflow_settings.yaml (idempotent)."""
+    airflow_home.mkdir(parents=True, exist_ok=True)
+    if not (airflow_home / "airflow.db").exists():
+        subprocess.run(airflow_cli() + ["db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "fleetgen.airflow.apply_settings", str(PROJECT_ROOT / "airflow_settings.yaml")],
+                   env=env, check=True)
+
+
+def newest_report(output_root: Path) -> Path | None:
+    reports = sorted(output_root.glob("*/report/report.json"), key=lambda p: p.stat().st_mtime)
+    return reports[-1] if reports else None
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    root = Path(args.dir).resolve()
+    environment = SimEnvironment(root=root, prompts=args.prompts,
+                                 sim={"time_scale": args.time_scale, "load_seconds": 20.0}).prepare()
+    environment.start()
+    airflow_home = root / "airflow"
+    env = airflow_env(airflow_home, environment.settings_env())
+    started = time.monotonic()
+    try:
+        prepare_airflow(airflow_home, env)
+        conf = {"prompts_path": str(environment.prompts_path), "output_root": str(environment.output_root),
+                "shard_size": args.shard_size, "max_tokens": 4096,
+                "ready_timeout_s": 300}
+        log_path = root / "dags-test.log"
+        print(f"Running the DAG sglang_generation on a simulated 7 x B200 node (log: {log_path}) ...", flush=True)
+        with log_path.open("w") as log_file:
+            result = subprocess.run(airflow_cli() + ["dags", "test", "sglang_generation", "-c", json.dumps(conf)],
+                                    env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        wall = time.monotonic() - started
+        report_path = newest_report(environment.output_root)
+        if result.returncode != 0 or report_path is None:
+            print(log_path.read_text()[-6000:])
+            print(f"demo FAILED after {wall:.0f} s (exit {result.returncode}); full log: {log_path}")
+            return 1
+        report = json.loads(report_path.read_text())
+        run_dir = report_path.parent.parent
+        completions = sum(1 for path in (run_dir / "completions").glob("*.jsonl") for _ in path.open("rb"))
+        print(f"Completions: {run_dir / 'completions'}")
+        print(f"Validation:  {run_dir / 'validation'}")
+        print(f"Report:      {report_path.parent / 'report.md'}")
+        print(f"Airflow log: {log_path}")
+        print(f"Wall time {wall:.0f} s. Throughput is in simulated time scaled by {args.time_scale:g}x "
+              f"(divide by the scale for GPU-equivalent figures).")
+        print(f"demo prompts={environment.prompts} completions={completions} "
+              f"tokens_per_s={report['throughput']['tokens_per_s']:.1f} report={report_path.parent / 'report.md'}")
+        return 0
+    finally:
+        environment.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sglang_sim.demo", description="Run the DAG end to end on a simulated fleet.")
+    parser.add_argument("--dir", default=str(PROJECT_ROOT / ".demo"), help="where the simulated fleet and outputs live")
+    parser.add_argument("--prompts", type=int, default=3000)
+    parser.add_argument("--shard-size", type=int, default=1000)
+    parser.add_argument("--time-scale", type=float, default=10.0,
+                        help="simulated seconds per real second (10: generation, not the client, sets the pace)")
+    return run_demo(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

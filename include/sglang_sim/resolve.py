@@ -1,0 +1,331 @@
+"""From parsed flags to the values SGLang 0.5.23 actually runs with (sglang-facts §1, §1.1, §2.3).
+
+This is the simulator's own reading of SGLang's start-up hooks: GPU-table defaults, automatic
+``mem_fraction_static`` (with the VLM factor for multimodal architectures), CUDA-graph batch sizes,
+speculative defaults and which draft KV layers the budget counts, the multimodal KV-budget
+reservation, the Mamba radix-cache strategy and the context length. It shares no code with the
+project's tuner on purpose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from sglang_sim.modelcfg import DTYPE_BYTES, ModelShape
+
+GIB_MIB = 1024
+EAGLE_FAMILY = {"EAGLE", "EAGLE3", "STANDALONE"}
+SPEC_MRR_DEFAULT_ALGOS = {"EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"}
+SPEC_MRR_DEFAULT = 48
+# architectures whose triton linear-attention kernels support extra_buffer (sglang-facts §2.3)
+EXTRA_BUFFER_MODEL_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+                            "kimi_linear", "falcon_h1", "nemotron_h"}
+# configs/model_config.py::ModelConfig._config_draft_model: a path-less MTP draft of these
+# architectures is the target checkpoint rewritten with num_nextn_predict_layers = 1.
+MTP_DRAFT_REWRITE_ARCHITECTURES = {
+    "DeepseekV4ForCausalLM", "Glm5NextForConditionalGeneration", "MiMoV2ForCausalLM", "Qwen3NextForCausalLM",
+    "Qwen4ExpForConditionalGeneration", "Qwen3MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+    "InternS2PreviewForConditionalGeneration", "InternS2MobiusForConditionalGeneration", "ExaoneMoEForCausalLM",
+    "ExaoneMoeForCausalLM", "NemotronH_Omni_Reasoning_V3", "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM",
+    "HYV3ForCausalLM", "HYV4ForCausalLM"}
+# mem_cache/kv_cache_configurator.py::mm_runtime_reservation_gb: envs SGLANG_VLM_CACHE_SIZE_MB (100) and,
+# with a GPU feature transport, SGLANG_MM_FEATURE_CACHE_MB (1024) (environ.py defaults).
+VLM_CACHE_MB_DEFAULT = 100
+MM_FEATURE_CACHE_MB_DEFAULT = 1024
+SPEC_RESET_MESSAGE = ("Max running requests is reset to 48 for speculative decoding. You can override "
+                      "this by explicitly setting --max-running-requests.")
+DRAFT_ADJUST_MESSAGE = ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+                        "speculative_eagle_topk == 1")
+
+
+class LaunchError(Exception):
+    """A start-up failure with SGLang's exception type and exact message."""
+
+    def __init__(self, exc_type: str, message: str, *, kind: str, in_scheduler: bool) -> None:
+        super().__init__(message)
+        self.exc_type = exc_type
+        self.message = message
+        self.kind = kind
+        self.in_scheduler = in_scheduler
+
+
+@dataclass(frozen=True)
+class Launch:
+    tp: int
+    dp: int
+    attn_dp: int
+    pp: int
+    context_len: int
+    page_size: int
+    kv_dtype_bytes: int
+    kv_dtype_name: str
+    chunked_prefill_size: int          # -1: chunked prefill off
+    max_prefill_tokens: int
+    decode_graph: bool
+    prefill_graph: bool
+    decode_max_bs: int
+    decode_bs: tuple[int, ...] | None  # explicit --cuda-graph-bs-decode
+    prefill_bs: tuple[int, ...]        # prefill capture buckets
+    mem_fraction_static: float
+    mfs_reserved_mb: float | None      # the auto heuristic's reserve, None when given
+    mfs_vlm_factor: float | None       # adjust_mem_fraction_for_vlm's factor on the auto value, if any
+    max_running_requests: int | None   # user value, or the speculative default
+    max_running_requests_user: int | None
+    max_total_tokens: int | None
+    spec_algorithm: str | None         # NEXTN already rewritten to EAGLE
+    spec_steps: int
+    spec_topk: int
+    spec_draft_tokens: int
+    draft_layers: int                  # eagle_draft_num_layers: folded into the budgeted KV cell (0: none)
+    draft_kv_layers: int               # layers of the draft worker's own KV pool (0: no draft pool)
+    mm_reservation_mb: float           # multimodal reservation taken from the KV budget
+    radix_disabled: bool
+    mamba_strategy: str                # resolved; "" for non-hybrid models
+    overlap_disabled: bool
+    max_mamba_cache_size: int | None   # user value
+    mamba_full_memory_ratio: float
+    ssm_dtype_bytes: int
+    ssm_dtype_name: str
+    messages: tuple[str, ...]          # log lines start-up hooks emit
+
+    def __post_init__(self) -> None:
+        if min(self.draft_layers, self.draft_kv_layers) < 0 or self.mm_reservation_mb < 0:
+            raise ValueError("draft layer counts and the multimodal reservation must be >= 0")
+        if min(self.tp, self.dp, self.attn_dp, self.pp) < 1:
+            raise ValueError("parallel sizes must be >= 1")
+        if not self.mem_fraction_static > 0:  # above 1 is accepted, as SGLang does; allocation then fails
+            raise ValueError(f"mem_fraction_static must be > 0, got {self.mem_fraction_static}")
+        if self.context_len < 1 or self.page_size < 1:
+            raise ValueError("context_len and page_size must be >= 1")
+
+    @property
+    def attn_tp(self) -> int:
+        return max(1, self.tp // self.attn_dp)
+
+    @property
+    def gpus_needed(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+def gpu_table(gpu_mem_mib: float | None, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, decode max_bs) defaults by GPU memory (sglang-facts §1.1 table)."""
+    if gpu_mem_mib is None:
+        return 4096, 160
+    if gpu_mem_mib < 20 * GIB_MIB:
+        return 2048, 8
+    if gpu_mem_mib < 35 * GIB_MIB:
+        return 4096, 48 if tp < 4 else 160
+    if gpu_mem_mib < 60 * GIB_MIB:
+        return 4096, 32 if tp < 4 else 160
+    if gpu_mem_mib < 160 * GIB_MIB:
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
+
+
+def prefill_buckets(max_bs: int) -> tuple[int, ...]:
+    """Prefill CUDA-graph token buckets up to ``max_bs`` (74 for 16384, 58 for 8192)."""
+    ranges = [(4, 32, 4), (48, 256, 16), (288, 512, 32), (576, 1024, 64), (1280, 4096, 256),
+              (4608, max(4608, max_bs), 512)]
+    return tuple(b for lo, hi, step in ranges for b in range(lo, hi + 1, step) if b <= max_bs)
+
+
+def _context_len(args: argparse.Namespace, model: ModelShape, messages: list[str]) -> int:
+    derived = model.derived_context_length
+    wanted = args.context_length
+    if wanted is None:
+        return derived
+    if wanted > derived:
+        msg = (f"Warning: User-specified context_length ({wanted}) is greater than the derived "
+               f"context_length ({derived}). This may lead to incorrect model outputs or CUDA errors. "
+               f"Note that the derived context_length may differ from max_position_embeddings in the "
+               f"model's config.")
+        if os.environ.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "").lower() in ("1", "true"):
+            messages.append(msg)
+            return wanted
+        raise LaunchError("ValueError", f"{msg} To allow overriding this maximum, set the env var "
+                          "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1", kind="context_length",
+                          in_scheduler=False)
+    return wanted
+
+
+def _spec(args: argparse.Namespace, model: ModelShape, messages: list[str]) -> tuple:
+    algo = args.speculative_algorithm
+    if algo is None:
+        return None, 0, 0, 0
+    if algo == "NEXTN":
+        algo = "EAGLE"
+    steps, topk, draft = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
+    if steps is None and topk is None and draft is None:
+        steps, topk, draft = (5, 4, 8) if model.architecture.startswith(("Llama", "Grok")) else (3, 1, 4)
+    steps = 3 if steps is None else steps
+    topk = 1 if topk is None else topk
+    draft = steps + 1 if draft is None else draft
+    if topk == 1 and draft != steps + 1:
+        messages.append(DRAFT_ADJUST_MESSAGE)
+        draft = steps + 1
+    return algo, steps, topk, draft
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    try:
+        return int(raw) if raw not in (None, "") else default
+    except ValueError:
+        raise LaunchError("ValueError", f"invalid literal for int() with base 10: {raw!r} (env {name})",
+                          kind="env", in_scheduler=False) from None
+
+
+def multimodal_reservation_mb(args: argparse.Namespace, model: ModelShape) -> float:
+    """``mem_cache/kv_cache_configurator.py::mm_runtime_reservation_gb`` in MB: the VLM embedding cache, plus the
+    feature-transport pool with a GPU transport, for models ``ModelConfig.is_multimodal`` calls
+    multimodal (the architecture list, unless ``--language-model-only``)."""
+    if not model.is_multimodal or args.language_model_only:
+        return 0.0
+    reserved = _env_int("SGLANG_VLM_CACHE_SIZE_MB", VLM_CACHE_MB_DEFAULT)
+    if args.mm_feature_transport in ("cuda_ipc", "cuda_vmm"):
+        reserved += _env_int("SGLANG_MM_FEATURE_CACHE_MB", MM_FEATURE_CACHE_MB_DEFAULT)
+    return float(reserved)
+
+
+def vlm_mem_fraction_factor(model: ModelShape) -> float | None:
+    """``arg_groups/memory_hook.py::adjust_mem_fraction_for_vlm`` (pre-capture path): 0.95 times a
+    factor in [0.8, 1.05] that falls by 10 % each time the vision tower's layers x hidden^2 doubles
+    over ViT-L/14 (24 x 1024^2). None when hf_config has no vision_config (no adjustment)."""
+    if model.vision_tower is None:
+        return None
+    layers, hidden = model.vision_tower
+    complexity_ratio = (layers * hidden ** 2) / (24 * 1024 ** 2)
+    dynamic = max(0.8, min(1.05, 1.0 - 0.1 * (complexity_ratio - 1.0)))
+    return 0.95 * dynamic
+
+
+def draft_kv_layers(algo: str | None, model: ModelShape, draft_model: ModelShape | None) -> tuple[int, int]:
+    """(eagle_draft_num_layers folded into the target's budgeted KV cell, layers of the draft
+    worker's own KV pool), per ``model_runner_components/spec_aux_hidden_state.py::
+    _resolve_eagle_aux_hidden_state``.
+
+    With a draft path both come from the draft checkpoint (its num_nextn_predict_layers, else its
+    layer count). Path-less, the fold reads only the *target* ModelConfig's
+    ``num_nextn_predict_layers`` (read from hf_text_config at ``ModelConfig.__init__``; every
+    ModelConfig deep-copies the cached hf_config, so the draft-mode rewrite never reaches it).
+    Qwen3.5/3.6 call their head ``mtp_num_hidden_layers``, so nothing is folded, while the draft
+    worker still builds its pool from the draft-mode rewrite of the target
+    (``configs/model_config.py::ModelConfig._config_draft_model``: num_nextn_predict_layers = 1 for the
+    rewritten MTP architectures) with the target's token count. A hybrid draft's pool keeps one
+    full-attention layer (``mem_cache/kv_cache_configurator.py::KVCacheConfigurator.
+    _build_hybrid_linear_kv_pool``: layer ids ``[0]`` for a draft worker).
+    """
+    if algo not in EAGLE_FAMILY:
+        return 0, 0
+    if draft_model is not None:
+        nextn = 1 if draft_model.architecture in MTP_DRAFT_REWRITE_ARCHITECTURES else draft_model.nextn_predict_layers
+        layers = nextn if nextn is not None else draft_model.num_layers
+        return layers, (1 if draft_model.is_hybrid and layers else layers)
+    folded = model.nextn_predict_layers or 0
+    draft_nextn = 1 if model.architecture in MTP_DRAFT_REWRITE_ARCHITECTURES else model.nextn_predict_layers
+    pool = draft_nextn if draft_nextn is not None else model.mtp_layers
+    return folded, (1 if model.is_hybrid and pool else pool)
+
+
+def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: list[int],
+                   draft_model: ModelShape | None = None) -> Launch:
+    """Apply SGLang's start-up hooks to parsed flags. ``gpu_totals_mib``: nvidia-smi memory.total
+    of every GPU on the node (the heuristic reads the minimum); ``draft_model``: the checkpoint at
+    ``--speculative-draft-model-path``, if one is given."""
+    messages: list[str] = []
+    tp, pp = args.tp_size, args.pp_size
+    attn_dp, dp = args.attn_dp_size, args.dp_size
+    if args.enable_dp_attention and dp > 1:  # old spelling: --dp-size N --enable-dp-attention
+        attn_dp, dp = dp, 1
+    context_len = _context_len(args, model, messages)
+    gpu_mem = min(gpu_totals_mib) if gpu_totals_mib else None
+    table_chunk, table_bs = gpu_table(gpu_mem, tp)
+
+    chunked = args.chunked_prefill_size if args.chunked_prefill_size is not None else table_chunk
+    if chunked != -1 and attn_dp > 1:
+        chunked = max(1, chunked // attn_dp)
+    decode_backend = "disabled" if args.disable_cuda_graph else (args.cuda_graph_backend_decode or "full")
+    prefill_backend = "disabled" if args.disable_cuda_graph else (args.cuda_graph_backend_prefill or "breakable")
+    decode_bs = tuple(sorted(set(args.cuda_graph_bs_decode))) if args.cuda_graph_bs_decode else None
+    if decode_bs:
+        decode_max_bs = max(decode_bs)
+    elif args.cuda_graph_max_bs_decode is not None:
+        decode_max_bs = args.cuda_graph_max_bs_decode
+    else:
+        decode_max_bs = table_bs
+        if args.max_running_requests is not None and args.max_running_requests < decode_max_bs:
+            decode_max_bs = args.max_running_requests
+    activation_tokens = max(chunked, 2048) if chunked != -1 else args.max_prefill_tokens
+    if args.cuda_graph_bs_prefill:
+        prefill_bs = tuple(sorted(set(args.cuda_graph_bs_prefill)))
+    else:
+        prefill_max = args.cuda_graph_max_bs_prefill or (chunked if chunked != -1 else args.max_prefill_tokens)
+        if model.is_mla:
+            prefill_max = min(prefill_max, 8192)
+        if args.max_total_tokens is not None:
+            prefill_max = min(prefill_max, args.max_total_tokens)
+        prefill_bs = prefill_buckets(prefill_max)
+
+    reserved = vlm_factor = None
+    mfs = args.mem_fraction_static
+    if mfs is None:
+        graph = 0.0
+        if decode_backend != "disabled":
+            graph += 2 * decode_max_bs
+        if prefill_backend != "disabled":
+            graph += 1536 if model.is_mla else 8 * len(prefill_bs)
+        if attn_dp > 1:
+            graph += 3 * decode_max_bs * attn_dp + (1.5 * decode_max_bs * attn_dp if decode_max_bs > 300 else 0)
+        reserved = 512 + 1.5 * activation_tokens + tp * pp / 8 * 1024 + graph
+        if gpu_mem is not None and gpu_mem > 60 * GIB_MIB:
+            reserved = max(reserved, 10240)
+        if args.moe_a2a_backend == "deepep":
+            reserved += 2048
+        mfs = round((gpu_mem - reserved) / gpu_mem, 3) if gpu_mem else 0.95
+        if model.is_multimodal and not args.language_model_only:
+            vlm_factor = vlm_mem_fraction_factor(model)
+            if vlm_factor is not None:
+                mfs = mfs * vlm_factor  # not rounded again, as SGLang leaves it
+
+    algo, steps, topk, draft = _spec(args, model, messages)
+    mrr = args.max_running_requests
+    if algo in SPEC_MRR_DEFAULT_ALGOS and mrr is None:
+        mrr = SPEC_MRR_DEFAULT
+        messages.append(SPEC_RESET_MESSAGE)
+    draft_layers, draft_pool_layers = draft_kv_layers(algo, model, draft_model)
+
+    page_size = args.page_size or 1
+    overlap_disabled = bool(args.disable_overlap_schedule)
+    strategy = ""
+    if model.is_hybrid:
+        strategy = args.mamba_radix_cache_strategy
+        if strategy == "auto":
+            supported = model.model_type in EXTRA_BUFFER_MODEL_TYPES
+            if supported and (not overlap_disabled or page_size > 1):
+                strategy = "extra_buffer"
+            else:
+                strategy, overlap_disabled = "no_buffer", True
+    ssm_name = args.mamba_ssm_dtype or (model.linear.ssm_dtype if model.linear else "float32")
+    kv_name = {"auto": "bfloat16" if model.dtype_bytes == 2 else "float32", "bf16": "bfloat16",
+               "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
+               "fp4_e2m1": "float4_e2m1fn_x2"}.get(args.kv_cache_dtype, args.kv_cache_dtype)
+    kv_bytes = {"float8_e4m3fn": 1, "float8_e5m2": 1, "float4_e2m1fn_x2": 1}.get(kv_name, DTYPE_BYTES.get(kv_name, 2))
+    return Launch(
+        tp=tp, dp=dp, attn_dp=attn_dp, pp=pp, context_len=context_len, page_size=page_size,
+        kv_dtype_bytes=kv_bytes, kv_dtype_name=f"torch.{kv_name}",
+        chunked_prefill_size=chunked, max_prefill_tokens=args.max_prefill_tokens,
+        decode_graph=decode_backend != "disabled", prefill_graph=prefill_backend != "disabled",
+        decode_max_bs=decode_max_bs, decode_bs=decode_bs, prefill_bs=prefill_bs,
+        mem_fraction_static=mfs, mfs_reserved_mb=reserved, mfs_vlm_factor=vlm_factor,
+        max_running_requests=mrr, max_running_requests_user=args.max_running_requests,
+        max_total_tokens=args.max_total_tokens, spec_algorithm=algo, spec_steps=steps,
+        spec_topk=topk, spec_draft_tokens=draft, draft_layers=draft_layers, draft_kv_layers=draft_pool_layers,
+        mm_reservation_mb=multimodal_reservation_mb(args, model),
+        radix_disabled=bool(args.disable_radix_cache), mamba_strategy=strategy,
+        overlap_disabled=overlap_disabled, max_mamba_cache_size=args.max_mamba_cache_size,
+        mamba_full_memory_ratio=0.9 if args.mamba_full_memory_ratio is None else args.mamba_full_memory_ratio,
+        ssm_dtype_bytes=DTYPE_BYTES[ssm_name], ssm_dtype_name=ssm_name, messages=tuple(messages),
+    )

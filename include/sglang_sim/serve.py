@@ -1,0 +1,79 @@
+"""Serving: uvicorn on the configured host:port, then SGLang's warm-up (sglang-facts §5.3).
+
+The warm-up polls ``GET /model_info`` and posts ``/generate`` ("The capital city of France is",
+8 tokens, temperature 0) to itself over HTTP; only then does ``/health`` answer 200 and the log say
+``The server is fired up and ready to roll!``. ``--skip-server-warmup`` skips the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import uvicorn
+
+from sglang_sim.http_app import build_app
+from sglang_sim.service import Service
+from sglang_sim.simlog import log
+
+WARMUP_BODY = {"text": "The capital city of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+
+
+async def _http(host: str, port: int, method: str, path: str, body: dict | None, api_key: str | None) -> int:
+    reader, writer = await asyncio.open_connection(host, port)
+    payload = json.dumps(body).encode() if body is not None else b""
+    headers = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Connection: close",
+               f"Content-Length: {len(payload)}", "Content-Type: application/json"]
+    if api_key:
+        headers.append(f"Authorization: Bearer {api_key}")
+    writer.write(("\r\n".join(headers) + "\r\n\r\n").encode() + payload)
+    await writer.drain()
+    status_line = await reader.readline()
+    await reader.read()
+    writer.close()
+    return int(status_line.split()[1])
+
+
+async def _warmup(server: uvicorn.Server, service: Service) -> None:
+    args = service.args
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        if not args.skip_server_warmup:
+            for _ in range(120):
+                if await _http(host, args.port, "GET", "/model_info", None, args.api_key) == 200:
+                    break
+                await asyncio.sleep(1)
+            status = await _http(host, args.port, "POST", "/generate", WARMUP_BODY, args.api_key)
+            if status != 200:
+                raise RuntimeError(f"warmup /generate returned HTTP {status}")
+    except Exception as exc:  # SGLang kills its process tree when the warm-up fails
+        log(f"Initialization failed. warmup error: {exc!r}")
+        server.should_exit = True
+        service.warmup_failed = True
+        return
+    service.ready = True
+    log("The server is fired up and ready to roll!")
+
+
+async def _serve(service: Service) -> int:
+    args = service.args
+    service.start_engines(asyncio.get_running_loop())
+    config = uvicorn.Config(build_app(service), host=args.host, port=args.port, log_level="warning",
+                            access_log=False, lifespan="off", http="httptools", timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    warmup = asyncio.create_task(_warmup(server, service))
+    await server.serve()
+    warmup.cancel()
+    return 1 if service.warmup_failed or not server.started else 0
+
+
+def serve(service: Service) -> int:
+    try:
+        import uvloop
+        factory = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(_serve(service))

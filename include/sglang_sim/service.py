@@ -1,0 +1,188 @@
+"""The running server's state: engines (one per DP worker), faults, and the info endpoints' bodies.
+
+``/server_info`` ``internal_states[i]["sim"]`` exposes the simulated capacity, in simulated tokens per
+simulated second (divide wall-clock rates by ``time_scale`` before comparing): decode throughput at
+a full batch, the per-request rate there, prefill speed, plus live running/waiting/finished counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import sys
+import time
+
+from sglang_sim.engine import BatchEngine, JobResult, SimClock
+from sglang_sim.faults import Faults
+from sglang_sim.graphs import GraphMemory
+from sglang_sim.modelcfg import ModelShape
+from sglang_sim.node import SimSettings
+from sglang_sim.perf import Timing
+from sglang_sim.pools import PoolPlan
+from sglang_sim.resolve import Launch
+from sglang_sim.simlog import log
+
+VERSION = "0.5.23"
+GB = 1 << 30
+
+
+class Service:
+    def __init__(self, *, args: argparse.Namespace, argv: list[str], model: ModelShape, architectures: list[str],
+                 launch: Launch, plan: PoolPlan, graphs: GraphMemory, timing: Timing, settings: SimSettings,
+                 faults: Faults, weights_bytes: int, startup_seconds: float) -> None:
+        self.args, self.argv, self.model, self.architectures = args, argv, model, architectures
+        self.launch, self.plan, self.graphs, self.timing = launch, plan, graphs, timing
+        self.settings, self.faults = settings, faults
+        self.weights_bytes, self.startup_seconds = weights_bytes, startup_seconds
+        self.served_model_name = args.served_model_name or args.model_path
+        self.started_at = time.time()
+        self.ready = False
+        self.hung = False
+        self.warmup_failed = False
+        self.requests_received = 0
+        self.finished_after_ready = 0
+        self.engines: list[BatchEngine] = []
+        ids = random.Random(model.vocab_size)
+        self._output_ids = [ids.randrange(model.vocab_size) for _ in range(4096)]
+
+    def start_engines(self, loop: asyncio.AbstractEventLoop) -> None:
+        clock = SimClock(loop, self.settings.time_scale)
+        workers = self.launch.dp * self.launch.attn_dp
+        self.engines = [BatchEngine(capacity=self.plan.max_running_requests,
+                                    max_total_tokens=self.plan.max_total_num_tokens, timing=self.timing,
+                                    clock=clock) for _ in range(workers)]
+
+    async def generate(self, prompt_tokens: int, output_tokens: int, *, counted: bool = True) -> JobResult:
+        """Run one generation; ``counted`` ones (API requests, not health checks) drive the faults."""
+        # DP workers: the least loaded takes the request, as SGLang's load-balancing controller does
+        engine = min(self.engines, key=lambda e: e.running + e.waiting) if len(self.engines) > 1 \
+            else self.engines[0]
+        result = await engine.submit(prompt_tokens, output_tokens)
+        if counted and self.ready:
+            self._after_request()
+        return result
+
+    def _after_request(self) -> None:
+        self.finished_after_ready += 1
+        done = self.finished_after_ready
+        if self.faults.crash_after_requests is not None and done == self.faults.crash_after_requests:
+            log("Received sigquit from a child process. It usually means the child failed.")
+            # let the N-th response leave, then die the way an OOM kill does: no cleanup at all
+            asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGKILL)
+        if self.faults.hang_after_requests is not None and done == self.faults.hang_after_requests:
+            self.hung = True
+            for engine in self.engines:
+                engine.freeze()
+
+    # ---- bodies ----
+    def output_ids(self, count: int, offset: int) -> list[int]:
+        start = offset % len(self._output_ids)
+        ids = self._output_ids[start:start + count]
+        while len(ids) < count:
+            ids.extend(self._output_ids[:count - len(ids)])
+        return ids
+
+    def spec_meta(self, result: JobResult) -> dict:
+        accept = self.timing.accept_length
+        proposed = result.decode_steps * self.launch.spec_steps
+        correct = max(0, result.completion_tokens - result.decode_steps)
+        return {"spec_accept_rate": round((accept - 1) / max(1, self.launch.spec_steps), 4),
+                "spec_accept_length": round(accept, 4), "spec_num_correct_drafts": correct,
+                "spec_num_proposed_drafts": proposed, "spec_verify_ct": result.decode_steps}
+
+    def model_info(self) -> dict:
+        return {"model_path": self.args.model_path, "served_model_name": self.served_model_name,
+                "tokenizer_path": self.args.tokenizer_path or self.args.model_path, "is_generation": True,
+                "preferred_sampling_params": self.args.preferred_sampling_params,
+                "weight_version": self.args.weight_version, "load_format": self.args.load_format,
+                "reasoning_parser": self.args.reasoning_parser, "tool_call_parser": self.args.tool_call_parser,
+                "disaggregation_mode": "null",
+                # ModelConfig.is_image_understandable_model: multimodal and a vision tower
+                "has_image_understanding": (self.model.is_multimodal and not self.args.language_model_only
+                                            and self.model.vision_tower is not None),
+                "has_audio_understanding": False, "model_type": self.model.model_type,
+                "architectures": self.architectures}
+
+    def resolved_args(self) -> dict:
+        args = dict(vars(self.args))
+        args.pop("api_key", None)  # the info endpoints do not echo the secret
+        launch = self.launch
+        args.update({
+            "mem_fraction_static": launch.mem_fraction_static, "chunked_prefill_size": launch.chunked_prefill_size,
+            "max_running_requests": launch.max_running_requests, "context_length": self.args.context_length,
+            "speculative_algorithm": launch.spec_algorithm, "speculative_num_steps": launch.spec_steps or None,
+            "speculative_eagle_topk": launch.spec_topk or None,
+            "speculative_num_draft_tokens": launch.spec_draft_tokens or None,
+            "page_size": launch.page_size, "disable_overlap_schedule": launch.overlap_disabled,
+            "mamba_full_memory_ratio": launch.mamba_full_memory_ratio,
+            "mamba_radix_cache_strategy": launch.mamba_strategy or self.args.mamba_radix_cache_strategy,
+            "mamba_ssm_dtype": launch.ssm_dtype_name if self.model.is_hybrid else self.args.mamba_ssm_dtype,
+            "tp_size": launch.tp, "dp_size": launch.dp, "attn_dp_size": launch.attn_dp,
+            "cuda_graph_max_bs_decode": launch.decode_max_bs,
+            "cuda_graph_max_bs_prefill": max(launch.prefill_bs) if launch.prefill_bs else None,
+            "cuda_graph_config": {"decode": {"backend": "full" if launch.decode_graph else "disabled",
+                                             "max_bs": launch.decode_max_bs},
+                                  "prefill": {"backend": "breakable" if launch.prefill_graph else "disabled",
+                                              "max_bs": max(launch.prefill_bs) if launch.prefill_bs else None}},
+        })
+        return args
+
+    def capacity(self) -> dict:
+        engine = self.engines[0]
+        batch = self.plan.max_running_requests
+        return {"time_scale": self.settings.time_scale, "speed": self.faults.speed,
+                "max_running_requests": batch, "workers": len(self.engines),
+                "step_ms_at_full_batch": round(self.timing.step_seconds(batch) * 1000, 3),
+                "request_tokens_per_s_at_full_batch": round(engine.rate(batch), 3),
+                "decode_tokens_per_s_at_full_batch": round(engine.full_batch_throughput() * len(self.engines), 3),
+                "prefill_tokens_per_s": round(1 / self.timing.prefill_s_per_token, 1)
+                if self.timing.prefill_s_per_token else None,
+                "accept_length": self.timing.accept_length,
+                "running": sum(e.running for e in self.engines), "waiting": sum(e.waiting for e in self.engines),
+                "finished": sum(e.stats.finished for e in self.engines),
+                "generated_tokens": sum(e.stats.generated_tokens for e in self.engines)}
+
+    def server_info(self) -> dict:
+        plan, launch = self.plan, self.launch
+        args = self.resolved_args()
+        info = dict(args)
+        info.update({"launch_command": " ".join([sys.executable, "-m", "sglang_sim.server", *self.argv]),
+                     "status": "ready" if self.ready else "starting",
+                     "max_total_num_tokens": plan.max_total_num_tokens, "max_req_input_len": plan.max_req_input_len,
+                     "startup_time": round(self.startup_seconds, 3), "hicache_object_layout": None,
+                     "kv_events": None, "version": VERSION, "frontend": "python"})
+        memory = {"weight": round(self.weights_bytes / launch.tp / GB, 2), "kvcache": round(plan.kv_bytes / GB, 2),
+                  "mamba": round(plan.mamba_total_bytes / GB, 2),
+                  "startup_available": round(plan.pre_load_free_bytes / GB, 2),
+                  "token_capacity": plan.max_total_num_tokens, "token_capacity_swa": None,
+                  "graph": {"decode": round(self.graphs.decode_bytes / GB, 2),
+                            "prefill": round(self.graphs.prefill_bytes / GB, 2)}}
+        states = []
+        for engine in self.engines:
+            state = dict(args)
+            state.update({"max_mamba_cache_size": plan.max_mamba_cache_size if self.model.is_hybrid
+                          else args.get("max_mamba_cache_size"),
+                          "effective_max_running_requests_per_dp": plan.max_running_requests,
+                          "world_size": launch.tp * launch.pp, "last_gen_throughput": round(engine.throughput(), 3),
+                          "memory_usage": memory, "sim": self.capacity()})
+            if launch.spec_algorithm:
+                state["avg_spec_accept_length"] = self.timing.accept_length
+            states.append(state)
+        info["internal_states"] = states
+        return info
+
+    def metrics_text(self) -> str:
+        label = f'{{model_name="{self.served_model_name}"}}'
+        running = sum(e.running for e in self.engines)
+        waiting = sum(e.waiting for e in self.engines)
+        used = sum(e.reserved_tokens for e in self.engines) / (self.plan.max_total_num_tokens * len(self.engines))
+        rows = [("sglang:num_running_reqs", "gauge", running), ("sglang:num_queue_reqs", "gauge", waiting),
+                ("sglang:gen_throughput", "gauge", sum(e.throughput() for e in self.engines)),
+                ("sglang:token_usage", "gauge", round(used, 6)),
+                ("sglang:prompt_tokens_total", "counter", sum(e.stats.prompt_tokens for e in self.engines)),
+                ("sglang:generation_tokens_total", "counter", sum(e.stats.generated_tokens for e in self.engines)),
+                ("sglang:num_requests_total", "counter", sum(e.stats.finished for e in self.engines))]
+        return "".join(f"# TYPE {name} {kind}\n{name}{label} {value}\n" for name, kind, value in rows)
