@@ -1,7 +1,8 @@
 """The three per-shard output records: completion, stats and error lines.
 
 Every record starts with ``"id"`` so that resume can read ids without parsing the rest of a line
-(``fleetgen.prompts.lines.fast_id``). Field lists are the file contracts of DESIGN.md.
+(``fleetgen.prompts.lines.fast_id``). Field lists are described in docs/output-formats.md;
+the stats columns are ``fleetgen.outputs.STATS_COLUMNS``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import time
 from datetime import datetime, timezone
 
 from fleetgen.generate.chat import ChatResult
+from fleetgen.outputs import STATS_COLUMNS
 from fleetgen.prompts.scan import Prompt
 
 
@@ -30,12 +32,11 @@ def completion_record(prompt: Prompt, result: ChatResult, *, server: str, latenc
 def stats_record(completion: dict) -> dict:
     """The compact row validation and the report read instead of the text."""
     usage = completion.get("usage") or {}
-    return {"id": completion["id"], "prompt_tokens": usage.get("prompt_tokens"),
-            "completion_tokens": usage.get("completion_tokens"),
-            "finish_reason": completion.get("finish_reason"),
-            "reasoning_chars": len(completion.get("reasoning_content") or ""),
-            "content_chars": len(completion.get("content") or ""), "server": completion.get("server"),
-            "latency_s": completion.get("latency_s"), "finished_at": completion.get("finished_at")}
+    values = (completion["id"], usage.get("prompt_tokens"), usage.get("completion_tokens"),
+              completion.get("finish_reason"), len(completion.get("reasoning_content") or ""),
+              len(completion.get("content") or ""), completion.get("server"), completion.get("latency_s"),
+              completion.get("finished_at"))
+    return dict(zip(STATS_COLUMNS, values, strict=True))
 
 
 def error_record(prompt_id: str, *, code: str, message: str, server: str | None) -> dict:

@@ -31,6 +31,7 @@ from pathlib import Path
 from fleetgen.errors import GenerationError
 from fleetgen.generate import jsonio
 from fleetgen.generate.records import stats_record
+from fleetgen.outputs import RunLayout
 from fleetgen.prompts.scan import Prompt, fast_id, iter_shard_positions
 
 TAIL_CHUNK = 1 << 20
@@ -48,20 +49,17 @@ class ResumeReport:
     restored_stats: int  # stats rows rebuilt from completion lines
 
 
-def shard_file(root: Path, kind: str, shard_id: int, suffix: str = "jsonl") -> Path:
-    return root / kind / f"shard-{shard_id:05d}.{suffix}"
-
-
 class ShardStore:
     """Open with ``ShardStore.open``; ``done_ids`` holds the UTF-8 ids not to generate again."""
 
     def __init__(self, root: Path, shard: dict) -> None:
         self.shard_id = int(shard["shard_id"])
-        self.completions_path = shard_file(root, "completions", self.shard_id)
-        self.stats_path = shard_file(root, "stats", self.shard_id)
-        self.errors_path = shard_file(root, "errors", self.shard_id)
-        self.plan_path = shard_file(root, "shards", self.shard_id, "json")
-        self.mark_path = shard_file(root, "shards", self.shard_id, "mark.json")
+        layout = RunLayout(root)
+        self.completions_path = layout.shard_file("completions", self.shard_id)
+        self.stats_path = layout.shard_file("stats", self.shard_id)
+        self.errors_path = layout.shard_file("errors", self.shard_id)
+        self.plan_path = layout.shard_file("shards", self.shard_id, "json")
+        self.mark_path = layout.shard_file("shards", self.shard_id, "mark.json")
         self.done_ids: set[bytes] = set()
         self.mark: tuple[int, int] | None = None  # (valid prompts before, byte offset)
         self._fds: dict[str, int] = {}

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from fleetgen.report.plots import render_markdown, write_plots
+from fleetgen.outputs import RunLayout
 from fleetgen.validation.stats_table import load_errors, load_stats
 from fleetgen.validation.suite import json_safe
 
@@ -243,7 +244,7 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
                  previous_report: str | Path | None, wall_seconds: float | None = None) -> dict:
     """Write ``<out>/report/{report.json, report.md, *.png}``; return a small JSON-safe summary."""
     out = Path(out_dir)
-    folder = out / "report"
+    folder = RunLayout(out).report_dir
     folder.mkdir(parents=True, exist_ok=True)
     stats = load_stats(out)
     errors = load_errors(out)

@@ -21,17 +21,12 @@ import numpy as np
 import pandas as pd
 
 from fleetgen.errors import ValidationFailed
+from fleetgen.outputs import CATEGORY_COLUMNS, ERROR_COLUMNS, NUMBER_COLUMNS, STATS_COLUMNS, RunLayout
 
 __all__ = ["STATS_COLUMNS", "ERROR_COLUMNS", "load_stats", "load_errors"]
 
 log = logging.getLogger(__name__)
 
-STATS_COLUMNS = ("id", "prompt_tokens", "completion_tokens", "finish_reason", "reasoning_chars",
-                 "content_chars", "server", "latency_s", "finished_at")
-_NUMBER_COLUMNS = ("prompt_tokens", "completion_tokens", "reasoning_chars", "content_chars", "latency_s",
-                   "finished_at")
-_CATEGORY_COLUMNS = ("finish_reason", "server")
-ERROR_COLUMNS = ("id", "code", "message", "server", "at")
 _CHUNK_LINES = 50000  # bounds the transient Python objects of one parse to a few tens of MB
 
 
@@ -98,7 +93,7 @@ def load_stats(out_dir: str | Path, *, with_info: bool = False):
     With ``with_info`` also returns ``{"files", "torn_lines"}``.
     """
     out = Path(out_dir)
-    files = sorted((out / "stats").glob("*.jsonl"))
+    files = RunLayout(out).shard_files("stats")
     torn: list[str] = []
     parts, id_parts, null_parts = [], [], []
     for path in files:
@@ -106,14 +101,14 @@ def load_stats(out_dir: str | Path, *, with_info: bool = False):
             ids, nulls = _compact_ids(chunk.pop("id"))
             id_parts.append(ids)
             null_parts.append(nulls)
-            for column in _NUMBER_COLUMNS:
+            for column in NUMBER_COLUMNS:
                 chunk[column] = pd.to_numeric(chunk[column], errors="coerce")
-            for column in _CATEGORY_COLUMNS:
+            for column in CATEGORY_COLUMNS:
                 chunk[column] = chunk[column].astype("category")
             parts.append(chunk)
     if parts:
         stats = pd.concat(parts, ignore_index=True)
-        for column in _CATEGORY_COLUMNS:  # concat of differing categories falls back to object
+        for column in CATEGORY_COLUMNS:  # concat of differing categories falls back to object
             stats[column] = stats[column].astype("category")
         # One allocation of all id strings, after every chunk's objects are gone: a compact heap.
         ids = np.concatenate(id_parts).astype(object)
@@ -121,7 +116,7 @@ def load_stats(out_dir: str | Path, *, with_info: bool = False):
         ids[np.concatenate(null_parts)] = None
         stats.insert(0, "id", pd.Series(ids, dtype=object, copy=False))
     else:
-        stats = pd.DataFrame({column: pd.Series(dtype="float64" if column in _NUMBER_COLUMNS else object)
+        stats = pd.DataFrame({column: pd.Series(dtype="float64" if column in NUMBER_COLUMNS else object)
                               for column in STATS_COLUMNS})
     if not files:
         log.warning("no stats files under %s", out / "stats")
@@ -133,7 +128,7 @@ def load_errors(out_dir: str | Path) -> pd.DataFrame:
     """Permanent failures from ``errors/*.jsonl``: id, code, message, server, at."""
     torn: list[str] = []
     parts = []
-    for path in sorted((Path(out_dir) / "errors").glob("*.jsonl")):
+    for path in RunLayout(Path(out_dir)).shard_files("errors"):
         for chunk in _read_jsonl(path, ("id", "error", "server", "at"), torn):
             detail = chunk.pop("error").map(lambda value: value if isinstance(value, dict) else {})
             chunk.insert(1, "code", detail.map(lambda value: value.get("code")))

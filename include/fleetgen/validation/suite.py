@@ -31,6 +31,7 @@ import pandas as pd
 
 from fleetgen.errors import ConfigError, ValidationFailed
 # The table readers moved to their own module; re-exported so existing imports keep working.
+from fleetgen.outputs import RunLayout
 from fleetgen.validation.stats_table import ERROR_COLUMNS, STATS_COLUMNS, load_errors, load_stats  # noqa: F401
 
 __all__ = ["ValidationThresholds", "load_stats", "load_errors", "validate_run", "STATS_COLUMNS", "SAMPLE_IDS",
@@ -301,7 +302,7 @@ def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: V
     errors = load_errors(out)
     coverage, expected_duplicates = _coverage(stats["id"], errors["id"], expected_ids)
     checks = _checks(thresholds, stats.columns)
-    docs_dir = out / "validation" / "data_docs" if build_docs else None
+    docs_dir = RunLayout(out).data_docs_dir if build_docs else None
     entries, docs_index = _run_gx({"completions": stats, "coverage": coverage}, checks, docs_dir)
 
     missing_ids = coverage.loc[coverage["outcome"] == "missing", "id"]
@@ -329,7 +330,7 @@ def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: V
         "data_docs": docs_index,
         "seconds": round(time.monotonic() - started, 3),
     })
-    summary_path = out / "validation" / "summary.json"
+    summary_path = RunLayout(out).validation_dir / "summary.json"
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     log.info("validated %s: %d rows, %d expected ids, %d of %d expectations failed (%.1f s)",

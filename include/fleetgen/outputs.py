@@ -1,0 +1,94 @@
+"""The output folder of one run: where every file lives, and the columns of the compact stats rows.
+
+One contract read by every stage: generation writes the per-shard files, validation and the report read
+them, the Airflow glue names the run's folder. docs/output-formats.md describes each file.
+
+    <output_root>/<run folder>/
+      prompts.json                 which prompts file the run read (path, size, mtime, count)
+      rejects.jsonl                prompts set aside at scan time, with the reason
+      completions/shard-NNNNN.jsonl  one finished prompt a line (append-only)
+      stats/shard-NNNNN.jsonl      one compact row per completion (STATS_COLUMNS): the checkpoint of record
+      errors/shard-NNNNN.jsonl     prompts that failed permanently
+      shards/shard-NNNNN.json      the shard's byte range; ``.mark.json`` its resume mark
+      validation/                  summary.json and data_docs/
+      report/                      report.json, report.md, plots
+      failures.jsonl               one line per failed task: what broke and what to check
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# Column order of a stats row (``fleetgen.generate.records.stats_record`` writes them in this order).
+STATS_COLUMNS = ("id", "prompt_tokens", "completion_tokens", "finish_reason", "reasoning_chars",
+                 "content_chars", "server", "latency_s", "finished_at")
+NUMBER_COLUMNS = ("prompt_tokens", "completion_tokens", "reasoning_chars", "content_chars", "latency_s",
+                  "finished_at")
+CATEGORY_COLUMNS = ("finish_reason", "server")
+# An error record is {"id", "status", "error": {"code", "message"}, "server", "at"}; read flat as these.
+ERROR_COLUMNS = ("id", "code", "message", "server", "at")
+
+SHARD_KINDS = ("completions", "stats", "errors", "shards")
+
+
+def run_folder_name(run_id: str) -> str:
+    """A run id as a folder name: Airflow run ids hold ``:`` and ``+``, which some filesystems refuse."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Paths of one run's outputs under ``root`` (``<output_root>/<run folder>``)."""
+
+    root: Path
+
+    @classmethod
+    def for_run(cls, output_root: str | Path, run_id: str) -> RunLayout:
+        return cls(Path(output_root).expanduser() / run_folder_name(run_id))
+
+    @property
+    def prompts_identity(self) -> Path:
+        return self.root / "prompts.json"
+
+    @property
+    def rejects(self) -> Path:
+        return self.root / "rejects.jsonl"
+
+    @property
+    def failures(self) -> Path:
+        return self.root / "failures.jsonl"
+
+    @property
+    def validation_dir(self) -> Path:
+        return self.root / "validation"
+
+    @property
+    def data_docs_dir(self) -> Path:
+        return self.validation_dir / "data_docs"
+
+    @property
+    def report_dir(self) -> Path:
+        return self.root / "report"
+
+    @property
+    def report_json(self) -> Path:
+        return self.report_dir / "report.json"
+
+    def kind_dir(self, kind: str) -> Path:
+        if kind not in SHARD_KINDS:
+            raise ValueError(f"unknown per-shard output kind {kind!r}; expected one of {SHARD_KINDS}")
+        return self.root / kind
+
+    def shard_file(self, kind: str, shard_id: int, suffix: str = "jsonl") -> Path:
+        return self.kind_dir(kind) / f"shard-{shard_id:05d}.{suffix}"
+
+    def shard_files(self, kind: str) -> list[Path]:
+        """Every shard's file of one kind, in shard order."""
+        return sorted(self.kind_dir(kind).glob("*.jsonl"))
+
+
+def run_root_of_report(report_json: str | Path) -> Path:
+    """The run folder holding a ``report/report.json``."""
+    return Path(report_json).parent.parent
