@@ -6,6 +6,66 @@ read by an on-call engineer says where to look without a stack trace.
 
 from __future__ import annotations
 
+from enum import Enum
+
+
+class FailureKind(str, Enum):
+    """Why a server failed to start: the one list shared by the log classifier (``fleetgen.nodes.readiness``),
+    the readiness operator (relaunch or fail) and the tuner's back-off (which dimension to shrink)."""
+
+    OOM_WEIGHTS = "oom_weights"        # the weights left no memory for the pools
+    OOM_KV = "oom_kv"                  # the KV pool did not fit
+    OOM_MAMBA = "oom_mamba"            # the Mamba/linear-attention state pool did not fit or is too small
+    OOM_CUDA_GRAPH = "oom_cuda_graph"  # CUDA-graph capture ran out of memory outside the static pool
+    OOM_RUNTIME = "oom_runtime"        # "CUDA out of memory" elsewhere: activations outside the static pool
+    BAD_ARGS = "bad_args"              # SGLang refused its command line
+    PORT_IN_USE = "port_in_use"        # another process listens on the port
+    EXITED = "exited"                  # the process died without a line we recognise
+
+    def can_back_off(self) -> bool:
+        """A smaller plan can fix this failure (memory); the others fail the same way every time."""
+        return self.backoff_step is not None
+
+    @property
+    def backoff_step(self) -> str | None:
+        """What the back-off shrinks: running ``requests``, more ``reserve`` outside the static pool, or
+        less ``pre_load`` free memory than the probe saw; None when re-planning cannot help."""
+        return _BACKOFF_STEPS.get(self)
+
+    @property
+    def hint(self) -> str:
+        return _FAILURE_HINTS[self]
+
+
+_BACKOFF_STEPS = {
+    FailureKind.OOM_WEIGHTS: "pre_load",
+    FailureKind.OOM_KV: "requests",
+    FailureKind.OOM_MAMBA: "requests",
+    FailureKind.OOM_CUDA_GRAPH: "reserve",
+    FailureKind.OOM_RUNTIME: "reserve",
+}
+
+_FAILURE_HINTS = {
+    FailureKind.OOM_WEIGHTS: "the weights leave no room for the KV and state pools on this GPU: check for foreign "
+                             "processes in the probe's inventory; raise the DAG parameter memory_margin_mib only if "
+                             "something else takes memory after the probe",
+    FailureKind.OOM_KV: "the KV pool did not fit: fleetgen re-plans smaller by itself; if it still fails, set the DAG "
+                        "parameter max_running_requests lower (drives --max-running-requests and "
+                        "--max-mamba-cache-size) or raise memory_margin_mib",
+    FailureKind.OOM_MAMBA: "the Mamba state pool did not fit: set the DAG parameter max_running_requests lower "
+                           "(drives --max-mamba-cache-size), or turn on bf16_ssm_state to halve the state",
+    FailureKind.OOM_CUDA_GRAPH: "CUDA graphs/activations did not fit outside the static pool: raise the DAG parameter "
+                                "memory_margin_mib (lowers --mem-fraction-static)",
+    FailureKind.OOM_RUNTIME: "CUDA ran out of memory outside the static pool: check for foreign processes on the GPU "
+                             "(nvidia-smi), then raise the DAG parameter memory_margin_mib (lowers "
+                             "--mem-fraction-static)",
+    FailureKind.BAD_ARGS: "SGLang refused its command line: check server.extra_args in the fleet description "
+                          "against the installed SGLang version",
+    FailureKind.PORT_IN_USE: "another process listens on this port: find it with `ss -ltnp` on the node, or change "
+                             "the node's ports/base_port in the fleet description",
+    FailureKind.EXITED: "read the log lines above the failure for the cause",
+}
+
 
 class FleetgenError(Exception):
     """Base of every error fleetgen raises on purpose.
@@ -87,7 +147,7 @@ class ServerStartupError(ServerError):
     def __init__(self, message: str, *, fatal_line: str | None = None, kind: str | None = None,
                  log_tail: list[str] | None = None, **context) -> None:
         self.fatal_line = fatal_line
-        self.kind = kind  # e.g. "oom_kv", "oom_mamba", "oom_cuda_graph", "exited"
+        self.kind = kind  # a FailureKind value
         self.log_tail = list(log_tail or [])
         super().__init__(message, **context)
 

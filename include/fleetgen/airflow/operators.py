@@ -8,7 +8,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from fleetgen.nodes import readiness
-from fleetgen.errors import HostUnreachable, PlanError, ServerNotReady, ServerStartupError
+from fleetgen.errors import FailureKind, HostUnreachable, PlanError, ServerNotReady, ServerStartupError
 from fleetgen.nodes.fleet import ServerSlot, fleet_from_json
 
 log = logging.getLogger(__name__)
@@ -63,15 +63,14 @@ class WaitReadyOperator(BaseOperator):
                 f"{where} not ready after {event['waited_s']:.0f} s; the log last said:\n"
                 f"{readiness.format_log_excerpt(tail)}", host=node, server=name,
                 hint=f"read {launched['log_path']} on {node}; raise the wait timeout if the model loads slowly")
-        kind, fatal_line = event["kind"], event["fatal_line"]
-        log.error("%s failed to start: %s", where, fatal_line)
-        if kind in readiness.OOM_KINDS and attempt < int(self.max_relaunches):
+        kind, fatal_line = FailureKind(event["kind"]), event["fatal_line"]
+        log.error("%s failed to start (%s): %s", where, kind.value, fatal_line)
+        if kind.can_back_off() and attempt < int(self.max_relaunches):
             return self._relaunch_smaller(context, launched, attempt, kind, fatal_line)
-        fatal = readiness.FatalLine(kind, fatal_line, 0)
         raise ServerStartupError(
             f"{where} died while starting: {fatal_line}\n(log {launched['log_path']}, after {attempt} relaunch(es); "
             f"last {len(tail)} lines:)\n{readiness.format_log_excerpt(tail)}",
-            host=node, server=name, fatal_line=fatal_line, kind=kind, log_tail=tail, hint=fatal.hint)
+            host=node, server=name, fatal_line=fatal_line, kind=kind.value, log_tail=tail, hint=kind.hint)
 
     def _ready(self, launched: dict, event: dict, attempt: int) -> dict:
         from fleetgen.tuning.planner import ServerPlan, compare_expected
@@ -92,7 +91,7 @@ class WaitReadyOperator(BaseOperator):
                 "flags": plan.flags, "model": (info.get("_model_info") or {}).get("served_model_name"),
                 "waited_s": event["waited_s"]}
 
-    def _relaunch_smaller(self, context, launched: dict, attempt: int, kind: str, fatal_line: str) -> None:
+    def _relaunch_smaller(self, context, launched: dict, attempt: int, kind: FailureKind, fatal_line: str) -> None:
         from fleetgen.airflow.lifecycle import api_key, launch_server, stop_ports
         from fleetgen.airflow.hooks import NodeShell
         from fleetgen.tuning.planner import ServerPlan, backoff, render_budget_table
@@ -103,7 +102,7 @@ class WaitReadyOperator(BaseOperator):
         except PlanError as exc:
             raise ServerStartupError(f"{launched['name']} died with {fatal_line!r} and no smaller plan exists: "
                                      f"{exc.message}", host=launched["node"], server=launched["name"],
-                                     kind=kind, fatal_line=fatal_line) from None
+                                     kind=kind.value, fatal_line=fatal_line, hint=exc.hint) from None
         log.warning("Relaunching %s with a smaller plan (attempt %d of %s) after: %s\n%s", launched["name"],
                     attempt + 1, self.max_relaunches, fatal_line, render_budget_table(smaller))
         slot = ServerSlot(launched["node"], launched["ssh_conn_id"], launched["address"],

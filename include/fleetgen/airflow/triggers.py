@@ -17,6 +17,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from fleetgen.nodes import remote
+from fleetgen.errors import FailureKind
 from fleetgen.nodes import readiness
 
 LOG_TAIL_LINES = 50
@@ -81,10 +82,10 @@ class ReadinessTrigger(BaseTrigger):
                     log_lines = [line for line in output.splitlines() if not line.startswith(_ALIVE_MARK)]
                     fatal = readiness.find_fatal(log_lines)
                     if fatal is not None:
-                        yield self._event("fatal", kind=fatal.kind, fatal_line=fatal.line, log_tail=log_lines)
+                        yield self._event("fatal", kind=fatal.kind.value, fatal_line=fatal.line, log_tail=log_lines)
                         return
                     if not alive:
-                        yield self._event("fatal", kind="exited", fatal_line="the server process exited without "
+                        yield self._event("fatal", kind=FailureKind.EXITED.value, fatal_line="the server process exited without "
                                           "a recognised error line", log_tail=log_lines)
                         return
                     info = await self._probe_http(http)

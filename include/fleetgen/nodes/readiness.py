@@ -9,60 +9,42 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fleetgen.errors import ServerError
+from fleetgen.errors import FailureKind, ServerError
 
-# (kind, pattern). Specific causes first: the first specific match in a log wins over a generic one.
+K = FailureKind
+# (kind, needle). Specific causes first: the first specific match in a log wins over a generic one.
+# The messages are SGLang 0.5.23's (docs/sglang-memory-model.md, "Fatal messages").
 _SPECIFIC = (
-    ("oom_weights", "Loaded weights leave no GPU memory for the KV cache"),             # 2.1
-    ("oom_kv", "Not enough memory. Please try to increase --mem-fraction-static"),       # 2.2
-    ("oom_mamba", "Not enough GPU memory for hybrid (mamba/linear-attention) state cache"),  # 2.3
-    ("oom_mamba", "Hybrid (mamba/linear-attention) state cache is too small to serve any requests"),  # 3
-    ("oom_cuda_graph", "Capture cuda graph failed"),                                     # 5.4
-    ("oom_runtime", "CUDA out of memory"),
-    ("oom_runtime", "OutOfMemoryError"),
-    ("bad_args", "error: unrecognized arguments"),
-    ("bad_args", "error: ambiguous option"),
-    ("bad_args", "error: argument"),
-    ("bad_args", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"),
-    ("port_in_use", "Address already in use"),
-    ("port_in_use", "address already in use"),  # uvicorn's wording
+    (K.OOM_WEIGHTS, "Loaded weights leave no GPU memory for the KV cache"),
+    (K.OOM_KV, "Not enough memory. Please try to increase --mem-fraction-static"),
+    (K.OOM_MAMBA, "Not enough GPU memory for hybrid (mamba/linear-attention) state cache"),
+    (K.OOM_MAMBA, "Hybrid (mamba/linear-attention) state cache is too small to serve any requests"),
+    (K.OOM_CUDA_GRAPH, "Capture cuda graph failed"),
+    (K.OOM_RUNTIME, "CUDA out of memory"),
+    (K.OOM_RUNTIME, "OutOfMemoryError"),
+    (K.BAD_ARGS, "error: unrecognized arguments"),
+    (K.BAD_ARGS, "error: ambiguous option"),
+    (K.BAD_ARGS, "error: argument"),
+    (K.BAD_ARGS, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"),
+    (K.PORT_IN_USE, "Address already in use"),
+    (K.PORT_IN_USE, "address already in use"),  # uvicorn's wording
 )
 _GENERIC = (
-    ("exited", re.compile(r"scheduler died during initialization")),                    # 5.1
-    ("exited", re.compile(r"Initialization failed\.")),
-    ("exited", re.compile(r"^Traceback \(most recent call last\)")),
+    (K.EXITED, re.compile(r"scheduler died during initialization")),
+    (K.EXITED, re.compile(r"Initialization failed\.")),
+    (K.EXITED, re.compile(r"^Traceback \(most recent call last\)")),
 )
-
-OOM_KINDS = frozenset({"oom_weights", "oom_kv", "oom_mamba", "oom_cuda_graph", "oom_runtime"})
-
-_HINTS = {
-    "oom_weights": "the weights leave no room at this --mem-fraction-static; fleetgen re-plans smaller automatically",
-    "oom_kv": "the KV pool did not fit; lower --max-mamba-cache-size or raise --mem-fraction-static",
-    "oom_mamba": "the Mamba state pool did not fit; lower --max-mamba-cache-size or --max-running-requests",
-    "oom_cuda_graph": "activations/CUDA graphs did not fit outside the static pool; lower --mem-fraction-static, "
-                      "--chunked-prefill-size or --cuda-graph-max-bs-decode",
-    "oom_runtime": "CUDA ran out of memory; check for foreign processes on the GPU (nvidia-smi) and lower "
-                   "--mem-fraction-static",
-    "bad_args": "SGLang refused its command line: check server.extra_args in the fleet description against the "
-                "installed SGLang version",
-    "port_in_use": "another process listens on this port: find it with `ss -ltnp` on the node",
-    "exited": "read the log lines above the failure for the cause",
-}
 
 
 @dataclass(frozen=True)
 class FatalLine:
-    kind: str
+    kind: FailureKind
     line: str
     line_number: int  # 1-based, within the lines scanned
 
     @property
-    def is_oom(self) -> bool:
-        return self.kind in OOM_KINDS
-
-    @property
     def hint(self) -> str:
-        return _HINTS[self.kind]
+        return self.kind.hint
 
 
 def find_fatal(lines: list[str]) -> FatalLine | None:

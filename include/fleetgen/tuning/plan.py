@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, field
 from fleetgen.errors import ConfigError, PlanError
 
 MODES = ("tuned", "sglang_defaults")
-FAILURE_KINDS = ("oom_weights", "oom_kv", "oom_mamba", "oom_cuda_graph", "exited")
 
 
 @dataclass(frozen=True)

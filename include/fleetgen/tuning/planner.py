@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fleetgen.errors import PlanError
+from fleetgen.errors import FailureKind, PlanError
 from fleetgen.tuning.profile import GIB, MIB, LaunchOptions, MemoryProfile, ModelGeometry, profile_geometry
 from fleetgen.tuning.budget import budget_rows, compare_expected, render_budget_table
-from fleetgen.tuning.plan import FAILURE_KINDS, ServerPlan, TunerBounds, Workload, format_flag_value
+from fleetgen.tuning.plan import ServerPlan, TunerBounds, Workload, format_flag_value
 from fleetgen.tuning.sizing import (SPEC_DEFAULT_MAX_RUNNING_REQUESTS, PoolSizing, ReserveEstimate,
                                     auto_mem_fraction_static, gpu_table, sglang_reserve_mb, size_pools)
 
@@ -61,17 +61,24 @@ def plan_server(*, host: str, gpu_ids: list[int], port: int, gpus: list[dict], p
     return _plan(host=host, gpu_ids=list(gpu_ids), port=port, inputs=inputs, attempt=0)
 
 
-def backoff(plan: ServerPlan, failure_kind: str) -> ServerPlan:
-    """A plan one step smaller in the dimension that failed (sglang-facts 2.1-2.3, 3, 5.4).
+def backoff(plan: ServerPlan, failure: FailureKind | str) -> ServerPlan:
+    """A plan one step smaller in the dimension that failed (``FailureKind.backoff_step``).
 
-    - ``oom_kv`` / ``oom_mamba`` / ``exited``: 10 % fewer running requests (K follows);
-    - ``oom_cuda_graph``: one more step of free memory (lower ``--mem-fraction-static``);
-    - ``oom_weights``: assume one step less pre-load free memory than the probe saw.
-    Raises PlanError when no smaller plan fits, or after ``MAX_BACKOFF_ATTEMPTS`` relaunches.
+    - ``requests`` (KV or Mamba pool): 10 % fewer running requests (K follows);
+    - ``reserve`` (CUDA graphs, runtime CUDA OOM): one more step of free memory (lower ``--mem-fraction-static``);
+    - ``pre_load`` (weights): assume one step less pre-load free memory than the probe saw.
+    Raises PlanError for a failure no smaller plan can fix, when no smaller plan fits, or after
+    ``MAX_BACKOFF_ATTEMPTS`` relaunches.
     """
-    if failure_kind not in FAILURE_KINDS:
-        raise PlanError(f"unknown failure kind {failure_kind!r}; expected one of {FAILURE_KINDS}",
-                        host=plan.host, server=plan.server)
+    try:
+        kind = FailureKind(failure)
+    except ValueError:
+        raise PlanError(f"unknown failure kind {failure!r}; expected one of {[k.value for k in FailureKind]}",
+                        host=plan.host, server=plan.server) from None
+    failure_kind = kind.value
+    if not kind.can_back_off():
+        raise PlanError(f"the server failed with {failure_kind}, which a smaller plan cannot fix",
+                        host=plan.host, server=plan.server, hint=kind.hint)
     if plan.mode != "tuned":
         raise PlanError(f"the server died ({failure_kind}) with SGLang's automatic sizing; there are no "
                         "tuner flags to back off", host=plan.host, server=plan.server,
@@ -84,12 +91,12 @@ def backoff(plan: ServerPlan, failure_kind: str) -> ServerPlan:
     adjust = inputs["adjust"]
     requests = plan.expected["max_running_requests"]
     step_bytes = max(_BACKOFF_MIN_RESERVE_STEP, _pre_load_free(plan.inputs["gpus"], 0) // 100)
-    if failure_kind in ("oom_kv", "oom_mamba", "exited"):
+    if kind.backoff_step == "requests":
         if requests <= 1:
             raise PlanError(f"the server fails ({failure_kind}) even with 1 running request",
                             host=plan.host, server=plan.server, hint="the model does not fit these GPUs")
         adjust["mrr_cap"] = min(requests - 1, math.floor(requests * (1 - _BACKOFF_REQUEST_STEP)))
-    elif failure_kind == "oom_cuda_graph":
+    elif kind.backoff_step == "reserve":
         adjust["extra_reserve_bytes"] += step_bytes
     else:
         adjust["pre_free_shrink_bytes"] += step_bytes

@@ -51,7 +51,7 @@ def test_missing_fields_are_reported(seed_plan):
     assert any("no internal_states[0].max_total_num_tokens" in line for line in lines)
 
 
-@pytest.mark.parametrize("kind", ["oom_kv", "oom_mamba", "exited"])
+@pytest.mark.parametrize("kind", ["oom_kv", "oom_mamba"])
 def test_request_failures_step_down_ten_percent(seed_plan, kind):
     smaller = backoff(seed_plan, kind)
     before = seed_plan.expected["max_running_requests"]
@@ -62,8 +62,9 @@ def test_request_failures_step_down_ten_percent(seed_plan, kind):
     assert any(f"backed off after {kind}" in note for note in smaller.notes)
 
 
-def test_cuda_graph_failure_frees_more_memory(seed_plan):
-    smaller = backoff(seed_plan, "oom_cuda_graph")
+@pytest.mark.parametrize("kind", ["oom_cuda_graph", "oom_runtime"])
+def test_activation_failures_free_more_memory(seed_plan, kind):
+    smaller = backoff(seed_plan, kind)
     assert smaller.flags["--mem-fraction-static"] < seed_plan.flags["--mem-fraction-static"]
     assert smaller.expected["max_running_requests"] <= seed_plan.expected["max_running_requests"]
     margin = next(r["bytes"] for r in smaller.budget if r["item"].strip() == "user margin")
