@@ -73,12 +73,12 @@ class WaitReadyOperator(BaseOperator):
             host=node, server=name, fatal_line=fatal_line, kind=kind.value, log_tail=tail, hint=kind.hint)
 
     def _ready(self, launched: dict, event: dict, attempt: int) -> dict:
-        from fleetgen.tuning.planner import ServerPlan, compare_expected
+        from fleetgen.tuning import ServerPlan, compare_expected
 
         info = event["server_info"]
         limits = readiness.parse_server_info(info, server=launched["name"])
         plan = ServerPlan.from_dict(launched["plan"])
-        mismatches = compare_expected(plan, info)
+        mismatches = compare_expected(plan, limits)
         for line in mismatches:
             log.warning("expected vs effective on %s: %s", launched["name"], line)
         log.info("%s ready after %.0f s: effective max_running_requests=%d, max_total_num_tokens=%d, "
@@ -94,7 +94,7 @@ class WaitReadyOperator(BaseOperator):
     def _relaunch_smaller(self, context, launched: dict, attempt: int, kind: FailureKind, fatal_line: str) -> None:
         from fleetgen.airflow.lifecycle import api_key, launch_server, stop_ports
         from fleetgen.airflow.hooks import NodeShell
-        from fleetgen.tuning.planner import ServerPlan, backoff, render_budget_table
+        from fleetgen.tuning import ServerPlan, backoff, render_budget_table
 
         fleet = fleet_from_json(self.fleet)
         try:

@@ -63,51 +63,103 @@ def find_fatal(lines: list[str]) -> FatalLine | None:
 
 
 @dataclass(frozen=True)
-class EffectiveLimits:
-    """What a running server reports it allows (sglang-facts section 5, ``/server_info``)."""
+class RankLimits:
+    """One attention-DP rank's limits, from ``internal_states[i]``."""
 
-    effective_max_running_requests: int
-    max_total_num_tokens: int
+    max_running_requests: int | None  # effective_max_running_requests_per_dp: the cap that binds
+    max_total_num_tokens: int | None
     max_mamba_cache_size: int | None
-    context_length: int | None
-    version: str | None
-    dp_ranks: int
 
     def to_dict(self) -> dict:
-        return {"effective_max_running_requests": self.effective_max_running_requests,
-                "max_total_num_tokens": self.max_total_num_tokens,
-                "max_mamba_cache_size": self.max_mamba_cache_size,
-                "context_length": self.context_length, "version": self.version, "dp_ranks": self.dp_ranks}
+        return {"max_running_requests": self.max_running_requests,
+                "max_total_num_tokens": self.max_total_num_tokens, "max_mamba_cache_size": self.max_mamba_cache_size}
 
 
-def parse_server_info(info: dict, *, server: str) -> EffectiveLimits:
-    """Effective limits from a ``/server_info`` body.
+@dataclass(frozen=True)
+class ServerInfo:
+    """``/server_info`` read once: the effective limits per data-parallel rank, and the server's version.
 
-    The top-level ``max_running_requests`` is the *requested* value (sglang-facts 5): the cap that
-    binds is ``internal_states[].effective_max_running_requests_per_dp``, summed over DP ranks.
+    The top-level ``max_running_requests`` is the *requested* value: the cap that binds is each rank's
+    ``internal_states[i].effective_max_running_requests_per_dp`` (docs/sglang-memory-model.md, "/server_info").
+    ``max_total_num_tokens`` comes from the top level (the scheduler's handshake) when present.
     """
-    states = info.get("internal_states")
+
+    server: str
+    ranks: tuple[RankLimits, ...]
+    top_level_total_tokens: int | None
+    context_length: int | None
+    version: str | None
+
+    @property
+    def effective_max_running_requests(self) -> int:
+        return sum(rank.max_running_requests or 0 for rank in self.ranks)
+
+    @property
+    def max_total_num_tokens(self) -> int | None:
+        if self.top_level_total_tokens is not None:
+            return self.top_level_total_tokens
+        per_rank = [rank.max_total_num_tokens for rank in self.ranks]
+        return None if None in per_rank else sum(per_rank)
+
+    @property
+    def max_mamba_cache_size(self) -> int | None:
+        per_rank = [rank.max_mamba_cache_size for rank in self.ranks]
+        return None if None in per_rank else sum(per_rank)
+
+    def to_dict(self) -> dict:
+        """The readiness result's limits (XCom): totals over the ranks, and each rank."""
+        return {"effective_max_running_requests": self.effective_max_running_requests,
+                "max_total_num_tokens": self.max_total_num_tokens, "max_mamba_cache_size": self.max_mamba_cache_size,
+                "context_length": self.context_length, "version": self.version, "dp_ranks": len(self.ranks),
+                "ranks": [rank.to_dict() for rank in self.ranks],
+                "top_level_total_tokens": self.top_level_total_tokens}
+
+    @classmethod
+    def from_dict(cls, data: dict, *, server: str) -> ServerInfo:
+        ranks = tuple(RankLimits(**rank) for rank in data.get("ranks") or ())
+        return cls(server=server, ranks=ranks, top_level_total_tokens=data.get("top_level_total_tokens"),
+                   context_length=data.get("context_length"), version=data.get("version"))
+
+
+def _int_or_none(value, *, server: str, field: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ServerError(f"/server_info {field} is not a number: {value!r}", server=server) from None
+
+
+def parse_server_info(info: dict, *, server: str) -> ServerInfo:
+    """``/server_info`` body -> ServerInfo; raises ServerError naming the server when it cannot be read."""
+    states = info.get("internal_states") if isinstance(info, dict) else None
     if not isinstance(states, list) or not states:
         raise ServerError("/server_info has no internal_states: is this SGLang >= 0.5.15?", server=server,
                           hint="fleetgen reads effective_max_running_requests_per_dp from internal_states")
-    try:
-        effective = sum(int(state["effective_max_running_requests_per_dp"]) for state in states)
-    except (KeyError, TypeError, ValueError):
-        raise ServerError("/server_info internal_states lack effective_max_running_requests_per_dp",
-                          server=server) from None
-    tokens = info.get("max_total_num_tokens", states[0].get("max_total_num_tokens"))
-    if tokens is None:
+    ranks = []
+    for index, state in enumerate(states):
+        state = state if isinstance(state, dict) else {}
+        where = f"internal_states[{index}]"
+        requests = _int_or_none(state.get("effective_max_running_requests_per_dp"), server=server,
+                                field=f"{where}.effective_max_running_requests_per_dp")
+        if requests is None:
+            raise ServerError(f"/server_info {where} lacks effective_max_running_requests_per_dp", server=server)
+        ranks.append(RankLimits(
+            max_running_requests=requests,
+            max_total_num_tokens=_int_or_none(state.get("max_total_num_tokens"), server=server,
+                                              field=f"{where}.max_total_num_tokens"),
+            max_mamba_cache_size=_int_or_none(state.get("max_mamba_cache_size"), server=server,
+                                              field=f"{where}.max_mamba_cache_size")))
+    parsed = ServerInfo(
+        server=server, ranks=tuple(ranks),
+        top_level_total_tokens=_int_or_none(info.get("max_total_num_tokens"), server=server,
+                                            field="max_total_num_tokens"),
+        context_length=_int_or_none(info.get("context_length") or states[0].get("context_length"), server=server,
+                                    field="context_length"),
+        version=info.get("version"))
+    if parsed.max_total_num_tokens is None:
         raise ServerError("/server_info has no max_total_num_tokens", server=server)
-    mamba = states[0].get("max_mamba_cache_size", info.get("max_mamba_cache_size"))
-    context = info.get("context_length") or states[0].get("context_length")
-    return EffectiveLimits(
-        effective_max_running_requests=effective,
-        max_total_num_tokens=int(tokens),
-        max_mamba_cache_size=int(mamba) if mamba is not None else None,
-        context_length=int(context) if context is not None else None,
-        version=info.get("version"),
-        dp_ranks=len(states),
-    )
+    return parsed
 
 
 def format_log_excerpt(lines: list[str], limit: int = 50) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from fleetgen.report.plots import render_markdown, write_plots
+from fleetgen.nodes.readiness import ServerInfo
 from fleetgen.outputs import RunLayout
 from fleetgen.validation.stats_table import load_errors, load_stats
 from fleetgen.validation.suite import json_safe
@@ -169,9 +170,12 @@ def _tuning(plan: list[dict] | None, readiness: list[dict] | None) -> list[dict]
 
 
 def _effective_caps(seen: dict) -> dict:
-    return {"max_running_requests": seen.get("effective_max_running_requests"),
-            "max_mamba_cache_size": seen.get("max_mamba_cache_size"),
-            "max_total_num_tokens": seen.get("max_total_num_tokens")}
+    """What the server reported at readiness (``ServerInfo.to_dict`` in the readiness result)."""
+    if not seen.get("ranks"):
+        return dict.fromkeys(CAP_KEYS)
+    info = ServerInfo.from_dict(seen, server=seen.get("server", "?"))
+    return {"max_running_requests": info.effective_max_running_requests,
+            "max_mamba_cache_size": info.max_mamba_cache_size, "max_total_num_tokens": info.max_total_num_tokens}
 
 
 def _shards(shard_results: list[dict] | None) -> dict | None:

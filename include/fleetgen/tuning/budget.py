@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fleetgen.nodes.readiness import ServerInfo
 from fleetgen.tuning.profile import GIB, MIB, MemoryProfile
 from fleetgen.tuning.plan import ServerPlan, format_flag_value
 from fleetgen.tuning.sizing import PoolSizing, ReserveEstimate
@@ -70,19 +71,14 @@ def render_budget_table(plan: ServerPlan) -> str:
     return "\n".join(lines)
 
 
-def compare_expected(plan: ServerPlan, server_info: dict) -> list[str]:
-    """Mismatch lines between the plan and SGLang's /server_info (sglang-facts 5); empty when they agree.
+def compare_expected(plan: ServerPlan, info: ServerInfo) -> list[str]:
+    """Mismatch lines between the plan and what the server reports; empty when they agree.
 
-    Per attention-DP rank: ``internal_states[i].effective_max_running_requests_per_dp`` and
-    ``max_mamba_cache_size`` (the computed K); ``max_total_num_tokens`` from the top level (scheduler
-    handshake), else from the rank.
+    Per attention-DP rank: the effective max running requests and the computed Mamba slots;
+    ``max_total_num_tokens`` from the top level (scheduler handshake), else from each rank. A value
+    higher than planned is a mismatch as much as a lower one: either way the plan's arithmetic is off.
     """
     where = plan.server
-    if not isinstance(server_info, dict):
-        return [f"{where}: /server_info is not a JSON object"]
-    states = server_info.get("internal_states")
-    if not isinstance(states, list) or not states:
-        return [f"{where}: /server_info has no internal_states; cannot read the effective limits"]
     expected = plan.expected
     lines: list[str] = []
 
@@ -92,18 +88,16 @@ def compare_expected(plan: ServerPlan, server_info: dict) -> list[str]:
         elif want != got:
             lines.append(f"{where}: {name}: expected {want}, SGLang reports {got} ({source})")
 
-    for index, state in enumerate(states):
-        state = state if isinstance(state, dict) else {}
-        check("max_running_requests", expected["max_running_requests"],
-              state.get("effective_max_running_requests_per_dp"),
+    for index, rank in enumerate(info.ranks):
+        check("max_running_requests", expected["max_running_requests"], rank.max_running_requests,
               f"internal_states[{index}].effective_max_running_requests_per_dp")
         if expected["max_mamba_cache_size"] is not None:
-            check("max_mamba_cache_size", expected["max_mamba_cache_size"], state.get("max_mamba_cache_size"),
+            check("max_mamba_cache_size", expected["max_mamba_cache_size"], rank.max_mamba_cache_size,
                   f"internal_states[{index}].max_mamba_cache_size")
-        if "max_total_num_tokens" not in server_info:
-            check("max_total_num_tokens", expected["max_total_num_tokens"], state.get("max_total_num_tokens"),
+        if info.top_level_total_tokens is None:
+            check("max_total_num_tokens", expected["max_total_num_tokens"], rank.max_total_num_tokens,
                   f"internal_states[{index}].max_total_num_tokens")
-    if "max_total_num_tokens" in server_info:
-        check("max_total_num_tokens", expected["max_total_num_tokens"], server_info.get("max_total_num_tokens"),
+    if info.top_level_total_tokens is not None:
+        check("max_total_num_tokens", expected["max_total_num_tokens"], info.top_level_total_tokens,
               "max_total_num_tokens")
     return lines

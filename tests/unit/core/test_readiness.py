@@ -37,6 +37,16 @@ def test_parse_server_info_uses_effective_cap_not_requested():
         40, 798000, 200)
 
 
+def test_server_info_survives_the_xcom_round_trip():
+    info = {"max_total_num_tokens": 1000, "version": "0.5.23", "context_length": 8192,
+            "internal_states": [{"effective_max_running_requests_per_dp": 40, "max_mamba_cache_size": 200},
+                                {"effective_max_running_requests_per_dp": 39, "max_mamba_cache_size": 195}]}
+    parsed = readiness.parse_server_info(info, server="n:1")
+    again = readiness.ServerInfo.from_dict(parsed.to_dict(), server="n:1")
+    assert again == parsed
+    assert (again.effective_max_running_requests, again.max_mamba_cache_size, len(again.ranks)) == (79, 395, 2)
+
+
 def test_parse_server_info_errors_name_the_server():
     with pytest.raises(ServerError, match=r"\[server n:1\] /server_info has no internal_states"):
         readiness.parse_server_info({"max_total_num_tokens": 1}, server="n:1")

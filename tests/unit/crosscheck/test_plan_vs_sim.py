@@ -20,6 +20,7 @@ from sglang_sim.dryrun import StartupSizing, dry_run
 from sglang_sim.local_fleet import wait_healthy
 from sglang_sim.modelcfg import load_model_dir
 from sglang_sim.resolve import resolve_launch
+from fleetgen.nodes.readiness import parse_server_info
 from fleetgen.tuning.planner import TunerBounds, compare_expected
 from fleetgen.tuning.sizing import (
     auto_mem_fraction_static,
@@ -178,7 +179,7 @@ def test_simulated_server_process_reports_the_seed_plan(xc, models, seed_node):
         assert state["effective_max_running_requests_per_dp"] == plan.expected["max_running_requests"]
         assert info["max_total_num_tokens"] == plan.expected["max_total_num_tokens"]
         assert state["max_mamba_cache_size"] == plan.expected["max_mamba_cache_size"]
-        assert compare_expected(plan, info) == []
+        assert compare_expected(plan, parse_server_info(info, server=plan.server)) == []
         assert info["mem_fraction_static"] == plan.flags["--mem-fraction-static"]
         # what nvidia-smi shows with the server up: the user's margin is still free on its GPU
         row = xc.inventory_from_nvidia_smi(seed_node)["gpus"][3]

@@ -5,7 +5,9 @@ import json
 import pytest
 
 from fleetgen.errors import PlanError
-from fleetgen.tuning.planner import MAX_BACKOFF_ATTEMPTS, ServerPlan, TunerBounds, backoff, compare_expected, plan_server
+from fleetgen.errors import ServerError
+from fleetgen.nodes.readiness import parse_server_info
+from fleetgen.tuning import MAX_BACKOFF_ATTEMPTS, ServerPlan, TunerBounds, backoff, compare_expected, plan_server
 
 
 @pytest.fixture
@@ -15,6 +17,10 @@ def seed_plan(cases, seed_profile, seed_options):
 
 
 def _server_info(plan, **overrides):
+    return parse_server_info(_server_info_body(plan, **overrides), server=plan.server)
+
+
+def _server_info_body(plan, **overrides):
     state = {"effective_max_running_requests_per_dp": plan.expected["max_running_requests"],
              "max_mamba_cache_size": plan.expected["max_mamba_cache_size"], "max_running_requests": 999}
     info = {"max_running_requests": 999, "max_total_num_tokens": plan.expected["max_total_num_tokens"],
@@ -41,14 +47,34 @@ def test_mismatches_name_the_field_and_the_source(seed_plan):
 
 
 def test_missing_fields_are_reported(seed_plan):
-    assert compare_expected(seed_plan, {}) == [
-        "gpu-node-1:30002: /server_info has no internal_states; cannot read the effective limits"]
-    info = _server_info(seed_plan)
-    del info["internal_states"][0]["max_mamba_cache_size"]
-    del info["max_total_num_tokens"]
+    with pytest.raises(ServerError, match="no internal_states"):
+        parse_server_info({}, server=seed_plan.server)
+    body = _server_info_body(seed_plan)
+    del body["internal_states"][0]["max_mamba_cache_size"]
+    lines = compare_expected(seed_plan, parse_server_info(body, server=seed_plan.server))
+    assert lines == [f"{seed_plan.server}: max_mamba_cache_size: expected {seed_plan.expected['max_mamba_cache_size']}, "
+                     "/server_info has no internal_states[0].max_mamba_cache_size"]
+
+
+def test_more_than_planned_is_a_mismatch_too(seed_plan):
+    more = seed_plan.expected["max_running_requests"] + 1
+    lines = compare_expected(seed_plan, _server_info(seed_plan, effective_max_running_requests_per_dp=more))
+    assert lines == [f"{seed_plan.server}: max_running_requests: expected {more - 1}, SGLang reports {more} "
+                     "(internal_states[0].effective_max_running_requests_per_dp)"]
+
+
+def test_every_data_parallel_rank_is_read_and_checked(seed_plan):
+    body = _server_info_body(seed_plan)
+    del body["max_total_num_tokens"]
+    rank = dict(body["internal_states"][0], max_total_num_tokens=seed_plan.expected["max_total_num_tokens"])
+    body["internal_states"] = [rank, dict(rank, effective_max_running_requests_per_dp=7, max_mamba_cache_size=35)]
+    info = parse_server_info(body, server=seed_plan.server)
+    assert info.effective_max_running_requests == seed_plan.expected["max_running_requests"] + 7
+    assert info.max_mamba_cache_size == seed_plan.expected["max_mamba_cache_size"] + 35
+    assert info.max_total_num_tokens == 2 * seed_plan.expected["max_total_num_tokens"]
     lines = compare_expected(seed_plan, info)
-    assert any("no internal_states[0].max_mamba_cache_size" in line for line in lines)
-    assert any("no internal_states[0].max_total_num_tokens" in line for line in lines)
+    assert [line.split("(")[-1] for line in lines] == ["internal_states[1].effective_max_running_requests_per_dp)",
+                                                      "internal_states[1].max_mamba_cache_size)"]
 
 
 @pytest.mark.parametrize("kind", ["oom_kv", "oom_mamba"])

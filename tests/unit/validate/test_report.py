@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from validate_fixtures import MAX_TOKENS, SERVERS, error_row, good_row, write_run
 
+from fleetgen.nodes.readiness import RankLimits, ServerInfo
 from fleetgen.report.build import build_report, find_previous_report
 
 ROWS = 300
@@ -25,9 +26,10 @@ def plan_and_readiness(effective_running: int) -> tuple[list[dict], list[dict]]:
                      "flags": {"--max-mamba-cache-size": 200, "--mem-fraction-static": 0.93},
                      "expected": {"max_running_requests": 40, "max_mamba_cache_size": 200,
                                   "max_total_num_tokens": 798_000}, "budget": []})
+        limits = ServerInfo(server=server, ranks=(RankLimits(effective_running, None, 200),),
+                            top_level_total_tokens=798_000, context_length=None, version="0.5.23")
         readiness.append({"server": server, "host": host, "port": int(port), "gpu_ids": gpu_ids,
-                          "effective_max_running_requests": effective_running, "max_total_num_tokens": 798_000,
-                          "max_mamba_cache_size": 200, "version": "0.5.23"})
+                          **limits.to_dict()})
     return plan, readiness
 
 
