@@ -41,15 +41,9 @@ def stop_ports(shell: NodeShell, fleet: FleetSpec, ports: list[int]) -> list[dic
     command = remote.stop_command(run_dir=fleet.server.run_dir, module=fleet.server.module, ports=ports,
                                   grace_s=fleet.server.stop_grace_s)
     _, out, _ = shell.run(command, describe="stop servers", timeout_s=fleet.server.stop_grace_s * len(ports) + 60)
-    records = []
-    for line in out.splitlines():
-        words = line.split()
-        if words and words[0] in ("stopped", "absent", "stale"):
-            fields = dict(word.split("=", 1) for word in words[1:] if "=" in word)
-            records.append({"outcome": words[0], "port": int(fields["port"]),
-                            "pid": int(fields["pid"]) if fields.get("pid", "").isdigit() else None,
-                            "signal": fields.get("signal")})
-    return records
+    return [{"outcome": outcome, "port": int(fields["port"]),
+             "pid": int(fields["pid"]) if fields.get("pid", "").isdigit() else None, "signal": fields.get("signal")}
+            for outcome, fields in remote.parse_records(out, ("stopped", "absent", "stale"))]
 
 
 def wait_memory_released(shell: NodeShell, fleet: FleetSpec, node_name: str, pids: set[int],
@@ -85,10 +79,8 @@ def launch_server(shell: NodeShell, fleet: FleetSpec, slot: ServerSlot, plan: di
         raise ServerStartupError(f"launch refused (exit {status}): {(err or out).strip()[-1000:]}",
                                  host=slot.node, server=slot.name, kind="launch",
                                  hint="a server of ours may still hold the port; run the DAG again or stop it")
-    fields = {}
-    for line in out.splitlines():
-        if line.startswith("launched "):
-            fields = dict(word.split("=", 1) for word in line.split()[1:] if "=" in word)
+    launched = remote.parse_records(out, ("launched",))
+    fields = launched[-1][1] if launched else {}
     if "pid" not in fields:
         raise ServerStartupError(f"the launch printed no pid: {out.strip()[-500:]}", host=slot.node,
                                  server=slot.name, kind="launch")

@@ -89,12 +89,8 @@ def parse_apps_csv(text: str, *, host: str) -> list[dict]:
 
 def parse_our_pids(text: str) -> dict[int, int]:
     """``ours port=P pid=N`` lines -> {pid: port}."""
-    ours = {}
-    for line in text.splitlines():
-        fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
-        if line.startswith("ours ") and "pid" in fields and "port" in fields:
-            ours[int(fields["pid"])] = int(fields["port"])
-    return ours
+    return {int(fields["pid"]): int(fields["port"]) for _, fields in remote.parse_records(text, ("ours",))
+            if "pid" in fields and "port" in fields}
 
 
 def build_inventory(host: str, gpus: list[dict], apps: list[dict], our_pids: dict[int, int]) -> dict:

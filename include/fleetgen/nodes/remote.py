@@ -194,6 +194,17 @@ def sections_command(sections: Mapping[str, str]) -> str:
     return "\n".join(parts)
 
 
+def parse_records(output: str, tags: Sequence[str]) -> list[tuple[str, dict[str, str]]]:
+    """The ``TAG key=value ...`` lines the builders above print (``launched``, ``stopped``, ``stale``,
+    ``absent``, ``ours``), in order: ``[(tag, {key: value})]``; other lines are ignored."""
+    records = []
+    for line in output.splitlines():
+        words = line.split()
+        if words and words[0] in tags:
+            records.append((words[0], dict(word.split("=", 1) for word in words[1:] if "=" in word)))
+    return records
+
+
 def split_sections(output: str) -> dict[str, tuple[int, str]]:
     """Inverse of :func:`sections_command`: ``{name: (exit status, output)}``."""
     result: dict[str, tuple[int, str]] = {}

@@ -88,3 +88,13 @@ def test_read_file_command_refuses_missing_and_large(tmp_path):
     assert missing.returncode == 4 and "cannot read" in missing.stderr
     large = subprocess.run(["bash", "-c", remote.read_file_command(str(big), max_bytes=10)], capture_output=True, text=True)
     assert large.returncode == 5 and "100 bytes" in large.stderr
+
+
+def test_parse_records_reads_the_tagged_lines_the_builders_print():
+    output = ("noise before\nstopped port=30000 pid=41 signal=TERM\nstale port=30001 pid=7\n"
+              "absent port=30002 pid=\nlaunched port=30003 pid=99\nours port=30004 pid=5 extra\n")
+    assert remote.parse_records(output, ("stopped", "stale", "absent")) == [
+        ("stopped", {"port": "30000", "pid": "41", "signal": "TERM"}), ("stale", {"port": "30001", "pid": "7"}),
+        ("absent", {"port": "30002", "pid": ""})]
+    assert remote.parse_records(output, ("launched",)) == [("launched", {"port": "30003", "pid": "99"})]
+    assert remote.parse_records("launchedport=1\n", ("launched",)) == []
