@@ -12,7 +12,7 @@ import pendulum
 from airflow.sdk import DAG, Asset, Param, TaskGroup, task
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from fleetgen.airflow import tasks
+from fleetgen.airflow import failures, server_tasks, tasks
 from fleetgen.airflow.operators import WaitReadyOperator
 
 DOC_MD = """
@@ -100,7 +100,7 @@ DEFAULT_ARGS = {
     "retries": 2,
     # Environment, not I/O: lets tests retry without waiting. Deterministic errors never retry (fail_fast).
     "retry_delay": timedelta(seconds=float(os.environ.get("FLEETGEN_RETRY_DELAY_S", "20"))),
-    "on_failure_callback": tasks.describe_failure,
+    "on_failure_callback": failures.describe_failure,
 }
 
 with DAG(
@@ -128,11 +128,11 @@ with DAG(
         plans >> live
 
     with TaskGroup("servers") as servers:
-        stopped = task(tasks.stop_servers, task_id="stop_servers").partial(fleet=fleet).expand(
+        stopped = task(server_tasks.stop_servers, task_id="stop_servers").partial(fleet=fleet).expand(
             node=nodes)
-        launched = task(tasks.launch_servers, task_id="launch_servers", retries=0).partial(
+        launched = task(server_tasks.launch_servers, task_id="launch_servers", retries=0).partial(
             fleet=fleet, plans=plans).expand(node=nodes)
-        to_wait = task(tasks.flatten, task_id="servers_to_wait")(launched)
+        to_wait = task(server_tasks.flatten, task_id="servers_to_wait")(launched)
         readiness = WaitReadyOperator.partial(
             task_id="wait_ready", fleet=fleet, timeout_s="{{ params.ready_timeout_s }}", retries=0,
         ).expand(server=to_wait)
@@ -150,8 +150,8 @@ with DAG(
         run_report = task(tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET])(
             plans, readiness.output, results, validation)
 
-    released = task(tasks.release_servers, task_id="release_servers", trigger_rule="all_done").partial(
+    released = task(server_tasks.release_servers, task_id="release_servers", trigger_rule="all_done").partial(
         fleet=fleet).expand(node=nodes)
     [run_report, readiness] >> released
-    outcome = task(tasks.run_outcome, task_id="run_outcome", trigger_rule="one_failed", retries=0)()
+    outcome = task(failures.run_outcome, task_id="run_outcome", trigger_rule="one_failed", retries=0)()
     [run_report, released] >> outcome

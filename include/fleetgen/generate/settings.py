@@ -133,7 +133,7 @@ def server_limits(effective_mrr_by_server: dict[str, int], *, headroom: float, p
 
     ``effective_mrr_by_server`` is the effective max_running_requests read back from each server
     (``internal_states[].effective_max_running_requests_per_dp`` summed over DP ranks,
-    sglang-facts.md §5), not the requested flag. The fleet total per server is at least mrr + 1 so
+    docs/sglang-memory-model.md), not the requested flag. The fleet total per server is at least mrr + 1 so
     the server's waiting queue never runs dry between a finish and the next request; rounding each
     shard's share up overshoots by fewer than ``parallel_shards`` requests.
     """
@@ -150,3 +150,14 @@ def server_limits(effective_mrr_by_server: dict[str, int], *, headroom: float, p
         fleet_total = max(math.ceil(mrr * headroom), mrr + 1) if headroom > 1.0 else mrr
         limits[server] = math.ceil(fleet_total / parallel_shards)
     return limits
+
+
+def shard_endpoints(readiness: list[dict], *, headroom: float, parallel_shards: int) -> list[ServerEndpoint]:
+    """The servers a shard sends to, from the readiness results, each with its share of the in-flight limit.
+
+    ``parallel_shards`` 0 means shared automatically: the shard starts with the whole limit and follows
+    how many shards are running (see ``Dispatcher``)."""
+    limits = server_limits({ready["server"]: ready["effective_max_running_requests"] for ready in readiness},
+                           headroom=headroom, parallel_shards=parallel_shards or 1)
+    return [ServerEndpoint(name=ready["server"], url=ready["url"], max_in_flight=limits[ready["server"]],
+                           host=ready["host"], gpu_ids=tuple(ready["gpu_ids"])) for ready in readiness]

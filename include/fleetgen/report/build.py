@@ -24,17 +24,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fleetgen.report.plots import render_markdown, write_plots
+from fleetgen.report.markdown import render_markdown
+from fleetgen.report.plots import write_plots
 from fleetgen.nodes.readiness import ServerInfo
 from fleetgen.outputs import RunLayout
+from fleetgen.report.previous import REPORT_SCHEMA
 from fleetgen.validation.stats_table import load_errors, load_stats
 from fleetgen.validation.suite import json_safe
 
-__all__ = ["build_report", "find_previous_report", "compare_reports", "summarize_stats", "REPORT_SCHEMA"]
+__all__ = ["build_report", "compare_reports", "summarize_stats"]
 
 log = logging.getLogger(__name__)
 
-REPORT_SCHEMA = 1
 _HISTOGRAM_BINS = 64
 _MAX_TIMELINE_BUCKETS = 120
 _NICE_BUCKET_SECONDS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
@@ -291,23 +292,3 @@ def _comparison_brief(comparison: dict | None) -> dict | None:
             "tokens_per_s_generation": comparison["metrics"]["tokens_per_s_generation"],
             "completion_tokens_mean": comparison["metrics"]["completion_tokens_mean"],
             "fleet_max_running_requests": comparison["fleet_caps"]["max_running_requests"]}
-
-
-def find_previous_report(root: str | Path, current_run_id: str) -> Path | None:
-    """The newest ``root/<run_id>/report/report.json`` of another run whose validation passed."""
-    newest: tuple[float, Path] | None = None
-    for path in Path(root).glob("*/report/report.json"):
-        if path.parent.parent.name == current_run_id:
-            continue
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable report %s: %s", path, exc)
-            continue
-        if not isinstance(report, dict) or report.get("schema") != REPORT_SCHEMA or not report.get("run_succeeded"):
-            continue
-        when = report.get("generated_at_epoch")
-        when = float(when) if isinstance(when, (int, float)) else path.stat().st_mtime
-        if newest is None or when > newest[0]:
-            newest = (when, path)
-    return newest[1] if newest else None

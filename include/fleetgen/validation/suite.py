@@ -22,16 +22,17 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
 
-from fleetgen.errors import ConfigError, ValidationFailed
+from fleetgen.errors import ValidationFailed
 # The table readers moved to their own module; re-exported so existing imports keep working.
 from fleetgen.outputs import RunLayout
+from fleetgen.validation.thresholds import ValidationThresholds
 from fleetgen.validation.stats_table import ERROR_COLUMNS, STATS_COLUMNS, load_errors, load_stats  # noqa: F401
 
 __all__ = ["ValidationThresholds", "load_stats", "load_errors", "validate_run", "STATS_COLUMNS", "SAMPLE_IDS",
@@ -40,59 +41,6 @@ __all__ = ["ValidationThresholds", "load_stats", "load_errors", "validate_run", 
 log = logging.getLogger(__name__)
 
 SAMPLE_IDS = 10  # ids listed per failed expectation / per missing or duplicate list
-
-
-@dataclass(frozen=True)
-class ValidationThresholds:
-    """Pass/fail bounds of the suite. Shares are fractions in [0, 1] of the rows they concern."""
-
-    max_tokens: int
-    min_mean_completion_tokens: float = 1
-    max_mean_completion_tokens: float | None = None
-    allowed_finish_reasons: tuple[str, ...] = ("stop", "length")
-    max_length_share: float = 0.2
-    min_reasoning_share: float = 0.9
-    max_empty_answer_share: float = 0.1
-    max_error_share: float = 0.01
-
-    def __post_init__(self) -> None:
-        # DAG Params arrive as JSON: accept a list for the finish reasons and keep the tuple.
-        object.__setattr__(self, "allowed_finish_reasons", tuple(self.allowed_finish_reasons))
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
-                              hint="pass the max_tokens the generation used")
-        if not self.allowed_finish_reasons or not all(
-                isinstance(reason, str) and reason for reason in self.allowed_finish_reasons):
-            raise ConfigError(f"allowed_finish_reasons must be non-empty strings, got {self.allowed_finish_reasons!r}")
-        low, high = self.min_mean_completion_tokens, self.max_mean_completion_tokens
-        if not _finite(low) or low < 0:
-            raise ConfigError(f"min_mean_completion_tokens must be a number >= 0, got {low!r}")
-        if high is not None and (not _finite(high) or high < low):
-            raise ConfigError(f"max_mean_completion_tokens must be None or >= min_mean_completion_tokens ({low}), "
-                              f"got {high!r}")
-        for name in ("max_length_share", "min_reasoning_share", "max_empty_answer_share", "max_error_share"):
-            share = getattr(self, name)
-            if not _finite(share) or not 0 <= share <= 1:
-                raise ConfigError(f"{name} must be a fraction in [0, 1], got {share!r}",
-                                  hint="shares are fractions: 0.05 means 5 %")
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "ValidationThresholds":
-        """Build from DAG Params; keys that are absent or None keep their defaults (max_tokens is required)."""
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown validation threshold(s): {', '.join(unknown)}",
-                              hint=f"known thresholds: {', '.join(sorted(known))}")
-        given = {key: value for key, value in values.items() if value is not None}
-        if "max_tokens" not in given:
-            raise ConfigError("validation thresholds need max_tokens")
-        return cls(**given)
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["allowed_finish_reasons"] = list(self.allowed_finish_reasons)
-        return out
 
 
 @dataclass(frozen=True)
@@ -205,8 +153,6 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _read_result(check: _Check, result: Any) -> dict:

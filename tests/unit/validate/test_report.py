@@ -10,7 +10,8 @@ import pytest
 from validate_fixtures import MAX_TOKENS, SERVERS, error_row, good_row, write_run
 
 from fleetgen.nodes.readiness import RankLimits, ServerInfo
-from fleetgen.report.build import build_report, find_previous_report
+from fleetgen.report.build import build_report
+from fleetgen.report.previous import find_previous_report
 
 ROWS = 300
 SPAN = 2.0 + (ROWS - 1) * 0.1  # first request starts at T0 (latency 2 s), the last one ends at T0 + SPAN

@@ -1,0 +1,48 @@
+"""What every task callable starts from: the Airflow context, the run configuration, the run's output
+layout; and the rule that an error a retry cannot fix fails the task at once."""
+
+from __future__ import annotations
+
+import functools
+
+from fleetgen.airflow.run_config import RunConfig
+from fleetgen.errors import ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError, ValidationFailed
+from fleetgen.outputs import RunLayout
+
+# Errors a retry cannot fix: bad input, a model we cannot size, a plan that cannot fit, failed data.
+DETERMINISTIC_ERRORS = (ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError, ValidationFailed)
+
+
+def fail_fast(function):
+    """Turn a deterministic error into AirflowFailException (no retry: the same input fails the same
+    way), keeping the message and the original as its cause."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except DETERMINISTIC_ERRORS as error:
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(str(error)) from error
+
+    return wrapper
+
+
+def task_context():
+    from airflow.sdk import get_current_context
+
+    return get_current_context()
+
+
+def run_context() -> tuple[dict, RunConfig, RunLayout]:
+    """The task's context, the run configuration and the run's output layout."""
+    context = task_context()
+    config = RunConfig.from_params(context["params"])
+    return context, config, config.layout(context["run_id"])
+
+
+def mapped_values(mapped) -> list:
+    """All values of a mapped task's output in one request (``list()`` on the lazy sequence asks
+    index by index and logs a spurious "XCom not found" at the end)."""
+    return list(mapped[:]) if hasattr(mapped, "__getitem__") and not isinstance(mapped, list) else list(mapped)

@@ -1,0 +1,32 @@
+"""The model directory on the node: ``config.json`` and the safetensors index, read over SSH.
+
+The tuner needs the model's shape (config) and the size of its weights (index metadata); both are
+read on the first node, where the servers will load them, so the plan sizes what will really run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from fleetgen.errors import ConfigError
+from fleetgen.tuning.profile import weights_bytes_from_index
+
+
+def model_file_paths(model_path: str) -> tuple[str, str]:
+    root = model_path.rstrip("/")
+    return f"{root}/config.json", f"{root}/model.safetensors.index.json"
+
+
+def read_model(read_text: Callable[[str], str], model_path: str, *, host: str) -> tuple[dict, int]:
+    """(config, weights bytes) from the model directory; ``read_text(path)`` returns a file's text."""
+    config_path, index_path = model_file_paths(model_path)
+    documents = {}
+    for path in (config_path, index_path):
+        text = read_text(path)
+        try:
+            documents[path] = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"not valid JSON: {exc.msg}", host=host, path=path, line=exc.lineno,
+                              hint="check the model directory named by model.path in the fleet description") from None
+    return documents[config_path], weights_bytes_from_index(documents[index_path], path=index_path)
