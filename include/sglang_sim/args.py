@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's launch flags, parsed the way SGLang parses them (sglang-facts §1).
+"""SGLang 0.5.23's launch flags, parsed the way SGLang parses them (docs/sglang-memory-model.md §1, §1.7).
 
 A plain ``argparse.ArgumentParser(prog="sglang serve")`` with prefix abbreviation on, so the
 0.5.9 name ``--cuda-graph-max-bs`` fails with argparse's "ambiguous option" error and

@@ -1,7 +1,7 @@
 """A launch's start-up memory without a process: what ``python -m sglang_sim.server ARGV`` would
 measure, size, allocate and capture on a node, or the SGLang error it would die with.
 
-The steps and byte counts are the server's (server.py, sglang-facts §2, §5): the new process's CUDA
+The steps and byte counts are the server's (server.py, docs/sglang-memory-model.md §2, §5): the new process's CUDA
 context (+ NCCL buffers when tp > 1) comes out of the free memory nvidia-smi shows, the rest is the
 pre-load baseline (min over the server's GPUs); the weights load; the state and KV pools are sized
 (pools.py) and allocated, then the draft worker's KV pool; then CUDA graphs are captured in what is

@@ -1,4 +1,4 @@
-"""SGLang's HTTP API on top of the batching engine (sglang-facts §5, §6).
+"""SGLang's HTTP API on top of the batching engine (docs/sglang-memory-model.md §5, §6).
 
 Routes: /health, /health_generate, /ready, /model_info (+/get_model_info), /server_info
 (+/get_server_info), /v1/models, /v1/chat/completions, /generate, and /metrics with

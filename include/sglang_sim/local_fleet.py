@@ -19,7 +19,7 @@ from fleetgen.generate import ServerEndpoint, server_limits
 from sglang_sim.node import create_node, write_faults
 from sglang_sim.presets import install_model
 
-# The worked case (scenarios/seed-b200-qwen3.6-27b): the launch options every arm shares, and the
+# The worked case (docs/sglang-memory-model.md §4.2): the launch options every arm shares, and the
 # hand-tuned memory flags (effective max_running_requests 40).
 SEED_BASE_FLAGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
                    "--speculative-num-draft-tokens", "4", "--mamba-radix-cache-strategy", "extra_buffer",

@@ -17,7 +17,7 @@ from fleetgen.errors import ModelConfigError
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1,
                "float8_e4m3fn": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-# get_context_length (sglang-facts §1): first key found, times the rope factor
+# get_context_length (docs/sglang-memory-model.md §1.6): first key found, times the rope factor
 CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
                 "max_position_embeddings")
 # configs/model_config.py::multimodal_model_archs (0.5.23): ModelConfig.is_multimodal is true for these
@@ -60,7 +60,7 @@ DEFAULT_VISION_HIDDEN = {"Qwen3_5ForConditionalGeneration": 1152, "Qwen3_5MoeFor
 
 @dataclass(frozen=True)
 class LinearAttention:
-    """GatedDeltaNet (Mamba2-style) state shape per linear-attention layer (sglang-facts §2.3, §4)."""
+    """GatedDeltaNet (Mamba2-style) state shape per linear-attention layer (docs/sglang-memory-model.md §2.3, §4)."""
 
     num_key_heads: int
     num_value_heads: int
@@ -136,7 +136,7 @@ class ModelShape:
         return self.num_layers - self.full_attention_layers if self.linear else 0
 
     def kv_bytes_per_token(self, attn_tp: int, kv_dtype_bytes: int) -> int:
-        """Full-attention KV cell of the target model (sglang-facts §2.2), before any draft fold."""
+        """Full-attention KV cell of the target model (docs/sglang-memory-model.md §2.2), before any draft fold."""
         if self.is_mla:
             return (self.kv_lora_rank + self.qk_rope_head_dim) * self.full_attention_layers * kv_dtype_bytes
         heads = max(1, self.num_kv_heads // attn_tp)

@@ -1,4 +1,4 @@
-"""Start-up pool sizing as SGLang 0.5.23 does it (sglang-facts §2.1-§2.3, §3).
+"""Start-up pool sizing as SGLang 0.5.23 does it (docs/sglang-memory-model.md §2.1-§2.3, §3).
 
 Budget: ``rest = available - pre_load_free * (1 - mfs) - mm_reservation`` (GB floats, as
 ``mem_cache/kv_cache_configurator.py::KVCacheConfigurator._profile_available_bytes`` computes them),
@@ -169,7 +169,7 @@ def _mamba(model: ModelShape, launch: Launch, rest_gb: float) -> tuple[float, in
 
 def resolve_max_running_requests(model: ModelShape, launch: Launch, tokens: int, slots: int,
                                  ratio: int, warnings: list[str]) -> int:
-    """``resolve_max_num_reqs`` (sglang-facts §3), per attention-DP worker."""
+    """``resolve_max_num_reqs`` (docs/sglang-memory-model.md §3), per attention-DP worker."""
     estimated = max(min(int(tokens / launch.context_len * 512), 4096), 2048)
     requested = None
     if launch.max_running_requests is not None:

@@ -1,4 +1,4 @@
-"""From parsed flags to the values SGLang 0.5.23 actually runs with (sglang-facts §1, §1.1, §2.3).
+"""From parsed flags to the values SGLang 0.5.23 actually runs with (docs/sglang-memory-model.md §1, §2.3).
 
 This is the simulator's own reading of SGLang's start-up hooks: GPU-table defaults, automatic
 ``mem_fraction_static`` (with the VLM factor for multimodal architectures), CUDA-graph batch sizes,
@@ -19,7 +19,7 @@ GIB_MIB = 1024
 EAGLE_FAMILY = {"EAGLE", "EAGLE3", "STANDALONE"}
 SPEC_MRR_DEFAULT_ALGOS = {"EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"}
 SPEC_MRR_DEFAULT = 48
-# architectures whose triton linear-attention kernels support extra_buffer (sglang-facts §2.3)
+# architectures whose triton linear-attention kernels support extra_buffer (docs/sglang-memory-model.md §1.5)
 EXTRA_BUFFER_MODEL_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
                             "kimi_linear", "falcon_h1", "nemotron_h"}
 # configs/model_config.py::ModelConfig._config_draft_model: a path-less MTP draft of these
@@ -111,7 +111,7 @@ class Launch:
 
 
 def gpu_table(gpu_mem_mib: float | None, tp: int) -> tuple[int, int]:
-    """(chunked_prefill_size, decode max_bs) defaults by GPU memory (sglang-facts §1.1 table)."""
+    """(chunked_prefill_size, decode max_bs) defaults by GPU memory (docs/sglang-memory-model.md §1.1 table)."""
     if gpu_mem_mib is None:
         return 4096, 160
     if gpu_mem_mib < 20 * GIB_MIB:

@@ -1,4 +1,4 @@
-"""Serving: uvicorn on the configured host:port, then SGLang's warm-up (sglang-facts §5.3).
+"""Serving: uvicorn on the configured host:port, then SGLang's warm-up (docs/sglang-memory-model.md §5.3).
 
 The warm-up polls ``GET /model_info`` and posts ``/generate`` ("The capital city of France is",
 8 tokens, temperature 0) to itself over HTTP; only then does ``/health`` answer 200 and the log say

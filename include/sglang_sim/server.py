@@ -1,6 +1,6 @@
 """``python -m sglang_sim.server <SGLang flags>``: the stand-in for ``python -m sglang.launch_server``.
 
-Start-up follows SGLang's order (sglang-facts §2, §5): CUDA context on each GPU, pre-load free memory
+Start-up follows SGLang's order (docs/sglang-memory-model.md §2, §5): CUDA context on each GPU, pre-load free memory
 (min over the server's GPUs), weights, pool sizing, pools, CUDA-graph capture, then the HTTP port
 opens, a warm-up request runs and ``/health`` turns 200. Each step registers this process's memory
 on the node (``state/gpu<i>/<pid>.json``) so ``nvidia-smi`` shows it; the files go on exit/SIGTERM

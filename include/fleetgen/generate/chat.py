@@ -1,4 +1,4 @@
-"""OpenAI-compatible chat requests and responses as SGLang serves them (sglang-facts.md §6).
+"""OpenAI-compatible chat requests and responses as SGLang serves them (docs/sglang-memory-model.md §6).
 
 With a reasoning parser, ``choices[0].message`` carries the thinking in ``reasoning_content`` and
 the answer in ``content``; ``usage.completion_tokens`` includes the reasoning tokens.

@@ -64,7 +64,7 @@ class GenerationSettings:
     retry_backoff_s: float = 0.5  # first delay before a failed prompt is offered again; doubles per try
     recheck_initial_s: float = 1.0  # first health re-check of a server marked down; doubles per failure
     recheck_max_s: float = 30.0
-    health_timeout_s: float = 30.0  # SGLang's /health runs a one-token generation (sglang-facts.md §5)
+    health_timeout_s: float = 30.0  # SGLang's /health runs a one-token generation (docs/sglang-memory-model.md §5.3)
     # A server with requests in flight that has answered nothing for this long gets a /health probe;
     # if that fails too it is marked down and its requests go elsewhere, without waiting out the
     # (long) request timeout. Busy but healthy servers answer /health and are left alone.
@@ -133,7 +133,7 @@ def server_limits(effective_mrr_by_server: dict[str, int], *, headroom: float, p
 
     ``effective_mrr_by_server`` is the effective max_running_requests read back from each server
     (``internal_states[].effective_max_running_requests_per_dp`` summed over DP ranks,
-    docs/sglang-memory-model.md), not the requested flag. The fleet total per server is at least mrr + 1 so
+    docs/sglang-memory-model.md §5.5), not the requested flag. The fleet total per server is at least mrr + 1 so
     the server's waiting queue never runs dry between a finish and the next request; rounding each
     shard's share up overshoots by fewer than ``parallel_shards`` requests.
     """

@@ -1,7 +1,7 @@
 """Readiness of SGLang servers: fatal log lines, ``/server_info`` readback. Pure functions.
 
-The fatal messages are SGLang 0.5.23's own (sglang-facts sections 2.1-2.3, 3 and 5); a line that
-matches fails the wait at once with that line, instead of waiting out a timeout.
+The fatal messages are SGLang 0.5.23's own (docs/sglang-memory-model.md §5.2 lists them with the source
+of each); a line that matches fails the wait at once with that line, instead of waiting out a timeout.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from fleetgen.errors import FailureKind, ServerError
 
 K = FailureKind
 # (kind, needle). Specific causes first: the first specific match in a log wins over a generic one.
-# The messages are SGLang 0.5.23's (docs/sglang-memory-model.md, "Fatal messages").
+# The messages are SGLang 0.5.23's (docs/sglang-memory-model.md §5.2).
 _SPECIFIC = (
     (K.OOM_WEIGHTS, "Loaded weights leave no GPU memory for the KV cache"),
     (K.OOM_KV, "Not enough memory. Please try to increase --mem-fraction-static"),
@@ -80,7 +80,7 @@ class ServerInfo:
     """``/server_info`` read once: the effective limits per data-parallel rank, and the server's version.
 
     The top-level ``max_running_requests`` is the *requested* value: the cap that binds is each rank's
-    ``internal_states[i].effective_max_running_requests_per_dp`` (docs/sglang-memory-model.md, "/server_info").
+    ``internal_states[i].effective_max_running_requests_per_dp`` (docs/sglang-memory-model.md §5.5).
     ``max_total_num_tokens`` comes from the top level (the scheduler's handshake) when present.
     """
 

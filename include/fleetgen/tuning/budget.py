@@ -1,4 +1,7 @@
-"""The budget table a person checks by hand, and the read-back of what SGLang actually allowed."""
+"""The budget table a person checks by hand, and the read-back of what SGLang actually allowed.
+
+The numbers in parentheses in the notes are sections of docs/sglang-memory-model.md.
+"""
 
 from __future__ import annotations
 
@@ -72,7 +75,8 @@ def render_budget_table(plan: ServerPlan) -> str:
 
 
 def compare_expected(plan: ServerPlan, info: ServerInfo) -> list[str]:
-    """Mismatch lines between the plan and what the server reports; empty when they agree.
+    """Mismatch lines between the plan and what the server reports (docs/sglang-memory-model.md §5.5);
+    empty when they agree.
 
     Per attention-DP rank: the effective max running requests and the computed Mamba slots;
     ``max_total_num_tokens`` from the top level (scheduler handshake), else from each rank. A value

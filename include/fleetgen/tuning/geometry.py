@@ -2,10 +2,10 @@
 
 Four layouts are covered, each the way SGLang 0.5.23 reads it:
 
-- dense GQA/MHA: every layer keeps K and V per KV head (sglang-facts 2.2, MHA cell);
+- dense GQA/MHA: every layer keeps K and V per KV head (docs/sglang-memory-model.md §2.2);
 - MLA (DeepSeek-V2/V3 style): one latent of ``kv_lora_rank + qk_rope_head_dim`` per layer (2.2);
 - hybrid GatedDeltaNet (Qwen3-Next, Qwen3.5/3.6): full attention on every
-  ``full_attention_interval``-th layer, linear attention elsewhere (section 4);
+  ``full_attention_interval``-th layer, linear attention elsewhere (§2.3);
 - hybrid Mamba2 (Nemotron-H: a ``M``/``*``/``-``/``E`` layer pattern; Falcon-H1, recognised by its
   architecture or model_type: attention and Mamba in every layer), both through
   ``Mamba2StateShape.create`` (2.3).
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from fleetgen.errors import ModelConfigError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# get_context_length (sglang-facts 1, `--context-length`): the first key present wins.
+# utils/hf_transformers/common.py::get_context_length (docs/sglang-memory-model.md §1.6): the first key present wins.
 CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
                        "max_position_embeddings")
 SGLANG_FALLBACK_CONTEXT_LENGTH = 2048
@@ -195,7 +195,7 @@ def _attention_fields(get) -> dict:
 
 def _hybrid_gdn(get, need, common: dict) -> ModelGeometry:
     # Qwen3NextConfig.layers_block_type: layer i is full attention iff (i+1) % interval == 0;
-    # layer_types is ignored (sglang-facts 4). mamba2_cache_params: section 4 arguments.
+    # layer_types is ignored (docs/sglang-memory-model.md §2.3). mamba2_cache_params: the arguments of §2.3 / §4.1.
     keys = ["num_hidden_layers", "full_attention_interval", "num_attention_heads", "num_key_value_heads",
             "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
             "linear_value_head_dim", "linear_conv_kernel_dim"]

@@ -2,7 +2,7 @@
 
 A user passes SGLang flags of their own (speculative decoding, context length, ...). The ones that
 change how SGLang sizes memory are read here; the tuner plans around them and never emits a flag the
-user already set (sglang-facts section 1 lists the flags and their 0.5.23 names).
+user already set (docs/sglang-memory-model.md §1 lists the flags and their 0.5.23 names).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ KV_CACHE_DTYPES = {"auto", "bfloat16", "bf16", "float16", "fp16", "half", "float
                    "fp8_e4m3", "fp8_e5m2"}
 SSM_DTYPES = {"float32", "bfloat16", "float16"}
 RADIX_STRATEGIES = {"auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"}
-# NEXTN is rewritten to EAGLE by SGLang (sglang-facts 1, `--speculative-algorithm`).
+# NEXTN is rewritten to EAGLE by SGLang (docs/sglang-memory-model.md §1.4).
 EAGLE_FAMILY = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"}
 SPEC_ALGORITHMS = EAGLE_FAMILY | {"NGRAM", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP"}
 
-# Flags 0.5.23 rejects (sglang-facts 1 and 7): a user's args holding them would kill the launch.
+# Flags 0.5.23 rejects (docs/sglang-memory-model.md §1.7): a user's args holding them would kill the launch.
 REJECTED_FLAGS = {
     "--mamba-scheduler-strategy": "--mamba-radix-cache-strategy",
     "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
@@ -148,7 +148,7 @@ class LaunchOptions:
         return self.speculative_algorithm in EAGLE_FAMILY
 
     def resolved_spec(self, architecture: str) -> tuple[int, int, int] | None:
-        """(steps, topk, draft_tokens) as SGLang resolves them (sglang-facts 1), None without spec.
+        """(steps, topk, draft_tokens) as SGLang resolves them (docs/sglang-memory-model.md §1.4), None without spec.
 
         Eagle family with nothing set: ``_auto_choose_speculative_params`` -> (3, 1, 4), Llama/Grok
         (5, 4, 8), STANDALONE (3, 1, 4). topk == 1 forces draft = steps + 1.

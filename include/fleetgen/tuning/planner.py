@@ -3,7 +3,7 @@
 Objective (issue 3): the largest ``max_running_requests`` per server such that
 
 - the KV pool holds every running request at its full context length, and
-- SGLang's own reserve for activations and CUDA graphs (sglang-facts 1.1), any draft KV pool SGLang
+- SGLang's own reserve for activations and CUDA graphs (docs/sglang-memory-model.md §1.1), any draft KV pool SGLang
   allocates outside its static budget (2.2), and the user's margin all stay free.
 
 The plan sets the Mamba slots explicitly (``--max-mamba-cache-size = ratio x requests``, branch 1 of
@@ -62,7 +62,8 @@ def plan_server(*, host: str, gpu_ids: list[int], port: int, gpus: list[dict], p
 
 
 def backoff(plan: ServerPlan, failure: FailureKind | str) -> ServerPlan:
-    """A plan one step smaller in the dimension that failed (``FailureKind.backoff_step``).
+    """A plan one step smaller in the dimension that failed (``FailureKind.backoff_step``; the failures are
+    SGLang's, docs/sglang-memory-model.md §5.2).
 
     - ``requests`` (KV or Mamba pool): 10 % fewer running requests (K follows);
     - ``reserve`` (CUDA graphs, runtime CUDA OOM): one more step of free memory (lower ``--mem-fraction-static``);

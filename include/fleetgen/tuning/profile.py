@@ -1,7 +1,7 @@
 """Memory profile of a model under given launch options: the per-unit sizes the tuner plans with.
 
 From the model's ``config.json`` (plain or with ``text_config``), its safetensors index and the SGLang
-launch options, compute what SGLang 0.5.23 charges (sglang-facts sections cited per field):
+launch options, compute what SGLang 0.5.23 charges (docs/sglang-memory-model.md, sections cited per field):
 
 - weights per GPU (2.1: target and draft weights are both inside the static budget);
 - full-attention KV bytes per token, the MTP/draft layer folded in where SGLang folds it (2.2);
@@ -31,7 +31,7 @@ CONV_STATE_BYTES = 2
 # model, plus SGLANG_MM_FEATURE_CACHE_MB (1024) with a GPU feature transport.
 VLM_CACHE_MIB = 100
 MM_FEATURE_CACHE_MIB = 1024
-# --mamba-full-memory-ratio fallback (sglang-facts 1).
+# --mamba-full-memory-ratio fallback (docs/sglang-memory-model.md §1; arg_groups/fields/schedule.py).
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 # Architectures whose path-less MTP draft SGLang builds by rewriting the target config
 # (configs/model_config.py, is_draft_model branches that set num_nextn_predict_layers = 1).

@@ -1,9 +1,9 @@
 """SGLang 0.5.23's own memory arithmetic, mirrored: given the resolved flags and the memory SGLang will
 measure, what pools it builds and what concurrency it allows.
 
-- ``gpu_table`` / ``sglang_reserve_mb`` / ``auto_mem_fraction_static``: sglang-facts 1.1
+- ``gpu_table`` / ``sglang_reserve_mb`` / ``auto_mem_fraction_static``: docs/sglang-memory-model.md §1.1
   (``arg_groups/memory_hook.py::handle_gpu_memory_settings``).
-- ``size_pools``: sglang-facts 2.1-2.3 and 3 (``KVCacheConfigurator._profile_available_bytes``,
+- ``size_pools``: docs/sglang-memory-model.md §2.1-§2.3 and §3 (``KVCacheConfigurator._profile_available_bytes``,
   ``_handle_max_mamba_cache``, ``DefaultPoolConfigurator.calculate_pool_sizes``,
   ``resolve_max_num_reqs``), computed in GiB floats in the same order as SGLang so that floors land
   on the same integers.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from fleetgen.tuning.profile import GIB, MIB, MemoryProfile
 
-MAX_PREFILL_TOKENS_DEFAULT = 16384  # --max-prefill-tokens (sglang-facts 1)
+MAX_PREFILL_TOKENS_DEFAULT = 16384  # --max-prefill-tokens (docs/sglang-memory-model.md §1)
 SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48  # speculative_hook: "reset to 48 for speculative decoding"
 # Logical-page KV sharding scratch (page_interleave.compute_page_shard_scratch_bytes) is the only
 # fixed overhead DefaultPoolConfigurator subtracts; it is 0 unless that sharding is turned on.

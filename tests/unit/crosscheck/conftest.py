@@ -31,7 +31,8 @@ from fleetgen.tuning.planner import ServerPlan, TunerBounds, Workload, plan_serv
 B200_MIB = 183_359
 SEED_GPUS = 7
 SEED_WEIGHTS = 54_000_000_000
-# scenarios/seed-b200-qwen3.6-27b: NEXTN 3/1/4, extra_buffer with overlap, context 8192, reasoning parser
+# The seed scenario (docs/sglang-memory-model.md §4.2): NEXTN 3/1/4, extra_buffer with overlap,
+# context 8192, reasoning parser
 SEED_EXTRA_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
                    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
                    "--mamba-radix-cache-strategy", "extra_buffer", "--context-length", "8192",

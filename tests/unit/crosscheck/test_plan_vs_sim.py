@@ -136,7 +136,7 @@ def test_qwen3_next_at_tp2_on_two_gpus(xc, models, seed_node, extra_args):
     plan, sizing = _plan_and_start(xc, seed_node, xc.Case(models.qwen3_next, (3, 4), tuple(extra_args)))
     assert sizing.launch.tp == 2
     assert xc.budget(plan)["CUDA context of the new server"] == (600 + 400) * MIB  # NCCL buffers with tp > 1
-    assert sizing.plan.mamba_slot_bytes == 38_633_472  # sglang-facts §4, tp 2
+    assert sizing.plan.mamba_slot_bytes == 38_633_472  # docs/sglang-memory-model.md §4.1, tp 2
     if extra_args:  # the rewritten MTP draft (1 layer, 1 KV head per rank) lies outside the budget
         assert sizing.plan.kv_cell_bytes == 12_288 and sizing.plan.draft_kv_cell_bytes == 1_024
         assert sizing.plan.draft_kv_outside_bytes > 0

@@ -1,4 +1,4 @@
-"""Pool sizing against the seed scenario and sglang-facts §1-§4 worked examples."""
+"""Pool sizing against the seed scenario and the worked examples of docs/sglang-memory-model.md §1-§4."""
 
 import argparse
 
@@ -13,7 +13,8 @@ from sglang_sim.resolve import LaunchError, prefill_buckets, resolve_launch
 
 def test_seed_before_caps_at_16_with_21_gib_of_state(tools):
     launch, plan = tools.seed_run(tools.BEFORE)
-    # auto: B200 table row 0.854 (sglang-facts §1.1), then the VLM factor of a multimodal architecture:
+    # auto: B200 table row 0.854 (docs/sglang-memory-model.md §1.1, §4.2), then the VLM factor of a
+    # multimodal architecture:
     # 0.95 x (1 - 0.1 x (24 x 1152^2 / (24 x 1024^2) - 1)) for Qwen3.5's default vision tower
     assert launch.mfs_reserved_mb == 512 + 1.5 * 16384 + 1024 / 8 + 2 * 512 + 8 * 74  # 26,832 MB
     assert launch.mfs_vlm_factor == 0.95 * (1.0 - 0.1 * ((24 * 1152 ** 2) / (24 * 1024 ** 2) - 1.0))

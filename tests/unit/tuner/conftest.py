@@ -1,6 +1,6 @@
 """Fixtures for the memory profile and tuner tests: model configs, the seed scenario's GPUs and args.
 
-The seed scenario (scenarios/seed-b200-qwen3.6-27b/README.md): 7 x B200 of 183,359 MiB, a 27B hybrid
+The seed scenario (docs/sglang-memory-model.md §4.2): 7 x B200 of 183,359 MiB, a 27B hybrid
 model with ~54 GB of bf16 weights, NEXTN 3/1/4, extra_buffer with overlap, context 8192.
 """
 

@@ -1,4 +1,5 @@
-"""Memory profile numbers against sglang-facts (section 4 table, seed README) and hand arithmetic."""
+"""Memory profile numbers against docs/sglang-memory-model.md §4 (the Qwen3-Next table, the seed scenario)
+and hand arithmetic."""
 
 import pytest
 from fleetgen.errors import ModelConfigError

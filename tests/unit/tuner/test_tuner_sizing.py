@@ -1,4 +1,4 @@
-"""SGLang's own arithmetic, checked against the worked numbers of sglang-facts 1.1, 3 and 4."""
+"""SGLang's own arithmetic, checked against the worked numbers of docs/sglang-memory-model.md §1.1, §3 and §4."""
 
 import pytest
 
