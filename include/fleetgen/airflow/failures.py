@@ -6,10 +6,17 @@ import datetime
 import json
 import logging
 
+import jsonlines
+import orjson
+
 from fleetgen.errors import FleetgenError
 from fleetgen.outputs import RunLayout
 
 log = logging.getLogger("fleetgen")
+
+
+def _dumps(record: dict) -> bytes:
+    return orjson.dumps(record, default=str)
 
 
 def run_outcome() -> None:
@@ -50,7 +57,7 @@ def describe_failure(context) -> None:
     try:
         layout = RunLayout.for_run(context["params"]["output_root"], context["run_id"])
         layout.root.mkdir(parents=True, exist_ok=True)
-        with layout.failures.open("a") as failures:
-            failures.write(json.dumps(record, default=str) + "\n")
+        with layout.failures.open("ab") as handle, jsonlines.Writer(handle, dumps=_dumps) as failures:
+            failures.write(record)
     except (OSError, KeyError) as error:
         log.warning("could not append the failure summary (%s); it was: %s", error, json.dumps(record, default=str))
