@@ -262,6 +262,9 @@ def _parse_node(doc: Any, index: int, tp_size: int, source: str) -> NodeSpec:
     duplicates = sorted({g for g in flat if flat.count(g) > 1})
     if duplicates:
         raise ConfigError(f"'{where}' uses GPU(s) {duplicates} more than once", path=source)
+    if "ports" in doc and "base_port" in doc:
+        raise ConfigError(f"'{where}' sets both 'ports' and 'base_port'; give one", path=source,
+                          hint="keep 'ports' to list each server's port, or 'base_port' for consecutive ports")
     if "ports" in doc:
         ports = [_typed(p, f"{where}.ports", int, source) for p in _typed(doc["ports"], f"{where}.ports", list, source)]
         if len(ports) != len(groups):

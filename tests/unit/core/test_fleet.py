@@ -49,6 +49,7 @@ def test_tp_groups():
     (_with(server__module="sglang launch"), "not a Python module name"),
     (_with(nodes__0__colour="red"), "unknown key(s) under 'nodes[0] (a)': colour"),
     (_with(server__tp_size=True), "must be an integer, got a boolean"),
+    (_with(nodes__1__ports=[31000]), "'nodes[1] (b)' sets both 'ports' and 'base_port'; give one"),
 ])
 def test_invalid_documents_name_the_key_and_node(document, message):
     with pytest.raises(ConfigError) as error:
