@@ -2,21 +2,28 @@
 
 Nothing here opens a connection: each function returns one string for ``bash -c`` on the node.
 Every interpolated value goes through :func:`quote` (``shlex.quote``, with ``~/`` kept expandable),
-so a model path, served name or argument with spaces, quotes or ``$(...)`` reaches the server as one
-word. The remote user needs no root: servers run as that user under ``setsid``.
+in every branch, messages included (printed with ``printf %s``, never inside an ``echo "..."``), so
+a model path, served name or argument with spaces, quotes, newlines or ``$(...)`` reaches the node as
+data. Numbers (ports, pids, sizes) are ``int()``-ed first; what a command reads back from a file on
+the node (a pid) is checked to be a number before it is used. The remote user needs no root:
+servers run as that user under ``setsid``.
 
-Secrets never appear in a command string: the API key travels on the SSH channel's stdin and is read
-into an environment variable on the node (commands are logged by the SSH hook, secrets must not be).
+Secrets never appear in a command string nor in a process's command line: the API key travels on the
+SSH channel's stdin into a 0600 YAML file that SGLang reads with ``--config`` (commands are logged by
+the SSH hook, and ``/proc/PID/cmdline`` is readable by every user of the node). See
+docs/security-and-ssh.md.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # Markers that split the output of the multi-part probe command.
 SECTION_MARKER = "@@fleetgen:"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def quote(value: str | int | float) -> str:
@@ -42,6 +49,25 @@ def log_file(log_dir: str, port: int) -> str:
     return f"{log_dir.rstrip('/')}/sglang-{port}.log"
 
 
+def config_file(run_dir: str, port: int) -> str:
+    """The server's ``--config`` YAML (mode 0600: it holds the API key). SGLang wants a .yaml suffix."""
+    return f"{run_dir.rstrip('/')}/sglang-{port}.yaml"
+
+
+def api_key_config(key: str) -> str:
+    """The YAML that carries the API key to SGLang's ``--config`` (sent on stdin, never in a command).
+
+    SGLang turns each key into ``--<key> <value>`` (sglang/srt/utils/server_args_config_parser.py), so
+    the key is spelled ``api-key``; safe_dump quotes whatever YAML would otherwise read as another type.
+    """
+    import yaml
+
+    if not key or "\n" in key or "\r" in key or key.startswith("-"):
+        # argparse would read a leading '-' as a flag; a line break cannot be an HTTP header value.
+        raise ValueError("an API key is one line that does not start with '-'")
+    return yaml.safe_dump({"api-key": key}, default_flow_style=False, width=1 << 16)
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """Everything needed to start one server on a node."""
@@ -57,7 +83,7 @@ class LaunchSpec:
     log_dir: str
     args: tuple[str, ...] = ()          # tuner flags + the user's extra args, already flattened
     env: tuple[tuple[str, str], ...] = ()
-    api_key_on_stdin: bool = False       # the key is written to the channel's stdin, one line
+    api_key_on_stdin: bool = False       # stdin carries api_key_config(key): written to the server's --config
 
     def argv(self) -> list[str]:
         """The server's argv (no secrets: the key is appended from the environment on the node)."""
@@ -86,38 +112,49 @@ def flags_to_args(flags: Mapping[str, object]) -> list[str]:
     return args
 
 
+def _env_name(name: str) -> str:
+    """An environment variable name, refused unless it is one (it is written unquoted before ``=``)."""
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError(f"not an environment variable name: {name!r}")
+    return name
+
+
 def launch_command(spec: LaunchSpec) -> str:
     """Start one server detached (setsid), output to its log file, pid to its pid file; print the pid.
 
     A server already holding the pid file's pid with our command line is refused: stop it first.
     """
-    pid_path, log_path = pid_file(spec.run_dir, spec.port), log_file(spec.log_dir, spec.port)
-    env_words = [f"CUDA_VISIBLE_DEVICES={quote(','.join(str(g) for g in spec.gpu_ids))}"]
-    env_words += [f"{name}={quote(value)}" for name, value in spec.env]
+    port = int(spec.port)
+    pid_path, log_path = pid_file(spec.run_dir, port), log_file(spec.log_dir, port)
+    env_words = [f"CUDA_VISIBLE_DEVICES={quote(','.join(str(int(g)) for g in spec.gpu_ids))}"]
+    env_words += [f"{_env_name(name)}={quote(value)}" for name, value in spec.env]
     argv = spec.argv()
     # The interpreter and the model path may live under the remote user's home (~/...).
     server_words = " ".join([quote_path(argv[0]), *(quote(w) for w in argv[1:4]), quote_path(argv[4]),
                              *(quote(w) for w in argv[5:])])
+    config_path = quote_path(config_file(spec.run_dir, port))
     if spec.api_key_on_stdin:
-        server_words += ' --api-key "$FLEETGEN_API_KEY"'
+        # The key reaches SGLang in a file, not its argv: /proc/PID/cmdline is readable by every local user.
+        server_words += f" --config {config_path}"
     lines = [
         "set -eu",
         f"mkdir -p {quote_path(spec.run_dir)} {quote_path(spec.log_dir)}",
-        f"if [ -s {quote_path(pid_path)} ] && {_is_ours_test(quote_path(pid_path), spec.module, spec.port)}; then",
-        f"  echo \"refused: our server on port {spec.port} is still running (pid $(cat {quote_path(pid_path)}))\" >&2",
+        f"if [ -s {quote_path(pid_path)} ] && {_is_ours_test(quote_path(pid_path), spec.module, port)}; then",
+        f"  echo \"refused: our server on port {port} is still running (pid $fleetgen_pid)\" >&2",
         "  exit 3",
         "fi",
     ]
     if spec.api_key_on_stdin:
-        lines.append("IFS= read -r FLEETGEN_API_KEY; export FLEETGEN_API_KEY")
+        # A fresh file created 0600 (umask) and never through a planted file or link (noclobber's O_EXCL);
+        # cat holds no secret in its own command line.
+        lines += [f"rm -f -- {config_path}", f"(umask 077 && set -o noclobber && cat > {config_path})"]
     lines += [
         f": > {quote_path(log_path)}",
         # setsid in a non-interactive shell's background job execs without forking, so $! is the server.
         f"{' '.join(env_words)} setsid {server_words} >> {quote_path(log_path)} 2>&1 < /dev/null &",
         "server_pid=$!",
         f"echo \"$server_pid\" > {quote_path(pid_path)}",
-        "unset FLEETGEN_API_KEY 2>/dev/null || true",
-        f"echo \"launched port={spec.port} pid=$server_pid\"",
+        f"echo \"launched port={port} pid=$server_pid\"",
     ]
     return "\n".join(lines)
 
@@ -128,9 +165,11 @@ def _is_ours_test(pid_path_quoted: str, module: str, port: int) -> str:
     A pid file can outlive its process and the pid be reused by someone else's program: the
     command line check is what keeps a stop from ever signalling a stranger.
     """
-    return (f"fleetgen_pid=$(cat {pid_path_quoted}) && [ -r /proc/$fleetgen_pid/cmdline ] && "
-            f"tr '\\0' ' ' < /proc/$fleetgen_pid/cmdline | grep -qF -- {quote('-m ' + module + ' ')} && "
-            f"tr '\\0' ' ' < /proc/$fleetgen_pid/cmdline | grep -qF -- {quote(' --port ' + str(port) + ' ')}")
+    # The file's content is data: only a plain number is a pid ("$x" or "1 -o 1" must not reach a test).
+    return (f"fleetgen_pid=$(head -c 32 -- {pid_path_quoted}) && fleetgen_pid=${{fleetgen_pid%%[[:space:]]*}} && "
+            f"case \"$fleetgen_pid\" in ''|*[!0-9]*) false;; esac && [ -r \"/proc/$fleetgen_pid/cmdline\" ] && "
+            f"tr '\\0' ' ' < \"/proc/$fleetgen_pid/cmdline\" | grep -qF -- {quote('-m ' + module + ' ')} && "
+            f"tr '\\0' ' ' < \"/proc/$fleetgen_pid/cmdline\" | grep -qF -- {quote(' --port ' + str(int(port)) + ' ')}")
 
 
 def stop_command(*, run_dir: str, module: str, ports: Sequence[int], grace_s: float) -> str:
@@ -141,9 +180,11 @@ def stop_command(*, run_dir: str, module: str, ports: Sequence[int], grace_s: fl
     """
     checks = max(1, int(grace_s * 10))
     lines = ["set -u"]
-    for port in ports:
+    for port in map(int, ports):
         pid_path = quote_path(pid_file(run_dir, port))
         lines += [
+            # the server's --config holds the API key: it goes whatever the pid file says
+            f"rm -f -- {quote_path(config_file(run_dir, port))}",
             f"if [ ! -s {pid_path} ]; then echo 'absent port={port}';",
             f"elif {_is_ours_test(pid_path, module, port)}; then",
             "  kill -TERM \"$fleetgen_pid\" 2>/dev/null || true; signal=TERM; n=0",
@@ -151,7 +192,8 @@ def stop_command(*, run_dir: str, module: str, ports: Sequence[int], grace_s: fl
             "  if kill -0 \"$fleetgen_pid\" 2>/dev/null; then kill -KILL \"$fleetgen_pid\" 2>/dev/null || true;"
             " signal=KILL; fi",
             f"  rm -f {pid_path}; echo \"stopped port={port} pid=$fleetgen_pid signal=$signal\"",
-            f"else echo \"stale port={port} pid=$(cat {pid_path})\"; rm -f {pid_path};",
+            # a stale pid file may hold anything: print only its digits, on this one line
+            f"else echo \"stale port={port} pid=$(head -c 32 -- {pid_path} | tr -cd 0-9)\"; rm -f {pid_path};",
             "fi",
         ]
     return "\n".join(lines)
@@ -160,7 +202,7 @@ def stop_command(*, run_dir: str, module: str, ports: Sequence[int], grace_s: fl
 def our_pids_command(*, run_dir: str, module: str, ports: Sequence[int]) -> str:
     """Print ``ours port=P pid=N`` for each port whose pid file names a live server of ours."""
     lines = ["set -u"]
-    for port in ports:
+    for port in map(int, ports):
         pid_path = quote_path(pid_file(run_dir, port))
         lines.append(f"if [ -s {pid_path} ] && {_is_ours_test(pid_path, module, port)}; then "
                      f"echo \"ours port={port} pid=$fleetgen_pid\"; fi")
@@ -177,10 +219,11 @@ def tail_command(path: str, lines: int = 50) -> str:
 
 def read_file_command(path: str, *, max_bytes: int = 64 * 1024 * 1024) -> str:
     """Print a file, failing with a clear message if it is missing or larger than max_bytes."""
-    q = quote_path(path)
-    return (f"if [ ! -r {q} ]; then echo \"cannot read {path}\" >&2; exit 4; fi; "
-            f"size=$(wc -c < {q}); if [ \"$size\" -gt {int(max_bytes)} ]; then "
-            f"echo \"{path} is $size bytes, more than {int(max_bytes)}\" >&2; exit 5; fi; cat -- {q}")
+    q, shown = quote_path(path), quote(path)  # messages name the path as given, printed as data (printf %s)
+    limit = int(max_bytes)
+    return (f"if [ ! -r {q} ] || [ -d {q} ]; then printf 'cannot read %s\\n' {shown} >&2; exit 4; fi; "
+            f"size=$(wc -c < {q}); if [ \"$size\" -gt {limit} ]; then "
+            f"printf '%s is %s bytes, more than %s\\n' {shown} \"$size\" {limit} >&2; exit 5; fi; cat -- {q}")
 
 
 def sections_command(sections: Mapping[str, str]) -> str:
