@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 SPEC_ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO"]
 GRAPH_BACKENDS = ["full", "breakable", "disabled"]
@@ -140,9 +141,67 @@ def build_parser() -> argparse.ArgumentParser:
     add("--enable-metrics", action="store_true")
     add("--decode-log-interval", type=int, default=40)
     add("--watchdog-timeout", type=float, default=300)
+    # configuration file (sglang/srt/server_args.py): YAML merged before the command line's own flags
+    add("--config", type=str)
     return p
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Parse like SGLang; invalid flags print argparse's usage + error and exit 2."""
-    return build_parser().parse_args(argv)
+    """Parse like SGLang; invalid flags print argparse's usage + error and exit 2.
+
+    ``--config FILE`` is merged first, as SGLang's ``prepare_server_args`` does.
+    """
+    parser = build_parser()
+    if "--config" in argv:
+        argv = merge_config_file(parser, list(argv))
+    return parser.parse_args(argv)
+
+
+def _config_keys(action: argparse.Action) -> set[str]:
+    return {action.dest} | {option[2:].replace("-", "_") for option in action.option_strings
+                            if option.startswith("--")}
+
+
+def merge_config_file(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """SGLang 0.5.23's ``ConfigArgumentMerger.merge_config_with_args`` (sglang/srt/utils/
+    server_args_config_parser.py): the YAML mapping becomes ``--key value`` words placed before the
+    command line's, so a flag given on the command line wins; errors are its ValueErrors."""
+    import json
+
+    import yaml
+
+    positions = [i for i, word in enumerate(argv) if word == "--config"]
+    if len(positions) > 1:
+        raise ValueError("Multiple config files specified! Only one allowed.")
+    if positions[0] == len(argv) - 1:
+        raise ValueError("No config file specified after --config flag!")
+    path = Path(argv[positions[0] + 1])
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise ValueError(f"Config file must be YAML format, got: {path.suffix}")
+    if not path.exists():
+        raise ValueError(f"Config file not found: {path}")
+    with open(path) as handle:
+        config = yaml.safe_load(handle)
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise ValueError("Config file must contain a dictionary at root level")
+    single = [a for a in parser._actions if isinstance(a, argparse._StoreTrueAction)
+              or isinstance(a, argparse._StoreAction) or a.nargs is None]
+    switches = {key for a in parser._actions if isinstance(a, argparse._StoreTrueAction) for key in _config_keys(a)}
+    supported = {key for a in single for key in _config_keys(a)}
+    unsupported = {key: a for a in parser._actions if a.option_strings and a not in single
+                   and not {"--config", "--help", "-h"} & set(a.option_strings)
+                   for key in _config_keys(a) if key not in supported}
+    words: list[str] = []
+    for key, value in config.items():
+        norm = key.replace("-", "_")
+        if norm in unsupported:
+            raise ValueError(f"Unsupported config option '{norm}' with action '{unsupported[norm].__class__.__name__}'")
+        if isinstance(value, bool):
+            words += ([f"--{key}"] if value else []) if norm in switches else [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            words += [f"--{key}", *(str(item) for item in value)] if value else []
+        else:
+            words += [f"--{key}", json.dumps(value) if isinstance(value, dict) else str(value)]
+    return words + argv[:positions[0]] + argv[positions[0] + 2:]

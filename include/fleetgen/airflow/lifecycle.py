@@ -26,6 +26,13 @@ def api_key(fleet: FleetSpec) -> str | None:
 
         raise ConfigError(f"connection '{fleet.server.api_key_conn_id}' has no password to use as the API key",
                           hint="set the connection's password to the SGLang --api-key value")
+    try:
+        remote.api_key_config(key)
+    except ValueError as exc:  # the message never holds the key
+        from fleetgen.errors import ConfigError
+
+        raise ConfigError(f"the password of connection '{fleet.server.api_key_conn_id}' cannot be an API key: {exc}",
+                          hint="set the connection's password to a key of one line not starting with '-'") from None
     return key
 
 
@@ -73,7 +80,7 @@ def launch_spec(fleet: FleetSpec, slot: ServerSlot, plan: dict, *, with_api_key:
 
 def launch_server(shell: NodeShell, fleet: FleetSpec, slot: ServerSlot, plan: dict, key: str | None) -> dict:
     spec = launch_spec(fleet, slot, plan, with_api_key=key is not None)
-    status, out, err = shell.run(remote.launch_command(spec), stdin=(key + "\n") if key else None,
+    status, out, err = shell.run(remote.launch_command(spec), stdin=remote.api_key_config(key) if key else None,
                                  describe=f"launch of {slot.name}", check=False, timeout_s=60)
     if status != 0:
         raise ServerStartupError(f"launch refused (exit {status}): {(err or out).strip()[-1000:]}",

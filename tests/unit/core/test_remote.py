@@ -2,10 +2,12 @@
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -53,20 +55,38 @@ def test_launch_command_passes_hostile_values_as_single_words(tmp_path, model_pa
     assert (tmp_path / "run dir" / "sglang-31234.pid").read_text().strip().isdigit()
 
 
-def test_api_key_travels_on_stdin_never_in_the_command(tmp_path):
+def test_api_key_travels_on_stdin_into_a_0600_config_file_never_into_argv(tmp_path):
+    from sglang_sim.args import parse_args
+
     (tmp_path / "argvdump.py").write_text(ARGV_DUMP)
-    secret = "sk-very-secret-0123"
+    secret = "sk-very-secret: #0123 'q' \"d\" $(x) true"  # YAML- and shell-significant characters
+    config_path = tmp_path / "sglang-31235.yaml"
+    planted = tmp_path / "planted"
+    config_path.symlink_to(planted)  # a link planted where the file goes is replaced, not written through
     spec = remote.LaunchSpec(python=sys.executable, module="argvdump", model_path="/m", served_name="m",
                              port=31235, gpu_ids=(0,), bind_host="127.0.0.1", run_dir=str(tmp_path),
                              log_dir=str(tmp_path), env=(("PYTHONPATH", str(tmp_path)),), api_key_on_stdin=True)
     command = remote.launch_command(spec)
     assert secret not in command
-    subprocess.run(["bash", "-c", command], input=secret + "\n", text=True, check=True, capture_output=True)
+    subprocess.run(["bash", "-c", command], input=remote.api_key_config(secret), text=True, check=True,
+                   capture_output=True)
     log_path = tmp_path / "sglang-31235.log"
     deadline = time.monotonic() + 10
     while not log_path.read_text().strip() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert json.loads(log_path.read_text())[-2:] == ["--api-key", secret]
+    argv = json.loads(log_path.read_text())
+    assert argv[-2:] == ["--config", str(config_path)] and not any(secret in word for word in argv)
+    assert not planted.exists() and not config_path.is_symlink()
+    assert stat.S_IMODE(config_path.stat().st_mode) == 0o600
+    # The server's parser (SGLang's --config merge) reads the key back exactly.
+    assert parse_args(["--model-path", "m", *argv[-2:]]).api_key == secret
+
+
+@pytest.mark.parametrize("key", ["-starts-like-a-flag", "two\nlines", ""])
+def test_api_keys_sglang_could_not_read_are_refused_without_echoing_them(key):
+    with pytest.raises(ValueError) as refused:
+        remote.api_key_config(key)
+    assert key not in str(refused.value) or not key
 
 
 def test_flags_to_args():
