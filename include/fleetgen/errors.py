@@ -137,6 +137,16 @@ class HostUnreachable(RemoteError):
     """The SSH connection to a node could not be made."""
 
 
+class HostKeyMismatch(HostUnreachable):
+    """The node presented another host key than the connection holds. Never retried: the same key
+    comes back on every try, and connecting anyway would hand credentials to whoever answers."""
+
+    def __init__(self, message: str, *, expected: str, received: str, **context) -> None:
+        self.expected = expected  # "ssh-ed25519 SHA256:...", as OpenSSH prints fingerprints
+        self.received = received
+        super().__init__(f"{message}: expected {expected}, received {received}", **context)
+
+
 class ServerError(FleetgenError):
     """An inference server misbehaved."""
 

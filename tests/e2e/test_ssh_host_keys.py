@@ -1,6 +1,7 @@
 """Host keys are verified: a node presenting another key than the connection's is refused, by name."""
 
 import json
+import subprocess
 
 import pytest
 
@@ -29,3 +30,33 @@ def test_known_host_key_connects_and_a_different_one_is_refused(sim_env, monkeyp
     with pytest.raises(HostUnreachable) as refused, NodeShell("node0", "node_bad") as shell:
         shell.run("true")
     assert "[host node0]" in str(refused.value) and "does not match" in str(refused.value), refused.value
+    # Both fingerprints, as OpenSSH prints them, so they can be compared with the node's own key.
+    expected = _ssh_keygen_fingerprint(" ".join(impostor[:2]), tmp_path / "impostor.pub")
+    received = _ssh_keygen_fingerprint((sim_env.key_dir / "ssh_host_ed25519_key.pub").read_text(), tmp_path / "host.pub")
+    assert f"expected ssh-ed25519 {expected}, received ssh-ed25519 {received}" in str(refused.value)
+
+
+def test_a_host_key_mismatch_fails_the_task_without_retry(sim_env, monkeypatch):
+    import asyncssh
+
+    from airflow.sdk.exceptions import AirflowFailException
+    from fleetgen.airflow.hooks import NodeShell
+    from fleetgen.airflow.context import fail_fast
+    from fleetgen.errors import HostKeyMismatch
+
+    impostor = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().split()
+    monkeypatch.setenv("AIRFLOW_CONN_NODE_BAD", _connection(sim_env, " ".join(impostor[:2])))
+
+    @fail_fast  # as every task callable of the DAG
+    def probe_a_node():
+        with NodeShell("node0", "node_bad") as shell:
+            shell.run("true")
+
+    with pytest.raises(AirflowFailException) as failed:  # Airflow fails it for good: no retry
+        probe_a_node()
+    assert isinstance(failed.value.__cause__, HostKeyMismatch) and "SHA256:" in str(failed.value)
+
+
+def _ssh_keygen_fingerprint(public_line: str, path) -> str:
+    path.write_text(public_line.strip() + "\n")
+    return subprocess.run(["ssh-keygen", "-lf", str(path)], capture_output=True, text=True, check=True).stdout.split()[1]

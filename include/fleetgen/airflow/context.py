@@ -6,11 +6,14 @@ from __future__ import annotations
 import functools
 
 from fleetgen.airflow.run_config import RunConfig
-from fleetgen.errors import ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError, ValidationFailed
+from fleetgen.errors import (ConfigError, HostKeyMismatch, ModelConfigError, PlanError, ProbeError, PromptsError,
+                             ValidationFailed)
 from fleetgen.outputs import RunLayout
 
-# Errors a retry cannot fix: bad input, a model we cannot size, a plan that cannot fit, failed data.
-DETERMINISTIC_ERRORS = (ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError, ValidationFailed)
+# Errors a retry cannot fix: bad input, a model we cannot size, a plan that cannot fit, failed data, a node
+# presenting another host key than its connection's.
+DETERMINISTIC_ERRORS = (ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError, ValidationFailed,
+                        HostKeyMismatch)
 
 
 def fail_fast(function):

@@ -11,10 +11,20 @@ import logging
 import socket
 import time
 
-from fleetgen.errors import HostUnreachable, RemoteError
+from fleetgen.errors import HostKeyMismatch, HostUnreachable, RemoteError
+from fleetgen.nodes.host_keys import describe
 from fleetgen.nodes.remote import quote
 
 log = logging.getLogger(__name__)
+
+
+def host_key_mismatch(node: str, ssh_conn_id: str, address: str, *, expected: str,
+                      received: str) -> HostKeyMismatch:
+    return HostKeyMismatch(f"the host key of {address} does not match connection '{ssh_conn_id}'",
+                           expected=expected, received=received, host=node,
+                           hint="someone may be impersonating the node, or it was reinstalled: compare the received "
+                                "fingerprint with `ssh-keygen -lf` of the node's host key, then update the "
+                                "connection's host_key extra")
 
 
 class NodeShell:
@@ -37,10 +47,9 @@ class NodeShell:
             hook.conn_retry_attempts = 1  # fail fast: the task's own retries handle flaky networks
             self._client = hook.get_conn()
         except paramiko.BadHostKeyException as exc:
-            raise HostUnreachable(f"the host key of {exc.hostname} does not match connection "
-                                  f"'{self.ssh_conn_id}'", host=self.node,
-                                  hint="someone may be impersonating the node, or it was reinstalled: verify "
-                                       "the key and update the connection's host_key extra") from None
+            raise host_key_mismatch(self.node, self.ssh_conn_id, exc.hostname,
+                                    expected=describe(exc.expected_key.get_name(), exc.expected_key.asbytes()),
+                                    received=describe(exc.key.get_name(), exc.key.asbytes())) from None
         except paramiko.SSHException as exc:
             raise HostUnreachable(f"SSH to node failed via connection '{self.ssh_conn_id}': {exc}", host=self.node,
                                   hint="check the connection's host key, login and key file") from None
