@@ -112,6 +112,17 @@ class SimEnvironment:
                                               log_path=self.root / f"sshd-node{index}.log"))
         return self
 
+    def kill_sshd(self, index: int = 0) -> None:
+        """Kill node ``index``'s SSH server at once (SIGKILL: its connections drop); servers keep running."""
+        process = self._sshd[index]
+        process.kill()
+        process.wait(timeout=10)
+
+    def restart_sshd(self, index: int = 0) -> None:
+        """Start node ``index``'s SSH server again on its port, with the same host key."""
+        self._sshd[index] = sshd.start_sshd(self.node_dir(index), port=self.ssh_ports[index], key_dir=self.key_dir,
+                                            log_path=self.root / f"sshd-node{index}.log")
+
     def settings_env(self) -> dict[str, str]:
         keys = sshd.ensure_keys(self.key_dir)
         return {

@@ -7,8 +7,10 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from fleetgen.airflow.hooks import host_key_mismatch
 from fleetgen.nodes import readiness
 from fleetgen.errors import FailureKind, HostUnreachable, PlanError, ServerNotReady, ServerStartupError
+from fleetgen.nodes.reconnect import DEFAULT_COMMAND_TIMEOUT_S, DEFAULT_RECONNECT_ATTEMPTS, DEFAULT_RECONNECT_BUDGET_S
 from fleetgen.nodes.fleet import ServerSlot, fleet_from_json
 
 log = logging.getLogger(__name__)
@@ -22,17 +24,24 @@ class WaitReadyOperator(BaseOperator):
     SGLang's own fatal line and the log tail.
     """
 
-    template_fields = ("server", "fleet", "timeout_s", "max_relaunches")
+    template_fields = ("server", "fleet", "timeout_s", "max_relaunches", "ssh_reconnect_attempts",
+                       "ssh_reconnect_budget_s", "ssh_command_timeout_s")
     ui_color = "#d8f3dc"
 
     def __init__(self, *, server: Any, fleet: Any, timeout_s: Any = 1800, poll_s: float = 1.0,
-                 max_relaunches: Any = 3, **kwargs) -> None:
+                 max_relaunches: Any = 3, ssh_reconnect_attempts: Any = DEFAULT_RECONNECT_ATTEMPTS,
+                 ssh_reconnect_budget_s: Any = DEFAULT_RECONNECT_BUDGET_S,
+                 ssh_command_timeout_s: Any = DEFAULT_COMMAND_TIMEOUT_S, **kwargs) -> None:
         super().__init__(**kwargs)
         self.server = server
         self.fleet = fleet
         self.timeout_s = timeout_s
         self.poll_s = poll_s
         self.max_relaunches = max_relaunches
+        # How long the deferred wait keeps reconnecting when the node's SSH drops (fleetgen.nodes.reconnect).
+        self.ssh_reconnect_attempts = ssh_reconnect_attempts
+        self.ssh_reconnect_budget_s = ssh_reconnect_budget_s
+        self.ssh_command_timeout_s = ssh_command_timeout_s
 
     def _trigger(self, launched: dict, attempt: int):
         from fleetgen.airflow.triggers import ReadinessTrigger
@@ -42,7 +51,9 @@ class WaitReadyOperator(BaseOperator):
             server={k: launched[k] for k in ("node", "name", "url", "port", "gpu_ids")},
             ssh_conn_id=launched["ssh_conn_id"], log_path=launched["log_path"], pid=launched["pid"],
             timeout_s=float(self.timeout_s), poll_s=self.poll_s, api_key_conn_id=fleet.server.api_key_conn_id,
-            context={"launched": launched, "attempt": attempt})
+            context={"launched": launched, "attempt": attempt},
+            reconnect_attempts=int(self.ssh_reconnect_attempts), reconnect_budget_s=float(self.ssh_reconnect_budget_s),
+            command_timeout_s=float(self.ssh_command_timeout_s))
 
     def execute(self, context) -> None:
         log.info("Waiting for %s (GPU %s, pid %s) to become ready; watching %s", self.server["name"],
@@ -56,8 +67,17 @@ class WaitReadyOperator(BaseOperator):
         if event["status"] == "ready":
             return self._ready(launched, event, attempt)
         tail = event.get("log_tail") or []
+        if event["status"] == "host_key_mismatch":
+            from airflow.sdk.exceptions import AirflowFailException
+
+            mismatch = host_key_mismatch(node, launched["ssh_conn_id"], event["address"],
+                                         expected=event["expected"], received=event["received"])
+            raise AirflowFailException(str(mismatch)) from mismatch
         if event["status"] == "unreachable":
-            raise HostUnreachable(f"cannot watch {where}: {event.get('error')}", host=node, server=name)
+            raise HostUnreachable(f"cannot watch {where}: {event.get('error')}", host=node, server=name,
+                                  hint="is the node up and its sshd running? The server may still be loading: "
+                                       "raise wait_ready's ssh_reconnect_attempts / ssh_reconnect_budget_s to "
+                                       "ride out longer outages")
         if event["status"] == "timeout":
             raise ServerNotReady(
                 f"{where} not ready after {event['waited_s']:.0f} s; the log last said:\n"

@@ -5,6 +5,13 @@ Each poll reads the tail of the server log over SSH (asyncssh, via the SSH provi
 and checks the process is alive; a fatal SGLang line ends the wait at once. Otherwise it polls
 ``/health`` and ``/model_info``; when both answer it reads ``/server_info`` and reports the
 effective limits. Every kwarg is JSON-safe so the trigger serialises.
+
+One SSH connection serves the whole wait. When it drops (an sshd restart, a network blip) the
+trigger reconnects within a budget (:mod:`fleetgen.nodes.reconnect`: attempts and seconds, each
+reconnect logged) and keeps polling HTTP meanwhile, so a server that becomes ready while its node's
+SSH is away is still seen ready. Each remote command has a timeout. Only a server that is really
+dead (its fatal line, its process gone) or a spent budget fails the wait. A host key mismatch is
+never retried.
 """
 
 from __future__ import annotations
@@ -16,18 +23,34 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from fleetgen.nodes import remote
 from fleetgen.errors import FailureKind
-from fleetgen.nodes import readiness
+from fleetgen.nodes import readiness, remote
+from fleetgen.nodes.host_keys import describe, describe_public_line
+from fleetgen.nodes.reconnect import (DEFAULT_COMMAND_TIMEOUT_S, DEFAULT_RECONNECT_ATTEMPTS,
+                                      DEFAULT_RECONNECT_BUDGET_S, ReconnectBudget)
 
 LOG_TAIL_LINES = 50
 _ALIVE_MARK = "@@fleetgen:alive="
 
 
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """What means the SSH connection itself broke: the trigger reconnects on these.
+
+    ``asyncssh.Error`` covers handshake, protocol, disconnect and channel-open failures, ``OSError``
+    refused or reset sockets, ``TimeoutError`` a wedged connect or command (as the SSH provider's
+    remote-job trigger does).
+    """
+    import asyncssh
+
+    return (OSError, asyncssh.Error, TimeoutError)
+
+
 class ReadinessTrigger(BaseTrigger):
     def __init__(self, *, server: dict, ssh_conn_id: str, log_path: str, pid: int, timeout_s: float,
                  poll_s: float = 1.0, api_key_conn_id: str | None = None, started_at: float | None = None,
-                 context: dict | None = None) -> None:
+                 context: dict | None = None, reconnect_attempts: int = DEFAULT_RECONNECT_ATTEMPTS,
+                 reconnect_budget_s: float = DEFAULT_RECONNECT_BUDGET_S,
+                 command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S) -> None:
         super().__init__()
         self.server = server
         self.ssh_conn_id = ssh_conn_id
@@ -38,12 +61,18 @@ class ReadinessTrigger(BaseTrigger):
         self.api_key_conn_id = api_key_conn_id
         self.started_at = float(started_at if started_at is not None else time.time())
         self.context = context or {}  # opaque JSON state handed back in the event (plan, attempt)
+        self.reconnect_attempts = int(reconnect_attempts)
+        self.reconnect_budget_s = float(reconnect_budget_s)
+        self.command_timeout_s = float(command_timeout_s)
+        self._log_lines: list[str] = []
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{self.__class__.__module__}.{self.__class__.__qualname__}", {
             "server": self.server, "ssh_conn_id": self.ssh_conn_id, "log_path": self.log_path, "pid": self.pid,
             "timeout_s": self.timeout_s, "poll_s": self.poll_s, "api_key_conn_id": self.api_key_conn_id,
             "started_at": self.started_at, "context": self.context,
+            "reconnect_attempts": self.reconnect_attempts, "reconnect_budget_s": self.reconnect_budget_s,
+            "command_timeout_s": self.command_timeout_s,
         })
 
     async def _api_headers(self) -> dict[str, str]:
@@ -59,45 +88,118 @@ class ReadinessTrigger(BaseTrigger):
                              "waited_s": round(time.time() - self.started_at, 1), "context": self.context,
                              **payload})
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        import httpx
+    async def _connect(self):
+        """One asyncssh connection (a seam for tests), within the command timeout."""
         from airflow.providers.ssh.hooks.ssh import SSHHookAsync
 
+        return await asyncio.wait_for(SSHHookAsync(ssh_conn_id=self.ssh_conn_id).get_conn(),
+                                      self.command_timeout_s)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        import asyncssh
+        import httpx
+
         headers = await self._api_headers()
-        command = (remote.tail_command(self.log_path, LOG_TAIL_LINES) +
-                   f"; echo {_ALIVE_MARK}$(kill -0 {self.pid} 2>/dev/null && echo 1 || echo 0)")
-        log_lines: list[str] = []
+        budget = ReconnectBudget(attempts=self.reconnect_attempts, seconds=self.reconnect_budget_s)
         ssh = None
-        try:
-            ssh = await SSHHookAsync(ssh_conn_id=self.ssh_conn_id).get_conn()
-        except Exception as exc:  # noqa: BLE001 - reported as an event, the operator raises with context
-            yield self._event("unreachable", error=f"{exc.__class__.__name__}: {exc}")
-            return
         async with httpx.AsyncClient(base_url=self.server["url"], timeout=5.0, headers=headers) as http:
             try:
                 while True:
-                    result = await ssh.run(command, check=False)
-                    output = result.stdout or ""
-                    alive = f"{_ALIVE_MARK}1" in output
-                    log_lines = [line for line in output.splitlines() if not line.startswith(_ALIVE_MARK)]
-                    fatal = readiness.find_fatal(log_lines)
-                    if fatal is not None:
-                        yield self._event("fatal", kind=fatal.kind.value, fatal_line=fatal.line, log_tail=log_lines)
+                    pause = self.poll_s
+                    try:
+                        if ssh is None:
+                            ssh = await self._connect()
+                        event = await self._poll(ssh, http)
+                        budget.reset()
+                    except asyncssh.HostKeyNotVerifiable as exc:
+                        yield await self._host_key_event(exc)
                         return
-                    if not alive:
-                        yield self._event("fatal", kind=FailureKind.EXITED.value, fatal_line="the server process exited without "
-                                          "a recognised error line", log_tail=log_lines)
+                    except _connection_errors() as exc:
+                        ssh = self._drop(ssh)
+                        event, pause = await self._after_ssh_failure(exc, budget, http)
+                    if event is None and time.time() - self.started_at > self.timeout_s:
+                        event = self._event("timeout", log_tail=self._log_lines)
+                    if event is not None:
+                        yield event
                         return
-                    info = await self._probe_http(http)
-                    if info is not None:
-                        yield self._event("ready", server_info=info, log_tail=log_lines[-5:])
-                        return
-                    if time.time() - self.started_at > self.timeout_s:
-                        yield self._event("timeout", log_tail=log_lines)
-                        return
-                    await asyncio.sleep(self.poll_s)
+                    await asyncio.sleep(pause)
             finally:
+                self._drop(ssh)
+
+    async def _poll(self, ssh, http) -> TriggerEvent | None:
+        """One look over SSH (log tail, process alive) and HTTP; an event when the wait is over."""
+        command = (remote.tail_command(self.log_path, LOG_TAIL_LINES) +
+                   f"; echo {_ALIVE_MARK}$(kill -0 {self.pid} 2>/dev/null && echo 1 || echo 0)")
+        result = await ssh.run(command, check=False, timeout=self.command_timeout_s)
+        output = result.stdout or ""
+        if isinstance(output, bytes):
+            output = output.decode("utf-8", "replace")
+        if _ALIVE_MARK not in output:  # the command did not run to its end: not a verdict on the server
+            raise ConnectionError(f"the log/alive check printed no verdict (exit {result.exit_status})")
+        alive = f"{_ALIVE_MARK}1" in output
+        self._log_lines = [line for line in output.splitlines() if not line.startswith(_ALIVE_MARK)]
+        fatal = readiness.find_fatal(self._log_lines)
+        if fatal is not None:
+            return self._event("fatal", kind=fatal.kind.value, fatal_line=fatal.line, log_tail=self._log_lines)
+        if not alive:
+            return self._event("fatal", kind=FailureKind.EXITED.value, fatal_line="the server process exited "
+                               "without a recognised error line", log_tail=self._log_lines)
+        info = await self._probe_http(http)
+        if info is not None:
+            return self._event("ready", server_info=info, log_tail=self._log_lines[-5:])
+        return None
+
+    async def _after_ssh_failure(self, exc: BaseException, budget: ReconnectBudget,
+                                 http) -> tuple[TriggerEvent | None, float]:
+        """Count the failure; end the wait when the budget is spent, else say when to reconnect.
+
+        The server may finish loading while SSH is away: HTTP is still asked, and answers for it.
+        """
+        now = time.monotonic()
+        budget.record_failure(now)
+        host, name = self.server.get("node"), self.server.get("name")
+        reason = f"{exc.__class__.__name__}: {exc}".strip().rstrip(":")
+        if budget.spent(now):
+            return self._event("unreachable", error=(
+                f"lost SSH to {host} while waiting for {name} and could not reconnect: {budget.describe(now)}; "
+                f"last error: {reason}"), budget={"attempts": budget.attempts, "seconds": budget.seconds,
+                                                  "failures": budget.failures,
+                                                  "spent_s": round(budget.elapsed(now), 1)},
+                log_tail=self._log_lines), 0.0
+        delay = budget.delay(now)
+        self.log.warning("SSH to %s lost while waiting for %s (%s): reconnect %d of %d in %.1f s, %.0f of %.0f s "
+                         "of the reconnect budget spent", host, name, reason, budget.failures, budget.attempts,
+                         delay, budget.elapsed(now), budget.seconds)
+        info = await self._probe_http(http)
+        if info is not None:
+            return self._event("ready", server_info=info, log_tail=self._log_lines[-5:]), 0.0
+        return None, delay
+
+    @staticmethod
+    def _drop(ssh) -> None:
+        if ssh is not None:
+            try:
                 ssh.close()
+            except Exception:  # noqa: BLE001 - closing a connection that already broke
+                pass
+        return None
+
+    async def _host_key_event(self, exc: BaseException) -> TriggerEvent:
+        """Both fingerprints: the connection's host_key and what the node presented."""
+        import asyncssh
+        from airflow.sdk import BaseHook
+
+        connection = await asyncio.to_thread(BaseHook.get_connection, self.ssh_conn_id)
+        configured = (connection.extra_dejson or {}).get("host_key")
+        expected = describe_public_line(configured) if configured else "a key from ~/.ssh/known_hosts"
+        try:
+            key = await asyncio.wait_for(asyncssh.get_server_host_key(connection.host, connection.port or 22),
+                                         self.command_timeout_s)
+            received = describe(key.get_algorithm(), key.public_data) if key is not None else "(no host key)"
+        except (OSError, asyncssh.Error, TimeoutError) as error:
+            received = f"(could not be read again: {error})"
+        return self._event("host_key_mismatch", error=f"{exc}", address=connection.host,
+                           expected=expected, received=received)
 
     async def _probe_http(self, http) -> dict | None:
         """``/server_info`` once ``/health`` is 200 and ``/model_info`` answers; else None."""
