@@ -131,7 +131,7 @@ def test_wait_fails_naming_host_server_and_budget_when_the_node_stays_away(node,
     assert f"lost SSH to node0 while waiting for {launched['name']}" in message
     assert "4 failed connection(s) over" in message and "(budget: 3 reconnects, 60 s)" in message
     assert "ssh_reconnect_attempts" in message  # the hint names what to raise
-    print(f"gave up after {event['budget']['spent_s']} s of reconnecting")
+    print(f"gave up after {event['budget']['spent_s']} s of reconnecting: {message}")
 
 
 def test_wait_fails_at_once_on_a_host_key_mismatch_with_both_fingerprints(node, monkeypatch):

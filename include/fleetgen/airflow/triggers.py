@@ -11,7 +11,7 @@ trigger reconnects within a budget (:mod:`fleetgen.nodes.reconnect`: attempts an
 reconnect logged) and keeps polling HTTP meanwhile, so a server that becomes ready while its node's
 SSH is away is still seen ready. Each remote command has a timeout. Only a server that is really
 dead (its fatal line, its process gone) or a spent budget fails the wait. A host key mismatch is
-never retried.
+never retried (docs/security-and-ssh.md §3, §4).
 """
 
 from __future__ import annotations

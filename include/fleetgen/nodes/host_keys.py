@@ -1,7 +1,7 @@
 """SSH host key fingerprints, written the way OpenSSH prints them (``SHA256:`` + unpadded base64).
 
 A host key mismatch is reported with both fingerprints, so whoever reads the task log can compare
-them with ``ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`` on the node.
+them with ``ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`` on the node (docs/security-and-ssh.md §3).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 A budget of consecutive failures, counted from the first failure after the last good poll: at most
 ``attempts`` reconnects and at most ``seconds`` of trying, whichever runs out first. Waits between
 tries grow exponentially with jitter (so that the watchers of one node do not reconnect in lockstep)
-and never overshoot what is left of the time budget. Pure logic: the clock is passed in.
+and never overshoot what is left of the time budget. Pure logic: the clock is passed in. Why these
+defaults: docs/security-and-ssh.md §4.
 """
 
 from __future__ import annotations

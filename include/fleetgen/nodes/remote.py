@@ -10,8 +10,8 @@ servers run as that user under ``setsid``.
 
 Secrets never appear in a command string nor in a process's command line: the API key travels on the
 SSH channel's stdin into a 0600 YAML file that SGLang reads with ``--config`` (commands are logged by
-the SSH hook, and ``/proc/PID/cmdline`` is readable by every user of the node). See
-docs/security-and-ssh.md.
+the SSH hook, and ``/proc/PID/cmdline`` is readable by every user of the node):
+docs/security-and-ssh.md §1, §2.
 """
 
 from __future__ import annotations
