@@ -214,6 +214,11 @@ def _parse_server(doc: dict, source: str) -> ServerSpec:
     api_key_conn_id = doc.get("api_key_conn_id")
     if api_key_conn_id is not None:
         _typed(api_key_conn_id, "server.api_key_conn_id", str, source)
+        if any(isinstance(arg, str) and arg.split("=", 1)[0] == "--config" for arg in extra_args):
+            # The key reaches SGLang in its --config file (docs/security-and-ssh.md §2); SGLang takes one.
+            raise ConfigError("'server.extra_args' sets --config, but with server.api_key_conn_id the launch passes "
+                              "its own --config (it carries the API key) and SGLang reads only one", path=source,
+                              hint="move the options of that file into server.extra_args")
     return ServerSpec(
         python=_typed(doc.get("python", defaults.python), "server.python", str, source),
         module=module,

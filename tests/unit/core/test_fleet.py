@@ -50,6 +50,8 @@ def test_tp_groups():
     (_with(nodes__0__colour="red"), "unknown key(s) under 'nodes[0] (a)': colour"),
     (_with(server__tp_size=True), "must be an integer, got a boolean"),
     (_with(nodes__1__ports=[31000]), "'nodes[1] (b)' sets both 'ports' and 'base_port'; give one"),
+    (_with(server__api_key_conn_id="key", server__extra_args=["--config", "my.yaml"]),
+     "'server.extra_args' sets --config, but with server.api_key_conn_id the launch passes its own --config"),
 ])
 def test_invalid_documents_name_the_key_and_node(document, message):
     with pytest.raises(ConfigError) as error:
