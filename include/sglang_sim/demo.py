@@ -112,6 +112,11 @@ class SimEnvironment:
                                               log_path=self.root / f"sshd-node{index}.log"))
         return self
 
+    def signal_sshd(self, signum: int, index: int = 0) -> None:
+        """Send node ``index``'s SSH server a signal: SIGSTOP wedges it (connections stay open, nothing
+        answers), SIGCONT lets it go on."""
+        self._sshd[index].send_signal(signum)
+
     def kill_sshd(self, index: int = 0) -> None:
         """Kill node ``index``'s SSH server at once (SIGKILL: its connections drop); servers keep running."""
         process = self._sshd[index]

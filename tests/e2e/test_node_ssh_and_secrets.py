@@ -9,6 +9,7 @@ in no process's command line on the node, in a 0600 file, still the bearer token
 import asyncio
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -109,6 +110,29 @@ def test_wait_reconnects_after_the_ssh_server_is_killed_and_restarted(node, capf
     reconnects = _reconnect_lines(capfd, caplog)
     assert reconnects and "reconnect 1 of 8" in reconnects[0], reconnects
     print(f"readiness survived the outage after {len(reconnects)} reconnect(s), ready after {event['waited_s']} s")
+
+
+def test_a_wedged_ssh_server_times_the_command_out_and_the_wait_goes_on(node, capfd, caplog):
+    launched = _launch(node)
+    trigger = _trigger(launched, command_timeout_s=1.0)
+
+    async def wedge():
+        await asyncio.sleep(1.5)
+        node.signal_sshd(signal.SIGSTOP)  # the connection stays up; nothing answers on it
+        await asyncio.sleep(4.0)
+        node.signal_sshd(signal.SIGCONT)
+
+    async def wait():
+        disruption = asyncio.ensure_future(wedge())
+        try:
+            return await _first_event(trigger)
+        finally:
+            await disruption
+
+    event = asyncio.run(wait())
+    assert event["status"] == "ready", event
+    reconnects = _reconnect_lines(capfd, caplog)
+    assert any("TimeoutError" in line for line in reconnects), reconnects
 
 
 def test_wait_fails_naming_host_server_and_budget_when_the_node_stays_away(node, capfd, caplog):

@@ -130,7 +130,8 @@ class ReadinessTrigger(BaseTrigger):
         """One look over SSH (log tail, process alive) and HTTP; an event when the wait is over."""
         command = (remote.tail_command(self.log_path, LOG_TAIL_LINES) +
                    f"; echo {_ALIVE_MARK}$(kill -0 {self.pid} 2>/dev/null && echo 1 || echo 0)")
-        result = await ssh.run(command, check=False, timeout=self.command_timeout_s)
+        # asyncssh's own timeout starts once the channel is open; a wedged node can hang the opening too.
+        result = await asyncio.wait_for(ssh.run(command, check=False), self.command_timeout_s)
         output = result.stdout or ""
         if isinstance(output, bytes):
             output = output.decode("utf-8", "replace")
