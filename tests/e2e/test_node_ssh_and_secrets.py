@@ -158,6 +158,15 @@ def test_wait_fails_naming_host_server_and_budget_when_the_node_stays_away(node,
     print(f"gave up after {event['budget']['spent_s']} s of reconnecting: {message}")
 
 
+def test_a_connection_that_does_not_exist_ends_the_wait_at_once():
+    from fleetgen.airflow.triggers import ReadinessTrigger
+
+    trigger = ReadinessTrigger(server={"node": "node0", "name": "node0:1", "url": "http://127.0.0.1:1"},
+                               ssh_conn_id="no_such_connection", log_path="/x.log", pid=1, timeout_s=60, poll_s=0.1)
+    event = asyncio.run(_first_event(trigger))
+    assert event["status"] == "unreachable" and "cannot open SSH connection 'no_such_connection'" in event["error"]
+
+
 def test_wait_fails_at_once_on_a_host_key_mismatch_with_both_fingerprints(node, monkeypatch):
     import asyncssh
 

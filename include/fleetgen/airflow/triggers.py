@@ -33,6 +33,11 @@ LOG_TAIL_LINES = 50
 _ALIVE_MARK = "@@fleetgen:alive="
 
 
+class ConnectionSetupError(Exception):
+    """The SSH connection cannot even be attempted (no such Airflow connection, a malformed host key):
+    reconnecting cannot help."""
+
+
 def _connection_errors() -> tuple[type[BaseException], ...]:
     """What means the SSH connection itself broke: the trigger reconnects on these.
 
@@ -92,8 +97,14 @@ class ReadinessTrigger(BaseTrigger):
         """One asyncssh connection (a seam for tests), within the command timeout."""
         from airflow.providers.ssh.hooks.ssh import SSHHookAsync
 
-        return await asyncio.wait_for(SSHHookAsync(ssh_conn_id=self.ssh_conn_id).get_conn(),
-                                      self.command_timeout_s)
+        try:
+            return await asyncio.wait_for(SSHHookAsync(ssh_conn_id=self.ssh_conn_id).get_conn(),
+                                          self.command_timeout_s)
+        except Exception as exc:
+            if isinstance(exc, _connection_errors()):
+                raise
+            raise ConnectionSetupError(f"cannot open SSH connection '{self.ssh_conn_id}': "
+                                       f"{exc.__class__.__name__}: {exc}") from exc
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         import asyncssh
@@ -113,6 +124,9 @@ class ReadinessTrigger(BaseTrigger):
                         budget.reset()
                     except asyncssh.HostKeyNotVerifiable as exc:
                         yield await self._host_key_event(exc)
+                        return
+                    except ConnectionSetupError as exc:
+                        yield self._event("unreachable", error=str(exc), log_tail=self._log_lines)
                         return
                     except _connection_errors() as exc:
                         ssh = self._drop(ssh)

@@ -86,7 +86,7 @@ class LaunchSpec:
     api_key_on_stdin: bool = False       # stdin carries api_key_config(key): written to the server's --config
 
     def argv(self) -> list[str]:
-        """The server's argv (no secrets: the key is appended from the environment on the node)."""
+        """The server's argv (no secrets: with a key, the launch adds ``--config`` naming the file that holds it)."""
         argv = [self.python, "-m", self.module, "--model-path", self.model_path,
                 "--served-model-name", self.served_name, "--host", self.bind_host, "--port", str(self.port)]
         if len(self.gpu_ids) > 1:
