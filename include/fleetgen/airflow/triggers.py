@@ -30,7 +30,6 @@ from fleetgen.nodes.reconnect import (DEFAULT_COMMAND_TIMEOUT_S, DEFAULT_RECONNE
                                       DEFAULT_RECONNECT_BUDGET_S, ReconnectBudget)
 
 LOG_TAIL_LINES = 50
-_ALIVE_MARK = "@@fleetgen:alive="
 
 
 class ConnectionSetupError(Exception):
@@ -142,17 +141,15 @@ class ReadinessTrigger(BaseTrigger):
 
     async def _poll(self, ssh, http) -> TriggerEvent | None:
         """One look over SSH (log tail, process alive) and HTTP; an event when the wait is over."""
-        command = (remote.tail_command(self.log_path, LOG_TAIL_LINES) +
-                   f"; echo {_ALIVE_MARK}$(kill -0 {self.pid} 2>/dev/null && echo 1 || echo 0)")
+        command = remote.watch_command(self.log_path, self.pid, LOG_TAIL_LINES)
         # asyncssh's own timeout starts once the channel is open; a wedged node can hang the opening too.
         result = await asyncio.wait_for(ssh.run(command, check=False), self.command_timeout_s)
         output = result.stdout or ""
         if isinstance(output, bytes):
             output = output.decode("utf-8", "replace")
-        if _ALIVE_MARK not in output:  # the command did not run to its end: not a verdict on the server
+        alive, self._log_lines = remote.parse_watch(output)
+        if alive is None:  # the command did not run to its end: not a verdict on the server
             raise ConnectionError(f"the log/alive check printed no verdict (exit {result.exit_status})")
-        alive = f"{_ALIVE_MARK}1" in output
-        self._log_lines = [line for line in output.splitlines() if not line.startswith(_ALIVE_MARK)]
         fatal = readiness.find_fatal(self._log_lines)
         if fatal is not None:
             return self._event("fatal", kind=fatal.kind.value, fatal_line=fatal.line, log_tail=self._log_lines)

@@ -217,6 +217,25 @@ def tail_command(path: str, lines: int = 50) -> str:
     return f"tail -n {int(lines)} -- {quote_path(path)} 2>/dev/null || true"
 
 
+ALIVE_MARK = "@@fleetgen:alive="
+
+
+def watch_command(log_path: str, pid: int, lines: int = 50) -> str:
+    """The readiness watch: the log's last lines, then ``@@fleetgen:alive=1`` (or ``=0``) for the pid.
+
+    Parse with :func:`parse_watch`. The mark comes last, so its absence means the command was cut short.
+    """
+    return f"{tail_command(log_path, lines)}; echo {ALIVE_MARK}$(kill -0 {int(pid)} 2>/dev/null && echo 1 || echo 0)"
+
+
+def parse_watch(output: str) -> tuple[bool | None, list[str]]:
+    """Inverse of :func:`watch_command`: (alive, log lines); alive is None when no mark was printed."""
+    log_lines = [line for line in output.splitlines() if not line.startswith(ALIVE_MARK)]
+    if ALIVE_MARK not in output:
+        return None, log_lines
+    return f"{ALIVE_MARK}1" in output, log_lines
+
+
 def read_file_command(path: str, *, max_bytes: int = 64 * 1024 * 1024) -> str:
     """Print a file, failing with a clear message if it is missing or larger than max_bytes."""
     q, shown = quote_path(path), quote(path)  # messages name the path as given, printed as data (printf %s)

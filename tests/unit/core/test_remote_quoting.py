@@ -6,6 +6,7 @@ directory if any shell evaluated it ($(...), backticks, quotes closed early, new
 must never appear.
 """
 
+import os
 import shutil
 import subprocess
 import sys
@@ -81,6 +82,8 @@ def test_read_and_tail_of_a_missing_path_name_it_and_run_nothing(name):
         assert missing.returncode == 4 and missing.stderr == f"cannot read {path}\n" and missing.stdout == ""
         tail = node.bash(remote.tail_command(path))
         assert tail.returncode == 0 and tail.stdout == ""
+        watch = node.bash(remote.watch_command(path, 2**22 + 1))  # above Linux's pid_max: never alive
+        assert remote.parse_watch(watch.stdout) == (False, [])
     finally:
         node.close()
 
@@ -97,6 +100,8 @@ def test_read_and_tail_of_a_hostile_file_name_every_branch(name):
         whole = node.bash(remote.read_file_command(path))
         assert whole.returncode == 0 and whole.stdout == "x" * 99 + "\n"
         assert node.bash(remote.tail_command(path, 1)).stdout == "x" * 99 + "\n"
+        watch = node.bash(remote.watch_command(path, os.getpid(), 1))
+        assert remote.parse_watch(watch.stdout) == (True, ["x" * 99])
         folder = node.bash(remote.read_file_command(str(node.root)))  # a directory is not a readable file
         assert folder.returncode == 4 and folder.stderr == f"cannot read {node.root}\n"
     finally:
@@ -182,6 +187,7 @@ def test_sections_and_probe_quote_names_modules_and_folders(names, module, run_n
 
 @pytest.mark.parametrize("builder", [
     lambda bad: remote.alive_command(bad),
+    lambda bad: remote.watch_command("/x.log", bad),
     lambda bad: remote.tail_command("/x", bad),
     lambda bad: remote.stop_command(run_dir="/r", module="m", ports=[bad], grace_s=1),
     lambda bad: remote.our_pids_command(run_dir="/r", module="m", ports=[bad]),
