@@ -158,6 +158,23 @@ def test_wait_fails_naming_host_server_and_budget_when_the_node_stays_away(node,
     print(f"gave up after {event['budget']['spent_s']} s of reconnecting: {message}")
 
 
+def test_a_hostile_model_path_read_over_ssh_runs_nothing_and_is_named_intact(node, tmp_path):
+    """The issue's reproduction, through the real SSH server: a model path that does not exist."""
+    from fleetgen.airflow.hooks import NodeShell
+    from fleetgen.errors import RemoteError
+    from fleetgen.nodes import remote
+
+    canary = tmp_path / "pwned"
+    for model_path in (f"/tmp/x $(touch {canary})", f'/tmp/x"; touch {canary}; "', f"/tmp/x`touch {canary}`\n"):
+        path = f"{model_path}/config.json"
+        with NodeShell("node0", CONN_ID) as shell:
+            status, out, err = shell.run(remote.read_file_command(path), check=False)
+            assert (status, out, err) == (4, "", f"cannot read {path}\n")
+            with pytest.raises(RemoteError) as failed:
+                shell.run(remote.read_file_command(path), describe=f"read {path}")
+        assert f"cannot read {path}" in str(failed.value) and not canary.exists()
+
+
 def test_a_connection_that_does_not_exist_ends_the_wait_at_once():
     from fleetgen.airflow.triggers import ReadinessTrigger
 
