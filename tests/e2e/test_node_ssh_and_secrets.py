@@ -210,7 +210,8 @@ def test_wait_fails_at_once_on_a_host_key_mismatch_with_both_fingerprints(node, 
 def _ssh_keygen_fingerprint(public_line: str, path) -> str:
     """What OpenSSH prints for a key: ``ssh-keygen -lf`` -> ``SHA256:...``."""
     path.write_text(public_line.strip() + "\n")
-    return subprocess.run(["ssh-keygen", "-lf", str(path)], capture_output=True, text=True, check=True).stdout.split()[1]
+    listed = subprocess.run(["ssh-keygen", "-lf", str(path)], capture_output=True, text=True, check=True).stdout
+    return listed.split()[1]
 
 
 def _command_lines_holding(secret: bytes) -> tuple[int, list[str]]:

@@ -32,7 +32,8 @@ def test_known_host_key_connects_and_a_different_one_is_refused(sim_env, monkeyp
     assert "[host node0]" in str(refused.value) and "does not match" in str(refused.value), refused.value
     # Both fingerprints, as OpenSSH prints them, so they can be compared with the node's own key.
     expected = _ssh_keygen_fingerprint(" ".join(impostor[:2]), tmp_path / "impostor.pub")
-    received = _ssh_keygen_fingerprint((sim_env.key_dir / "ssh_host_ed25519_key.pub").read_text(), tmp_path / "host.pub")
+    host_public = (sim_env.key_dir / "ssh_host_ed25519_key.pub").read_text()
+    received = _ssh_keygen_fingerprint(host_public, tmp_path / "host.pub")
     assert f"expected ssh-ed25519 {expected}, received ssh-ed25519 {received}" in str(refused.value)
 
 
@@ -59,4 +60,5 @@ def test_a_host_key_mismatch_fails_the_task_without_retry(sim_env, monkeypatch):
 
 def _ssh_keygen_fingerprint(public_line: str, path) -> str:
     path.write_text(public_line.strip() + "\n")
-    return subprocess.run(["ssh-keygen", "-lf", str(path)], capture_output=True, text=True, check=True).stdout.split()[1]
+    listed = subprocess.run(["ssh-keygen", "-lf", str(path)], capture_output=True, text=True, check=True).stdout
+    return listed.split()[1]

@@ -55,7 +55,7 @@ def _cases(tmp_path: Path) -> list[list[str]]:
     model = ["--model-path", "/models/m"]
     key_file = write("key.yaml", api_key_config(KEY))
     return [
-        model + ["--port", "7", "--config", key_file],                                   # the key, as fleetgen writes it
+        model + ["--port", "7", "--config", key_file],                      # the key, as fleetgen writes it
         ["--config", write("port.yml", "port: 5\napi-key: a\n")] + model + ["--port", "7"],  # the command line wins
         model + ["--config", write("snake.yaml", "api_key: x\n")],                       # keys are flags as written
         model + ["--config", write("switches.yaml", "disable-radix-cache: true\nmem-fraction-static: 0.81\n"

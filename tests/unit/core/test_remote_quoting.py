@@ -22,7 +22,8 @@ from fleetgen.nodes import probe, remote
 
 CANARY = "pwned"
 PAYLOADS = [f"$(touch {CANARY})", f"`touch {CANARY}`", f'"; touch {CANARY}; "', f"'; touch {CANARY}; '",
-            f"\ntouch {CANARY}\n", f"${{IFS}}$(touch${{IFS}}{CANARY})", f'\\"$(touch {CANARY})', f"' \"`touch {CANARY}`\" '",
+            f"\ntouch {CANARY}\n", f"${{IFS}}$(touch${{IFS}}{CANARY})", f'\\"$(touch {CANARY})',
+            f"' \"`touch {CANARY}`\" '",
             f"$(touch {CANARY}) && echo ", f"; touch {CANARY} #", f" | touch {CANARY}", f"> {CANARY}"]
 # Anything else a fleet file or a model path could hold; no NUL (no argv or path can carry one).
 noise = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
