@@ -5,7 +5,9 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -38,6 +40,9 @@ ARGV_DUMP = "import json, sys\nprint(json.dumps(sys.argv[1:]), flush=True)\n"
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(model_path=hostile_text.filter(lambda p: not p.startswith("~")), served_name=hostile_text, extra=st.lists(hostile_text, max_size=4))
 def test_launch_command_passes_hostile_values_as_single_words(tmp_path, model_path, served_name, extra):
+    # A folder per example: the previous example's process may not have exited yet on a loaded machine,
+    # and its pid file would then (rightly) refuse this launch as "our server still running".
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))
     (tmp_path / "argvdump.py").write_text(ARGV_DUMP)
     spec = remote.LaunchSpec(python=sys.executable, module="argvdump", model_path=model_path,
                              served_name=served_name, port=31234, gpu_ids=(3,), bind_host="127.0.0.1",
