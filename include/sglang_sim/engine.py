@@ -1,10 +1,21 @@
-"""Continuous batching on a simulated clock, without per-token work.
+"""Continuous batching on a simulated clock, with SGLang 0.5.23's admission and retraction.
 
-At most ``capacity`` requests decode at once; the rest wait in FIFO order. Every running request
-advances at the same rate (tokens/s for the current batch size, from ``perf.Timing``), so the engine
-keeps one shared progress counter and a heap of per-request finish points, and wakes only when the
-next request finishes or a new one arrives. Admitting a request stalls decoding for its prefill
-(prompt tokens x prefill time per token), as a prefill step interrupts decode batches.
+Every running request advances at the same rate (tokens/s for the current batch size, from
+``perf.Timing``), so the engine keeps one shared progress counter and wakes only for events: a
+request finishes, the KV pool runs out, a new request arrives, or the admission check is due again
+(every ``ADMISSION_CHECK_STEPS`` decode steps while requests wait). Admitting a request stalls
+decoding for its prefill (extend tokens x prefill time per token), as a prefill step interrupts
+decode batches. The scheduling rules are SGLang's (docs/sglang-scheduler.md):
+
+- a running request holds ``ceil_page(prompt + generated + decode reserve)`` KV tokens
+  (``ScheduleBatch.new_tokens_required_next_decode``);
+- admission (``PrefillAdder.add_one_req``): ``extend + min(max_new - generated, 4096) + page`` must be
+  below ``free - sum(running remaining budget x new_token_ratio) - this pass's admissions``;
+- ``new_token_ratio`` starts at 0.7 x conservativeness, decays by ``(init - 0.14 x init) / 600`` per
+  decode step, is re-estimated after a retraction and reset when idle (``NewTokenRatioTracker``);
+- when the next decode step does not fit, ``retract_decode`` removes the requests with the fewest
+  generated tokens (ties: the longest prompt) until it fits; a retracted request keeps its output
+  tokens, loses its KV, goes to the back of the queue and re-prefills prompt + output when admitted.
 
 Simulated time runs ``time_scale`` times faster than the wall clock.
 """
@@ -14,13 +25,26 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass
 
 from sglang_sim.perf import Timing
+from sglang_sim.simlog import log
 
 # requests finishing within this much wall time of each other complete in one wake-up
 COALESCE_WALL_S = 0.001
+# SGLang re-runs admission every scheduler iteration; the simulation does it every few decode steps
+# (the ratio moves by 0.001 per step, so the admitted count differs by at most one request).
+ADMISSION_CHECK_STEPS = 8
+
+# environ.py defaults (SGLang 0.5.23)
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+RETRACT_DECODE_STEPS = 20
+CLIP_MAX_NEW_TOKENS = 4096
+MAX_PREFILL_TOKENS = 16384
 
 
 class SimClock:
@@ -44,17 +68,45 @@ class JobResult:
     queue_seconds: float   # simulated
     e2e_seconds: float     # simulated, arrival to last token
     decode_steps: int
+    retractions: int = 0
+
+
+class NewTokenRatio:
+    """``NewTokenRatioTracker``, decayed lazily from a decode-step counter."""
+
+    def __init__(self, conservativeness: float = 1.0) -> None:
+        self.init = min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
+        self.min = min(self.init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        self.decay = (self.init - self.min) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self._base = self.init
+        self._base_step = 0.0
+
+    def value(self, decode_steps: float) -> float:
+        return max(self._base - self.decay * int(decode_steps - self._base_step), self.min)
+
+    def set(self, value: float, decode_steps: float) -> None:
+        self._base, self._base_step = value, decode_steps
+
+    def reset(self, decode_steps: float) -> None:
+        self.set(self.init, decode_steps)
 
 
 @dataclass
 class _Job:
     prompt_tokens: int
-    output_tokens: int
+    output_tokens: int       # what this request will generate (its natural length, within max_new)
+    max_new_tokens: int
     future: asyncio.Future
     arrival: float
     admitted: float = 0.0
-    finish_at: float = 0.0  # value of the shared progress counter at which it is done
+    generated: int = 0       # tokens generated before the current admission (kept across retractions)
+    start: float = 0.0       # shared progress at the current admission
+    finish_at: float = 0.0   # shared progress at which it is done
+    retractions: int = 0
     seq: int = 0
+
+    def generated_at(self, progress: float) -> int:
+        return min(self.output_tokens, self.generated + int(progress - self.start))
 
 
 @dataclass
@@ -62,20 +114,31 @@ class EngineStats:
     finished: int = 0
     generated_tokens: int = 0
     prompt_tokens: int = 0
+    retracted_requests: int = 0
+    retracted_input_tokens: int = 0
+    retracted_output_tokens: int = 0
+    last_retracted: int = 0
+    peak_used_tokens: int = 0
+    decode_steps: float = 0.0
 
 
 class BatchEngine:
-    def __init__(self, *, capacity: int, max_total_tokens: int, timing: Timing, clock: SimClock) -> None:
-        if capacity < 1 or max_total_tokens < 1:
-            raise ValueError("capacity and max_total_tokens must be >= 1")
+    def __init__(self, *, capacity: int, max_total_tokens: int, timing: Timing, clock: SimClock,
+                 page_size: int = 1, decode_reserve_tokens: int = 1, conservativeness: float = 1.0,
+                 max_prefill_tokens: int = MAX_PREFILL_TOKENS) -> None:
+        if capacity < 1 or max_total_tokens < 1 or page_size < 1 or decode_reserve_tokens < 1:
+            raise ValueError("capacity, max_total_tokens, page_size and decode_reserve_tokens must be >= 1")
         self.capacity = capacity
         self.max_total_tokens = max_total_tokens
+        self.page_size = page_size
+        self.decode_reserve_tokens = decode_reserve_tokens
+        self.max_prefill_tokens = max_prefill_tokens
         self.timing = timing
         self.clock = clock
         self.stats = EngineStats()
+        self.ratio = NewTokenRatio(conservativeness)
         self._waiting: deque[_Job] = deque()
         self._running: list[tuple[float, int, _Job]] = []
-        self._reserved_tokens = 0
         self._progress = 0.0
         self._last = 0.0
         self._stall_until = 0.0
@@ -94,9 +157,13 @@ class BatchEngine:
         return len(self._waiting)
 
     @property
-    def reserved_tokens(self) -> int:
-        """KV tokens held by running requests (prompt + output, reserved on admission)."""
-        return self._reserved_tokens
+    def used_tokens(self) -> int:
+        """KV tokens the running requests hold now (page-rounded, with the next step's reserve)."""
+        return self._held(self._progress)
+
+    @property
+    def new_token_ratio(self) -> float:
+        return self.ratio.value(self.stats.decode_steps)
 
     def rate(self, batch: int) -> float:
         return self._rates[min(batch, self.capacity)]
@@ -110,9 +177,13 @@ class BatchEngine:
     def full_batch_throughput(self) -> float:
         return self.rate(self.capacity) * self.capacity
 
-    def submit(self, prompt_tokens: int, output_tokens: int) -> asyncio.Future:
+    def submit(self, prompt_tokens: int, output_tokens: int, max_new_tokens: int | None = None) -> asyncio.Future:
+        """Queue a request that will generate ``output_tokens`` of at most ``max_new_tokens`` (the
+        sampling budget SGLang reserves for; defaults to ``output_tokens``)."""
         future = self.clock.loop.create_future()
-        job = _Job(max(1, prompt_tokens), max(1, output_tokens), future, self.clock.now(), seq=next(self._seq))
+        output = max(1, output_tokens)
+        job = _Job(max(1, prompt_tokens), output, max(output, max_new_tokens or output), future,
+                   self.clock.now(), seq=next(self._seq))
         self._waiting.append(job)
         if not self._frozen:
             self._update()
@@ -124,45 +195,153 @@ class BatchEngine:
         if self._timer:
             self._timer.cancel()
 
+    # ---- KV accounting ----
+    def _pages(self, tokens: int) -> int:
+        return -(-tokens // self.page_size) * self.page_size
+
+    def _held_by(self, job: _Job, progress: float) -> int:
+        return self._pages(job.prompt_tokens + job.generated_at(progress) + self.decode_reserve_tokens)
+
+    def _held(self, progress: float) -> int:
+        return sum(self._held_by(job, progress) for _, _, job in self._running)
+
     # ---- internals ----
     def _advance(self, now: float) -> None:
         start = max(self._last, self._stall_until)
         if self._running and now > start:
             self._progress += (now - start) * self.rate(len(self._running))
+            self.stats.decode_steps += (now - start) / self.timing.step_seconds(len(self._running))
         self._last = max(self._last, now)
 
     def _update(self) -> None:
         if self._frozen:
             return
         now = self.clock.now()
+        base = self._progress
         self._advance(now)
-        if self._running:
-            slack = self.rate(len(self._running)) * COALESCE_WALL_S * self.clock.scale
-            while self._running and self._running[0][0] <= self._progress + slack and not self._frozen:
-                _, _, job = heapq.heappop(self._running)
-                self._finish(job, now)
-        while self._waiting and len(self._running) < self.capacity:
-            job = self._waiting[0]
-            need = job.prompt_tokens + job.output_tokens
-            if self._running and self._reserved_tokens + need > self.max_total_tokens:
-                break
-            self._waiting.popleft()
-            self._reserved_tokens += need
-            self._stall_until = max(self._stall_until, now) + job.prompt_tokens * self.timing.prefill_s_per_token
-            job.admitted = now
-            job.finish_at = self._progress + job.output_tokens
-            heapq.heappush(self._running, (job.finish_at, job.seq, job))
+        self._process_events(base, now)
+        if not self._running and not self._waiting:
+            self.ratio.reset(self.stats.decode_steps)
+        self._admit(now)
         self._schedule(now)
 
+    def _process_events(self, base: float, now: float) -> None:
+        """Finishes and pool exhaustions since ``base``, in progress order (a late wake-up must not
+        skip a retraction that happened before a finish)."""
+        target = self._progress
+        slack = self.rate(max(1, len(self._running))) * COALESCE_WALL_S * self.clock.scale
+        while self._running and not self._frozen:
+            finish = self._running[0][0]
+            exhausted = self._exhaustion_at(base)
+            if exhausted is not None and exhausted <= target and exhausted < finish:
+                self._note_peak(exhausted - 1)
+                self._retract(exhausted)
+                base = exhausted
+                continue
+            if finish > target + slack:
+                break
+            self._note_peak(min(finish, target))
+            _, _, job = heapq.heappop(self._running)
+            self._finish(job, now)
+        if self._running:
+            self._note_peak(target)
+
+    def _note_peak(self, progress: float) -> None:
+        self.stats.peak_used_tokens = max(self.stats.peak_used_tokens,
+                                          min(self._held(progress), self.max_total_tokens))
+
+    def _admit(self, now: float) -> None:
+        """One prefill pass of ``PrefillAdder`` over the FCFS queue."""
+        if not self._waiting or len(self._running) >= self.capacity:
+            return
+        ratio = self.new_token_ratio
+        free = self.max_total_tokens - self.used_tokens
+        offset = sum(min(job.max_new_tokens - job.generated_at(self._progress), CLIP_MAX_NEW_TOKENS) * ratio
+                     for _, _, job in self._running)
+        input_budget = self.max_prefill_tokens
+        admitted = 0
+        while self._waiting and len(self._running) < self.capacity:
+            job = self._waiting[0]
+            extend = job.prompt_tokens + job.generated
+            max_new = min(max(job.max_new_tokens - job.generated, 0), CLIP_MAX_NEW_TOKENS)
+            if not extend + max_new + self.page_size < free - offset:
+                break  # NO_TOKEN
+            if admitted and self._pages(extend) >= input_budget:
+                break  # the pass's --max-prefill-tokens are spent; the next pass takes it
+            self._waiting.popleft()
+            offset += self._pages(extend) + self.page_size + max_new
+            input_budget -= self._pages(extend)
+            admitted += 1
+            self._stall_until = max(self._stall_until, now) + extend * self.timing.prefill_s_per_token
+            job.admitted = now if not job.retractions else job.admitted
+            job.start = self._progress
+            job.finish_at = self._progress + (job.output_tokens - job.generated)
+            heapq.heappush(self._running, (job.finish_at, job.seq, job))
+
+    def _retract(self, progress: float) -> None:
+        """``retract_decode`` at shared progress ``progress``: fewest generated tokens first (ties: the
+        longest prompt), until the next step fits; keeps at least one request."""
+        old_ratio = self.new_token_ratio
+        before = self._held(progress)
+        order = sorted((job for _, _, job in self._running),
+                       key=lambda j: (j.generated_at(progress), -j.prompt_tokens), reverse=True)
+        retracted: list[_Job] = []
+        held = before
+        while held > self.max_total_tokens and len(order) > 1:
+            job = order.pop()
+            held -= self._held_by(job, progress)
+            job.generated = job.generated_at(progress)
+            job.retractions += 1
+            retracted.append(job)
+        aborted = None
+        if held > self.max_total_tokens:
+            aborted = order.pop()
+            held -= self._held_by(aborted, progress)
+        self._running = [(job.finish_at, job.seq, job) for job in order]
+        heapq.heapify(self._running)
+        stats = self.stats
+        stats.last_retracted = len(retracted)
+        stats.retracted_requests += len(retracted)
+        stats.retracted_input_tokens += sum(job.prompt_tokens for job in retracted)
+        stats.retracted_output_tokens += sum(job.generated for job in retracted)
+        running = [job for _, _, job in self._running]
+        new_ratio = min(1.0, (sum(j.generated_at(progress) for j in running) + RETRACT_DECODE_STEPS * len(running))
+                        / (sum(j.max_new_tokens for j in running) + 1))
+        self.ratio.set(new_ratio, stats.decode_steps)
+        log(f"KV cache pool is full. Retract requests. #retracted_reqs: {len(retracted)}, "
+            f"#new_tokens_gained: {before - held}, #new_token_ratio: {old_ratio:.4f} -> {new_ratio:.4f}")
+        self._waiting.extend(retracted)
+        if aborted is not None:
+            log(f"retract_decode: aborted last request {aborted.seq} due to OOM")
+            if not aborted.future.done():
+                aborted.future.set_exception(RuntimeError(
+                    "Out of memory even after retracting all other requests in the decode batch. "
+                    "Aborting the last request."))
+
     def _finish(self, job: _Job, now: float) -> None:
-        self._reserved_tokens -= job.prompt_tokens + job.output_tokens
         self.stats.finished += 1
         self.stats.generated_tokens += job.output_tokens
         self.stats.prompt_tokens += job.prompt_tokens
         if not job.future.done():
             steps = max(1, round(job.output_tokens / self.timing.accept_length))
             job.future.set_result(JobResult(job.output_tokens, job.admitted - job.arrival,
-                                            max(now, self._stall_until) - job.arrival, steps))
+                                            max(now, self._stall_until) - job.arrival, steps, job.retractions))
+
+    def _exhaustion_at(self, base: float) -> float | None:
+        """The first progress point from ``base`` (whole tokens on) at which the running requests' KV
+        outgrows the pool; None if it never does before they finish. Held KV only grows with
+        progress, so a binary search finds it."""
+        horizon = max(job.finish_at for _, _, job in self._running) - base
+        if self._held(base + horizon) <= self.max_total_tokens:
+            return None
+        low, high = 0, max(1, math.ceil(horizon))
+        while low < high:
+            middle = (low + high) // 2
+            if self._held(base + middle) > self.max_total_tokens:
+                high = middle
+            else:
+                low = middle + 1
+        return base + low
 
     def _schedule(self, now: float) -> None:
         if self._timer:
@@ -170,6 +349,13 @@ class BatchEngine:
             self._timer = None
         if not self._running or self._frozen:
             return
+        batch = len(self._running)
         remaining = self._running[0][0] - self._progress
-        when = max(now, self._stall_until) + max(0.0, remaining) / self.rate(len(self._running))
+        exhaustion = self._exhaustion_at(self._progress)
+        if exhaustion is not None:
+            remaining = min(remaining, exhaustion - self._progress)
+        begin = max(now, self._stall_until)
+        when = begin + max(0.0, remaining) / self.rate(batch)
+        if self._waiting and batch < self.capacity:
+            when = min(when, begin + ADMISSION_CHECK_STEPS * self.timing.step_seconds(batch))
         self._timer = self.clock.loop.call_at(self.clock.wall_at(when), self._update)

@@ -145,7 +145,7 @@ class Api:
         plan = plan_output(messages_text(messages), seed=settings.seed, mean_tokens=settings.output_mean_tokens,
                            shape=settings.output_shape, think_share=settings.think_share,
                            max_tokens=int(max_new), thinking=thinking)
-        result = await self.svc.generate(prompt_tokens, plan.completion_tokens)
+        result = await self.svc.generate(prompt_tokens, plan.completion_tokens, max_new_tokens=int(max_new))
         split = bool(self.svc.args.reasoning_parser) and body.get("separate_reasoning", True) is not False
         reasoning, content = render_text(plan, split_reasoning=split)
         rid = uuid.uuid4().hex
@@ -212,9 +212,10 @@ class Api:
             plan = plan_output(item if isinstance(item, str) else str(item), seed=settings.seed,
                                mean_tokens=settings.output_mean_tokens, shape=settings.output_shape,
                                think_share=settings.think_share, max_tokens=max_new)
-            jobs.append((prompt_tokens, plan))
-        results = await asyncio.gather(*(self.svc.generate(p, plan.completion_tokens) for p, plan in jobs))
-        outputs = [self._generate_output(p, plan, res) for (p, plan), res in zip(jobs, results)]
+            jobs.append((prompt_tokens, plan, max_new))
+        results = await asyncio.gather(*(self.svc.generate(p, plan.completion_tokens, max_new_tokens=max_new)
+                                         for p, plan, max_new in jobs))
+        outputs = [self._generate_output(p, plan, res) for (p, plan, _), res in zip(jobs, results)]
         if body.get("stream"):
             lines = [f"data: {json.dumps(o, separators=(',', ':'))}\n\n" for o in outputs] + ["data: [DONE]\n\n"]
             return StreamingResponse(iter(lines), media_type="text/event-stream")
@@ -225,7 +226,8 @@ class Api:
         finish = ({"type": "stop", "matched": self.svc.model.eos_token_id} if plan.finish_reason == "stop"
                   else {"type": "length", "length": result.completion_tokens})
         meta = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": prompt_tokens,
-                "weight_version": self.svc.args.weight_version, "num_retractions": 0, "reasoning_tokens": 0,
+                "weight_version": self.svc.args.weight_version, "num_retractions": result.retractions,
+                "reasoning_tokens": 0,
                 "completion_tokens": result.completion_tokens, "cached_tokens": 0,
                 "e2e_latency": round(result.e2e_seconds, 4)}
         if self.svc.launch.spec_algorithm:

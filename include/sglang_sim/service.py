@@ -29,6 +29,20 @@ VERSION = "0.5.23"
 GB = 1 << 30
 
 
+def decode_reserve_tokens(launch: Launch) -> int:
+    """KV tokens a running request keeps allocated ahead of its committed length: one for the next
+    token, or under EAGLE/MTP ``2 x max(num_steps x topk, num_draft_tokens)``
+    (``mem_cache/allocation_sizing.py::get_alloc_reserve_per_decode``)."""
+    if not launch.spec_algorithm:
+        return 1
+    steps, topk, page = max(1, launch.spec_steps), max(1, launch.spec_topk), launch.page_size
+    if page == 1 or topk == 1:
+        per_step = max(steps * topk, launch.spec_draft_tokens)
+    else:  # tree drafts on pages: every topk branch may need its own page-aligned span
+        per_step = max(((page - 1) + steps + page - 1) // page * page * topk, launch.spec_draft_tokens)
+    return 2 * per_step
+
+
 class Service:
     def __init__(self, *, args: argparse.Namespace, argv: list[str], model: ModelShape, architectures: list[str],
                  launch: Launch, plan: PoolPlan, graphs: GraphMemory, timing: Timing, settings: SimSettings,
@@ -53,14 +67,20 @@ class Service:
         workers = self.launch.dp * self.launch.attn_dp
         self.engines = [BatchEngine(capacity=self.plan.max_running_requests,
                                     max_total_tokens=self.plan.max_total_num_tokens, timing=self.timing,
-                                    clock=clock) for _ in range(workers)]
+                                    clock=clock, page_size=self.launch.page_size,
+                                    decode_reserve_tokens=decode_reserve_tokens(self.launch),
+                                    conservativeness=self.args.schedule_conservativeness,
+                                    max_prefill_tokens=self.launch.max_prefill_tokens)
+                        for _ in range(workers)]
 
-    async def generate(self, prompt_tokens: int, output_tokens: int, *, counted: bool = True) -> JobResult:
-        """Run one generation; ``counted`` ones (API requests, not health checks) drive the faults."""
+    async def generate(self, prompt_tokens: int, output_tokens: int, *, max_new_tokens: int | None = None,
+                       counted: bool = True) -> JobResult:
+        """Run one generation of ``output_tokens`` under a ``max_new_tokens`` budget; ``counted`` ones
+        (API requests, not health checks) drive the faults."""
         # DP workers: the least loaded takes the request, as SGLang's load-balancing controller does
         engine = min(self.engines, key=lambda e: e.running + e.waiting) if len(self.engines) > 1 \
             else self.engines[0]
-        result = await engine.submit(prompt_tokens, output_tokens)
+        result = await engine.submit(prompt_tokens, output_tokens, max_new_tokens)
         if counted and self.ready:
             self._after_request()
         return result
@@ -143,7 +163,10 @@ class Service:
                 "accept_length": self.timing.accept_length,
                 "running": sum(e.running for e in self.engines), "waiting": sum(e.waiting for e in self.engines),
                 "finished": sum(e.stats.finished for e in self.engines),
-                "generated_tokens": sum(e.stats.generated_tokens for e in self.engines)}
+                "generated_tokens": sum(e.stats.generated_tokens for e in self.engines),
+                # SGLang has no peak gauge; the simulator keeps the peak of what it would report
+                "peak_used_tokens": max(e.stats.peak_used_tokens for e in self.engines),
+                "decode_steps": round(sum(e.stats.decode_steps for e in self.engines))}
 
     def server_info(self) -> dict:
         plan, launch = self.plan, self.launch
@@ -168,21 +191,43 @@ class Service:
                           "effective_max_running_requests_per_dp": plan.max_running_requests,
                           "world_size": launch.tp * launch.pp, "last_gen_throughput": round(engine.throughput(), 3),
                           "memory_usage": memory, "sim": self.capacity()})
+            # the scheduler's counters under their /metrics names, readable without --enable-metrics
+            state.update(self.scheduler_counters())
             if launch.spec_algorithm:
                 state["avg_spec_accept_length"] = self.timing.accept_length
             states.append(state)
         info["internal_states"] = states
         return info
 
+    def scheduler_counters(self) -> dict:
+        """Retraction and KV-usage figures under SGLang's metric names (``observability/metrics_collector.py``),
+        summed over the DP workers; usage shares are of the whole fleet of workers' pools."""
+        engines = self.engines
+        pool = self.plan.max_total_num_tokens * len(engines)
+        used = sum(e.used_tokens for e in engines)
+        mamba_slots = self.plan.max_mamba_cache_size * len(engines) if self.model.is_hybrid else 0
+        mamba_used = sum(e.running for e in engines) * self.plan.mamba_ratio if mamba_slots else 0
+        full_usage = used / pool
+        mamba_usage = mamba_used / mamba_slots if mamba_slots else 0.0
+        return {"num_retracted_requests_total": sum(e.stats.retracted_requests for e in engines),
+                "num_retracted_input_tokens_total": sum(e.stats.retracted_input_tokens for e in engines),
+                "num_retracted_output_tokens_total": sum(e.stats.retracted_output_tokens for e in engines),
+                "num_retracted_reqs": sum(e.stats.last_retracted for e in engines),
+                "num_used_tokens": used, "full_token_usage": round(full_usage, 6),
+                "mamba_usage": round(mamba_usage, 6), "token_usage": round(max(full_usage, mamba_usage), 6),
+                "new_token_ratio": round(min(e.new_token_ratio for e in engines), 6)}
+
     def metrics_text(self) -> str:
         label = f'{{model_name="{self.served_model_name}"}}'
         running = sum(e.running for e in self.engines)
         waiting = sum(e.waiting for e in self.engines)
-        used = sum(e.reserved_tokens for e in self.engines) / (self.plan.max_total_num_tokens * len(self.engines))
+        counters = self.scheduler_counters()
         rows = [("sglang:num_running_reqs", "gauge", running), ("sglang:num_queue_reqs", "gauge", waiting),
                 ("sglang:gen_throughput", "gauge", sum(e.throughput() for e in self.engines)),
-                ("sglang:token_usage", "gauge", round(used, 6)),
                 ("sglang:prompt_tokens_total", "counter", sum(e.stats.prompt_tokens for e in self.engines)),
                 ("sglang:generation_tokens_total", "counter", sum(e.stats.generated_tokens for e in self.engines)),
                 ("sglang:num_requests_total", "counter", sum(e.stats.finished for e in self.engines))]
+        kinds = {"num_retracted_reqs": "gauge", "num_used_tokens": "gauge", "full_token_usage": "gauge",
+                 "mamba_usage": "gauge", "token_usage": "gauge", "new_token_ratio": "gauge"}
+        rows += [(f"sglang:{name}", kinds.get(name, "counter"), value) for name, value in counters.items()]
         return "".join(f"# TYPE {name} {kind}\n{name}{label} {value}\n" for name, kind, value in rows)

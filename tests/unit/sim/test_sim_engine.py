@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from sglang_sim.engine import BatchEngine, SimClock
+from sglang_sim.engine import BatchEngine, NewTokenRatio, SimClock
 from sglang_sim.perf import Timing
 
 # 100 tokens/s per request whatever the batch, no prefill cost
@@ -68,3 +68,84 @@ def test_hang_freezes_running_requests():
             await asyncio.wait_for(asyncio.shield(future), 0.05)
 
     asyncio.run(scenario())
+
+
+# -- admission and retraction (docs/sglang-scheduler.md) --------------------------------------------
+
+def _run(pool: int, jobs: list[tuple[int, int, int]], *, capacity: int = 8, page: int = 1, reserve: int = 1):
+    async def scenario():
+        engine = BatchEngine(capacity=capacity, max_total_tokens=pool, timing=FLAT, page_size=page,
+                             decode_reserve_tokens=reserve, clock=SimClock(asyncio.get_running_loop(), 2000.0))
+        futures = [engine.submit(*job) for job in jobs]
+        first_pass = engine.running
+        return engine, first_pass, await asyncio.gather(*futures)
+
+    return asyncio.run(scenario())
+
+
+def test_new_token_ratio_constants_follow_sglang():
+    ratio = NewTokenRatio()
+    assert (ratio.init, ratio.min) == pytest.approx((0.7, 0.098))
+    assert ratio.value(300) == pytest.approx(0.7 - 300 * (0.7 - 0.098) / 600)
+    assert ratio.value(10_000) == pytest.approx(0.098)
+    ratio.set(0.4, 1000)
+    assert ratio.value(1000) == 0.4 and ratio.value(1100) == pytest.approx(0.4 - 100 * ratio.decay)
+    assert NewTokenRatio(2.0).init == 1.0  # conservativeness scales it, capped at 1
+
+
+def test_admission_reserves_running_budgets_at_the_ratio_and_the_new_one_in_full():
+    # each arrival is a pass needing 100 + 1500 + 1 page = 1601 below free - running x 1500 x 0.7:
+    # 3rd: 4000 - 202 - 2100 = 1698 > 1601 admitted; 4th: 4000 - 303 - 3150 = 547 waits
+    engine, first_pass, _ = _run(4000, [(100, 1500, 1500)] * 4)
+    assert first_pass == 3
+    # admitted later as the ratio decays, the batch outgrows the pool: SGLang retracts
+    assert engine.stats.retracted_requests >= 1
+
+
+def test_pool_too_small_retracts_and_requeued_requests_keep_their_output(capsys):
+    engine, _, results = _run(4000, [(100, 1500, 1500)] * 4)
+    stats = engine.stats
+    assert stats.retracted_requests >= 1 and stats.retracted_output_tokens > 0
+    assert stats.retracted_input_tokens == 100 * stats.retracted_requests
+    assert sum(r.retractions for r in results) == stats.retracted_requests
+    # every request still finishes with its full output, counted once
+    assert [r.completion_tokens for r in results] == [1500] * 4
+    assert stats.generated_tokens == 6000 and stats.finished == 4
+    assert stats.peak_used_tokens <= 4000
+    assert "KV cache pool is full. Retract requests. #retracted_reqs: 1" in capsys.readouterr().err
+    assert engine.used_tokens == 0 and engine.new_token_ratio == pytest.approx(0.7)  # idle: ratio reset
+
+
+def test_generous_pool_never_retracts():
+    engine, first_pass, results = _run(10**6, [(100, 1500, 1500)] * 4)
+    assert first_pass == 4
+    assert engine.stats.retracted_requests == 0 and all(r.retractions == 0 for r in results)
+    # four requests near their longest (they arrived a few tokens apart): up to 4 x (100 + 1500 + 1 reserve)
+    assert 3 * 1601 < engine.stats.peak_used_tokens <= 4 * 1601
+
+
+def test_held_kv_is_page_rounded_with_the_decode_reserve():
+    async def scenario():
+        engine = BatchEngine(capacity=4, max_total_tokens=10**6, timing=FLAT, page_size=64, decode_reserve_tokens=8,
+                             clock=SimClock(asyncio.get_running_loop(), 1.0))
+        engine.submit(100, 1000)
+        engine.submit(130, 1000)
+        return engine.used_tokens
+
+    # ceil64(100 + 8) + ceil64(130 + 8) = 128 + 192
+    assert asyncio.run(scenario()) == 320
+
+
+def test_retraction_takes_the_request_with_the_fewest_generated_tokens():
+    async def scenario():
+        # two requests of 100 + 1500 outgrow 2900 tokens before the first finishes if it leads by
+        # fewer than ~300 tokens; the second is admitted (2900 - 101 - lead - 0.7 x (1500 - lead) > 1601)
+        engine = BatchEngine(capacity=4, max_total_tokens=2900, timing=FLAT,
+                             clock=SimClock(asyncio.get_running_loop(), 200.0))
+        early = engine.submit(100, 1500, 1500)
+        await asyncio.sleep(0.5 / 200)   # ~50 tokens
+        late = engine.submit(100, 1500, 1500)
+        return await asyncio.gather(early, late)
+
+    early, late = asyncio.run(scenario())
+    assert early.retractions == 0 and late.retractions >= 1
