@@ -43,7 +43,12 @@ class Workload:
 @dataclass(frozen=True)
 class TunerBounds:
     """The user's bounds and opt-in trade-offs. Off by default: bf16 SSM state (halves the state but
-    changes numerics) and the no_buffer radix strategy (3 slots per request instead of 5)."""
+    changes numerics) and the no_buffer radix strategy (3 slots per request instead of 5).
+
+    ``kv_tokens_mean`` / ``kv_tokens_std`` / ``kv_overflow_z``: the workload mode's KV demand (see
+    ``fleetgen.tuning.workload``). When set, ``n`` running requests fit if the pool holds
+    ``n x mean + z x sqrt(n) x std`` tokens instead of ``n x context``.
+    """
 
     margin_mib: int = 1024
     max_running_requests: int | None = None
@@ -51,6 +56,9 @@ class TunerBounds:
     bf16_ssm_state: bool = False
     no_buffer_radix: bool = False
     mode: str = "tuned"
+    kv_tokens_mean: float | None = None
+    kv_tokens_std: float = 0.0
+    kv_overflow_z: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.margin_mib, int) or self.margin_mib < 0:
@@ -61,6 +69,19 @@ class TunerBounds:
                 raise ConfigError(f"tuner bounds: {name} must be a positive integer, got {value!r}")
         if self.mode not in MODES:
             raise ConfigError(f"tuner bounds: mode must be one of {MODES}, got {self.mode!r}")
+        if self.kv_tokens_mean is not None and not (math.isfinite(self.kv_tokens_mean) and self.kv_tokens_mean > 0):
+            raise ConfigError(f"tuner bounds: kv_tokens_mean must be a positive number, got {self.kv_tokens_mean!r}")
+        for name in ("kv_tokens_std", "kv_overflow_z"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"tuner bounds: {name} must be a non-negative number, got {value!r}")
+
+    def kv_tokens_needed(self, requests: int, full_context_tokens: int) -> int:
+        """KV pool tokens ``requests`` running requests need: each at its full context, or the
+        workload's demand when the workload mode set it."""
+        if self.kv_tokens_mean is None:
+            return requests * full_context_tokens
+        return math.ceil(requests * self.kv_tokens_mean + self.kv_overflow_z * math.sqrt(requests) * self.kv_tokens_std)
 
     def to_dict(self) -> dict:
         return asdict(self)

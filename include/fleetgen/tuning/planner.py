@@ -170,7 +170,8 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
         best = _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib, table_chunk,
                        table_bs, context, host, server)
         flags.update(_tuned_flags(profile, options, best))
-        if best.sizing.max_total_num_tokens < best.sizing.effective_max_running_requests * context:
+        if bounds.kv_tokens_mean is None and \
+                best.sizing.max_total_num_tokens < best.sizing.effective_max_running_requests * context:
             notes.append(f"the KV pool holds {best.sizing.max_total_num_tokens} tokens, less than "
                          f"{best.sizing.effective_max_running_requests} requests x {context} context")
     margin = bounds.margin_mib * MIB + adjust["extra_reserve_bytes"]
@@ -304,7 +305,8 @@ def _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib,
             if options.mem_fraction_static is None and pre_free - pre_free * mfs < held_free + outside:
                 continue
             if controllable and (sizing.effective_max_running_requests < requests
-                                 or sizing.max_total_num_tokens < requests * needed_tokens_per_request):
+                                 or sizing.max_total_num_tokens < bounds.kv_tokens_needed(requests,
+                                                                                           needed_tokens_per_request)):
                 return None
             return _Candidate(sizing.effective_max_running_requests, mfs, chunk, decode_bs, reserve, sizing,
                               None if options.max_running_requests else mrr_flag,
