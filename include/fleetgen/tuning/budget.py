@@ -71,10 +71,10 @@ def render_budget_table(plan: ServerPlan) -> str:
         lines.append(f"  {row['item'].ljust(width)}  {row['bytes'] / MIB:>12,.1f}  {row['bytes'] / GIB:>9.2f}  "
                      f"{row['note']}")
     lines += [f"  note: {note}" for note in plan.notes]
-    if plan.inputs.get("workload"):
+    if plan.inputs.get("workload_mode"):
         from fleetgen.tuning.workload import render_workload_table
 
-        lines.append(render_workload_table(plan.inputs["workload"]))
+        lines.append(render_workload_table(plan.inputs["workload_mode"]))
     return "\n".join(lines)
 
 

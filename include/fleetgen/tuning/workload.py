@@ -191,7 +191,7 @@ def workload_rows(full: ServerPlan, tonight: ServerPlan, target: ServerPlan, dem
 
 
 def render_workload_table(workload: dict) -> str:
-    """The table ``plan.inputs["workload"]`` holds, as text for the task log."""
+    """The table ``plan.inputs["workload_mode"]`` holds, as text for the task log."""
     step, rows = workload["step"], workload["rows"]
     lines = [f"  workload mode: {step['reason']}" + (" (settled)" if step["settled"] else ""),
              f"  {'plan':<18} {'requests':>8} {'KV pool':>10} {'KV needed':>10} {'retractions':>11}"]
@@ -208,7 +208,7 @@ def plan_workload_server(plan_with: Callable[[TunerBounds], ServerPlan], bounds:
                          ceiling: int | None = None, pin_full_context: bool = False) -> ServerPlan:
     """Tonight's plan for one server. ``plan_with(bounds)`` is ``plan_server`` for that server.
 
-    The plan's ``inputs["workload"]`` keeps the step, the table rows and the observation it learnt
+    The plan's ``inputs["workload_mode"]`` keeps the step, the table rows and the observation it learnt
     from; ``render_budget_table`` shows them under the budget.
     """
     full = plan_with(bounds)
@@ -239,4 +239,4 @@ def _annotate(plan: ServerPlan, full: ServerPlan, tonight: ServerPlan, target: S
     rows = workload_rows(full, tonight, target, demand, step)
     workload = {"step": step.to_dict(), "rows": rows, "demand": asdict(demand) if demand else None,
                 "previous": previous.to_dict() if previous else None}
-    return dataclasses.replace(plan, inputs={**plan.inputs, "workload": workload})
+    return dataclasses.replace(plan, inputs={**plan.inputs, "workload_mode": workload})

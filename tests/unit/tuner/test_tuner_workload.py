@@ -99,7 +99,7 @@ def test_seed_workload_plan_target_tonight_and_table(cases, seed_profile, seed_o
     first = plan_workload_server(plan_with, TunerBounds(), demand=demand, previous=None)
     full = plan_with(TunerBounds())
     assert first.flags == full.flags  # unseen fleet: the full-context plan
-    rows = {row["plan"]: row for row in first.inputs["workload"]["rows"]}
+    rows = {row["plan"]: row for row in first.inputs["workload_mode"]["rows"]}
     assert list(rows) == ["full-context plan", "tonight's plan", "target"]
     full_cap = full.expected["max_running_requests"]
     target = rows["target"]
@@ -126,7 +126,7 @@ def test_pin_keeps_the_full_context_plan(cases, seed_profile, seed_options):
     pinned = plan_workload_server(plan_with, TunerBounds(), demand=_seed_demand(),
                                   previous=_observation(full.expected["max_running_requests"]), pin_full_context=True)
     assert pinned.flags == full.flags and pinned.expected == full.expected
-    assert pinned.inputs["workload"]["step"]["reason"] == "pinned to the full-context plan"
+    assert pinned.inputs["workload_mode"]["step"]["reason"] == "pinned to the full-context plan"
 
 
 def test_bounds_reject_bad_demand():
