@@ -63,6 +63,10 @@ PARAMS = {
     "no_buffer_radix": Param(False, type="boolean", title="no_buffer radix strategy",
                              description="--mamba-radix-cache-strategy no_buffer: 3 state slots per request "
                                          "instead of 5, no overlap scheduling."),
+    "pin_full_context_plan": Param(False, type="boolean", title="Pin the full-context plan",
+                                   description="KV for every running request at its full context (conservative). "
+                                               "Off: size for the workload, one bounded step per run from the "
+                                               "previous run's lengths, peak KV and retractions."),
     "shard_size": Param(5000, type="integer", minimum=1, maximum=10_000_000, title="Prompts per shard",
                         description="Prompts per generate_shard task; grown automatically when the shards would "
                                     "exceed Airflow's [core] max_map_length."),

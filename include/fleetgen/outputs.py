@@ -13,6 +13,7 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       validation/                  summary.json and data_docs/
       report/                      report.json, report.md, plots
       failures.jsonl               one line per failed task: what broke and what to check
+      workload_plan.json           per server: the cap, KV pool and ceiling the workload mode planned
 """
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ class RunLayout:
     @property
     def report_json(self) -> Path:
         return self.report_dir / "report.json"
+
+    @property
+    def workload_plan(self) -> Path:
+        """Per server: the request cap and KV pool the run was planned with (fleetgen.tuning.workload_history)."""
+        return self.root / "workload_plan.json"
 
     def kind_dir(self, kind: str) -> Path:
         if kind not in SHARD_KINDS:

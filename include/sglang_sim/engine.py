@@ -28,6 +28,7 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from sglang_sim.perf import Timing
 from sglang_sim.simlog import log
@@ -38,6 +39,8 @@ COALESCE_WALL_S = 0.001
 # (the ratio moves by 0.001 per step, so the admitted count differs by at most one request).
 ADMISSION_CHECK_STEPS = 8
 
+# --decode-log-interval: a "Decode batch" line every this many decode steps (logged at the first event after)
+DECODE_LOG_INTERVAL = 40
 # environ.py defaults (SGLang 0.5.23)
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
@@ -146,6 +149,9 @@ class BatchEngine:
         self._seq = itertools.count()
         self._frozen = False
         self._rates = [timing.request_rate(b) for b in range(capacity + 1)]
+        self._logged_interval = 0
+        # called with the engine every DECODE_LOG_INTERVAL decode steps (the server formats the line)
+        self.decode_logger: Callable[["BatchEngine"], None] | None = None
 
     # ---- public ----
     @property
@@ -220,6 +226,10 @@ class BatchEngine:
         base = self._progress
         self._advance(now)
         self._process_events(base, now)
+        interval = int(self.stats.decode_steps // DECODE_LOG_INTERVAL)
+        if interval > self._logged_interval and self._running and self.decode_logger is not None:
+            self._logged_interval = interval
+            self.decode_logger(self)
         if not self._running and not self._waiting:
             self.ratio.reset(self.stats.decode_steps)
         self._admit(now)

@@ -72,6 +72,24 @@ class Service:
                                     conservativeness=self.args.schedule_conservativeness,
                                     max_prefill_tokens=self.launch.max_prefill_tokens)
                         for _ in range(workers)]
+        for engine in self.engines:
+            engine.decode_logger = self._log_decode_batch
+
+    def _log_decode_batch(self, engine: BatchEngine) -> None:
+        """``report_decode_stats``'s line (``scheduler_components/metrics_reporter.py``), hybrid form."""
+        pool = self.plan.max_total_num_tokens
+        used = engine.used_tokens
+        parts = [f"Decode batch, #running-req: {engine.running}", f"#full token: {used}",
+                 f"full token usage: {used / pool:.2f}"]
+        if self.model.is_hybrid:
+            slots = engine.running * self.plan.mamba_ratio
+            parts += [f"mamba num: {slots}", f"mamba usage: {slots / self.plan.max_mamba_cache_size:.2f}"]
+        if self.launch.spec_algorithm:
+            accept = self.timing.accept_length
+            parts += [f"accept len: {accept:.2f}", f"accept rate: {(accept - 1) / max(1, self.launch.spec_steps):.2f}"]
+        parts += [f"cuda graph: {self.launch.decode_graph}", f"gen throughput (token/s): {engine.throughput():.2f}",
+                  f"#queue-req: {engine.waiting}"]
+        log(", ".join(parts), rank=0)
 
     async def generate(self, prompt_tokens: int, output_tokens: int, *, max_new_tokens: int | None = None,
                        counted: bool = True) -> JobResult:

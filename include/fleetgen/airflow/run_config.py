@@ -79,6 +79,7 @@ class Tuning:
     bf16_ssm_state: bool
     no_buffer_radix: bool
     ready_timeout_s: int
+    pin_full_context_plan: bool  # off: the workload mode (fleetgen.tuning.workload)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Tuning:
@@ -90,7 +91,8 @@ class Tuning:
                    max_running_requests=_int(params, "max_running_requests", 0, 4096),
                    context_length=_int(params, "context_length", 0, 1 << 20),
                    bf16_ssm_state=_flag(params, "bf16_ssm_state"), no_buffer_radix=_flag(params, "no_buffer_radix"),
-                   ready_timeout_s=_int(params, "ready_timeout_s", 10, 7200))
+                   ready_timeout_s=_int(params, "ready_timeout_s", 10, 7200),
+                   pin_full_context_plan=_flag(params, "pin_full_context_plan"))
 
     def bounds(self) -> TunerBounds:
         return TunerBounds(margin_mib=self.memory_margin_mib, max_running_requests=self.max_running_requests or None,

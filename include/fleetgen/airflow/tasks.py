@@ -99,15 +99,45 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
     workload = Workload(max_output_tokens=config.generation.max_tokens, prompt_tokens_mean=tokens.mean,
                         prompt_tokens_max=tokens.max, prompt_count=int(prompt_scan["count"]))
     by_host = {inventory["host"]: inventory for inventory in mapped_values(inventories)}
+
+    def planner(slot):
+        gpus = probe.select_gpus(by_host[slot.node], slot.gpu_ids)
+        return lambda bounds: plan_server(host=slot.node, gpu_ids=list(slot.gpu_ids), port=slot.port, gpus=gpus,
+                                          profile=profile, options=options, workload=workload, bounds=bounds)
+
+    plan_for = {slot.name: planner(slot) for slot in spec.servers()}
+    if config.tuning.mode == "tuned":
+        server_plans = _workload_plans(config, layout, spec, plan_for, profile, options)
+    else:
+        server_plans = [plan_with(config.tuning.bounds()) for plan_with in plan_for.values()]
     plans = []
-    for slot in spec.servers():
-        plan = plan_server(host=slot.node, gpu_ids=list(slot.gpu_ids), port=slot.port,
-                           gpus=probe.select_gpus(by_host[slot.node], slot.gpu_ids), profile=profile,
-                           options=options, workload=workload, bounds=config.tuning.bounds())
-        log.info("Plan for %s:\n%s", slot.name, render_budget_table(plan))
+    for name, plan in zip(plan_for, server_plans):
+        log.info("Plan for %s:\n%s", name, render_budget_table(plan))
         plans.append(plan.to_dict())
     caps = sorted({p["expected"]["max_running_requests"] for p in plans})
     log.info("Planned %d server(s); expected effective max_running_requests %s", len(plans), caps)
+    return plans
+
+
+def _workload_plans(config: RunConfig, layout, spec: FleetSpec, plan_for: dict, profile, options) -> list:
+    """The workload mode (docs/sglang-scheduler.md): learn from the previous run, record tonight's plan."""
+    from fleetgen.tuning import workload_history
+    from fleetgen.tuning.workload import decode_reserve_tokens
+
+    def run_on_node(node: str, command: str) -> str:
+        with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
+            return shell.run(command, describe="read the previous run's scheduler lines")[1]
+
+    learned = workload_history.learn_from_previous_run(
+        config.inputs.output_root, layout, page_size=options.page_size,
+        reserve_tokens=decode_reserve_tokens(profile.spec_steps, profile.spec_topk, profile.draft_tokens,
+                                             options.page_size),
+        log_dir=spec.server.log_dir, ports_by_node={node.name: list(node.ports) for node in spec.nodes},
+        run_on_node=run_on_node)
+    log.info("Workload mode: %s, %d server(s) observed", learned.source, len(learned.seen))
+    plans = workload_history.plan_fleet(plan_for, config.tuning.bounds(), demand=learned.demand, seen=learned.seen,
+                                        record=learned.record, pin_full_context=config.tuning.pin_full_context_plan)
+    workload_history.write_plan_record(layout, plans)
     return plans
 
 

@@ -236,6 +236,30 @@ def parse_watch(output: str) -> tuple[bool | None, list[str]]:
     return f"{ALIVE_MARK}1" in output, log_lines
 
 
+# SGLang's scheduler lines (scheduler_components/metrics_reporter.py, managers/scheduler.py): the KV tokens
+# held, every --decode-log-interval decode steps, and each retraction.
+_FULL_TOKEN = "#full token: "
+_RETRACTED = "#retracted_reqs: "
+
+
+def scheduler_log_command(log_dir: str, ports: Sequence[int]) -> str:
+    """Per port, one ``scheduler port=P peak_full_tokens=N retracted=M`` line read from the server's log
+    (the largest ``#full token`` of its ``Decode batch`` lines and the sum of ``#retracted_reqs``), or
+    ``scheduler port=P missing=1`` without a log. The log holds the last launch only (it is truncated
+    at launch)."""
+    program = (f"/{_FULL_TOKEN}[0-9]/ {{ if (match($0, /{_FULL_TOKEN}[0-9]+/)) {{ "
+               f"v = substr($0, RSTART + {len(_FULL_TOKEN)}, RLENGTH - {len(_FULL_TOKEN)}) + 0; if (v > p) p = v }} }} "
+               f"/{_RETRACTED}[0-9]/ {{ if (match($0, /{_RETRACTED}[0-9]+/)) "
+               f"r += substr($0, RSTART + {len(_RETRACTED)}, RLENGTH - {len(_RETRACTED)}) }} "
+               "END { printf \"scheduler port=%d peak_full_tokens=%d retracted=%d\\n\", port, p, r }")
+    lines = []
+    for port in ports:
+        path = quote_path(log_file(log_dir, int(port)))
+        lines.append(f"if [ -r {path} ]; then awk -v port={int(port)} {quote(program)} {path}; "
+                     f"else echo 'scheduler port={int(port)} missing=1'; fi")
+    return "\n".join(lines)
+
+
 def read_file_command(path: str, *, max_bytes: int = 64 * 1024 * 1024) -> str:
     """Print a file, failing with a clear message if it is missing or larger than max_bytes."""
     q, shown = quote_path(path), quote(path)  # messages name the path as given, printed as data (printf %s)

@@ -85,6 +85,14 @@ class KvDemand:
                    prompt_tokens_mean=sum(p for p, _ in pairs) / len(pairs),
                    output_tokens_mean=weight / len(pairs))
 
+    @classmethod
+    def from_stats(cls, stats, *, page_size: int, reserve_tokens: int) -> "KvDemand":
+        """From a run's stats table (``fleetgen.validation.stats_table.load_stats``): every completion's
+        prompt and completion tokens."""
+        rows = stats.dropna(subset=["prompt_tokens", "completion_tokens"])
+        return cls.from_lengths(rows["prompt_tokens"].tolist(), rows["completion_tokens"].tolist(),
+                                page_size=page_size, reserve_tokens=reserve_tokens)
+
     def needed(self, requests: int, z: float = OVERFLOW_Z) -> int:
         return math.ceil(requests * self.mean + z * math.sqrt(requests) * self.std)
 
@@ -122,6 +130,21 @@ class RunObservation:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """SGLang's Prometheus text (``/metrics``) -> {metric name: value summed over its label sets}."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0].strip()
+        try:
+            values[name] = values.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return values
 
 
 @dataclass(frozen=True)

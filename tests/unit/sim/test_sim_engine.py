@@ -149,3 +149,18 @@ def test_retraction_takes_the_request_with_the_fewest_generated_tokens():
 
     early, late = asyncio.run(scenario())
     assert early.retractions == 0 and late.retractions >= 1
+
+
+def test_decode_batch_line_every_forty_decode_steps():
+    async def scenario():
+        engine = BatchEngine(capacity=2, max_total_tokens=10**6, timing=FLAT,
+                             clock=SimClock(asyncio.get_running_loop(), 2000.0))
+        seen = []
+        engine.decode_logger = lambda e: seen.append((e.stats.decode_steps, e.running, e.used_tokens))
+        await asyncio.gather(engine.submit(10, 400), engine.submit(10, 400))
+        return seen
+
+    seen = asyncio.run(scenario())
+    # 400 steps: at most one line per 40-step interval, each while requests run and hold their KV
+    assert 1 <= len(seen) <= 10
+    assert all(steps >= 40 and running >= 1 and used > 0 for steps, running, used in seen)

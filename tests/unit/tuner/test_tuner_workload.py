@@ -136,3 +136,20 @@ def test_bounds_reject_bad_demand():
         TunerBounds(kv_tokens_mean=100.0, kv_overflow_z=float("nan"))
     assert TunerBounds().kv_tokens_needed(10, 8192) == 81920
     assert TunerBounds(kv_tokens_mean=100.0, kv_tokens_std=10.0, kv_overflow_z=2.0).kv_tokens_needed(100, 8192) == 10200
+
+
+def test_demand_from_a_stats_table_and_metrics_text():
+    import pandas as pd
+
+    from fleetgen.outputs import STATS_COLUMNS
+    from fleetgen.tuning.workload import parse_metrics
+
+    stats = pd.DataFrame([{"prompt_tokens": 100, "completion_tokens": 1000}, {"prompt_tokens": 100, "completion_tokens": 3000},
+                          {"prompt_tokens": None, "completion_tokens": None}], columns=list(STATS_COLUMNS))
+    assert KvDemand.from_stats(stats, page_size=64, reserve_tokens=8) == \
+        KvDemand.from_lengths([100, 100], [1000, 3000], page_size=64, reserve_tokens=8)
+    text = ('# TYPE sglang:num_retracted_requests_total counter\n'
+            'sglang:num_retracted_requests_total{model_name="m",dp_rank="0"} 3\n'
+            'sglang:num_retracted_requests_total{model_name="m",dp_rank="1"} 2\n'
+            'sglang:num_used_tokens{model_name="m"} 1234.0\n')
+    assert parse_metrics(text) == {"sglang:num_retracted_requests_total": 5.0, "sglang:num_used_tokens": 1234.0}
