@@ -157,7 +157,9 @@ def _tuning(plan: list[dict] | None, readiness: list[dict] | None) -> list[dict]
         rows.append({"server": server, "host": item["host"], "port": item["port"],
                      "gpu_ids": item.get("gpu_ids", []), "flags": item.get("flags", {}),
                      "expected": {key: item.get("expected", {}).get(key) for key in CAP_KEYS},
-                     "effective": _effective_caps(seen), "version": seen.get("version")})
+                     "effective": _effective_caps(seen), "version": seen.get("version"),
+                     # the workload mode's path: full-context cap, tonight's, the target, and why
+                     "workload": (item.get("inputs", {}).get("workload_mode") or {}).get("step")})
     for server, seen in ready.items():  # running without a plan entry (e.g. plan not passed)
         rows.append({"server": server, "host": seen.get("host"), "port": seen.get("port"),
                      "gpu_ids": seen.get("gpu_ids", []), "flags": {},

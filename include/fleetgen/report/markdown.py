@@ -76,6 +76,7 @@ def render_markdown(report: dict) -> str:
                           _expected_vs_effective(row, "max_total_num_tokens"), row["version"] or "-",
                           "`" + " ".join(f"{flag} {value}" for flag, value in row["flags"].items()) + "`"
                           if row["flags"] else "-"] for row in report["tuning"]])
+        lines += _workload_path(report["tuning"])
     if report.get("shards"):
         shards = report["shards"]
         lines += ["## Shards", "", f"{shards['count']} shards: {_number(shards['done'])} done, "
@@ -102,3 +103,19 @@ def render_markdown(report: dict) -> str:
                 for name, entry in entries.items()]
         lines += _table(["metric", "previous", "current", "delta", "delta %"], rows)
     return "\n".join(lines)
+
+
+def _workload_path(tuning: list[dict]) -> list[str]:
+    """The workload mode's path per server: full-context cap, previous, tonight, target, ceiling, why."""
+    paths = [row for row in tuning if row.get("workload")]
+    if not paths:
+        return []
+
+    def shown(value) -> str:
+        return "-" if value is None else str(value)
+
+    rows = [[row["server"], shown(step["full_context_cap"]), shown(step["previous_cap"]), shown(step["cap"]),
+             shown(step["target_cap"]), shown(step["ceiling"]), step["reason"] + (" (settled)" if step["settled"] else "")]
+            for row in paths for step in (row["workload"],)]
+    return ["", "Workload mode: where each server's plan is on its path, and why.", ""] + \
+        _table(["server", "full-context cap", "previous cap", "tonight", "target", "ceiling", "why"], rows)

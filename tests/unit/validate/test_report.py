@@ -190,3 +190,16 @@ def test_a_run_without_validation_is_not_a_successful_previous_run(tmp_path):
     assert "Validation: **not run**" in (out / "report" / "report.md").read_text()
     assert find_previous_report(tmp_path / "root", "r2") is None
     assert os.path.isfile(out / "report" / "per_server.png")
+
+
+def test_the_report_shows_where_the_workload_plan_is_on_its_path(tmp_path):
+    out = write_run(tmp_path / "run", [good_row(index) for index in range(30)])
+    plan, readiness = plan_and_readiness(40)
+    step = {"full_context_cap": 63, "previous_cap": 63, "cap": 79, "target_cap": 80, "ceiling": None,
+            "reason": "one step (+25%) from 63 toward 80", "settled": False}
+    plan[0]["inputs"] = {"workload_mode": {"step": step, "rows": []}}
+    brief = build_report(out, run_id="run", plan=plan, readiness=readiness, shard_results=None, validation=None,
+                         previous_report=None)
+    report = json.loads(Path(brief["report_json"]).read_text())
+    assert report["tuning"][0]["workload"] == step and report["tuning"][1]["workload"] is None
+    assert "| 63 | 63 | 79 | 80 | - | one step (+25%) from 63 toward 80 |" in (out / "report" / "report.md").read_text()
