@@ -10,6 +10,7 @@ from fleetgen.errors import ConfigError
 PARAMS = {"fleet_file": "", "prompts_path": "~/p.jsonl", "output_root": "/out", "dry_run": False,
           "keep_servers_up": True, "tuning": "tuned", "memory_margin_mib": 1024, "max_running_requests": 0,
           "context_length": 0, "bf16_ssm_state": False, "no_buffer_radix": False, "ready_timeout_s": 1800,
+          "pin_full_context_plan": False,
           "max_tokens": 4096, "temperature": 0.6, "top_p": 0.95, "shard_size": 5000, "parallel_shards": 0,
           "headroom": 1.25, "max_length_share": 0.2, "min_reasoning_share": 0.9, "max_empty_answer_share": 0.2,
           "max_error_share": 0.01}
@@ -23,6 +24,8 @@ def test_params_become_typed_groups_and_domain_objects():
     assert config.layout("manual__2026-01-01T00:00:00+00:00").root == Path("/out/manual__2026-01-01T00_00_00_00_00")
     bounded = RunConfig.from_params({**PARAMS, "max_running_requests": 40, "context_length": 8192})
     assert (bounded.tuning.bounds().max_running_requests, bounded.tuning.bounds().context_length) == (40, 8192)
+    assert config.tuning.pin_full_context_plan is False
+    assert RunConfig.from_params({**PARAMS, "pin_full_context_plan": True}).tuning.pin_full_context_plan is True
 
 
 def test_unknown_keys_are_refused_with_the_valid_ones():
@@ -39,6 +42,7 @@ def test_unknown_keys_are_refused_with_the_valid_ones():
     ("dry_run", "yes", r"dry_run must be true or false"),
     ("max_error_share", 1.5, r"max_error_share must be a number in \[0, 1\]"),
     ("tuning", "fast", r"tuning must be one of tuned, sglang_defaults"),
+    ("pin_full_context_plan", "yes", r"pin_full_context_plan must be true or false"),
 ])
 def test_each_bad_value_is_named(name, value, message):
     with pytest.raises(ConfigError, match=message):
