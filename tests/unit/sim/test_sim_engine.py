@@ -136,31 +136,63 @@ def test_held_kv_is_page_rounded_with_the_decode_reserve():
     assert asyncio.run(scenario()) == 320
 
 
-def test_retraction_takes_the_request_with_the_fewest_generated_tokens():
+class ManualClock(SimClock):
+    """Simulated time set by the test; the engine's own timers never fire, the test wakes it."""
+
+    def __init__(self, loop) -> None:
+        super().__init__(loop, 1.0)
+        self.time = 0.0
+
+    def now(self) -> float:
+        return self.time
+
+    def wall_at(self, sim_time: float) -> float:
+        return self.origin + 1e9
+
+
+def _at(engine: BatchEngine, clock: ManualClock, sim_time: float) -> None:
+    clock.time = sim_time
+    engine._update()  # what the timer would have done at that moment
+
+
+def test_retraction_takes_the_request_with_the_fewest_generated_tokens(capsys):
     async def scenario():
-        # two requests of 100 + 1500 outgrow 2900 tokens before the first finishes if it leads by
-        # fewer than ~300 tokens; the second is admitted (2900 - 101 - lead - 0.7 x (1500 - lead) > 1601)
-        engine = BatchEngine(capacity=4, max_total_tokens=2900, timing=FLAT,
-                             clock=SimClock(asyncio.get_running_loop(), 200.0))
+        clock = ManualClock(asyncio.get_running_loop())
+        # two requests of 100 + 1500 outgrow 2900 tokens: the second starts 50 tokens behind
+        engine = BatchEngine(capacity=4, max_total_tokens=2900, timing=FLAT, clock=clock)
         early = engine.submit(100, 1500, 1500)
-        await asyncio.sleep(0.5 / 200)   # ~50 tokens
-        late = engine.submit(100, 1500, 1500)
+        _at(engine, clock, 0.5)
+        late = engine.submit(100, 1500, 1500)   # 2900 - 151 - 0.7 x 1450 = 1734 > 1601: admitted
+        assert engine.running == 2
+        # at shared progress p: held (101 + p) + (101 + p - 50) > 2900 from p = 1375 (t = 13.75 s)
+        _at(engine, clock, 13.7)
+        assert engine.stats.retracted_requests == 0
+        _at(engine, clock, 14.0)
+        assert engine.stats.retracted_requests == 1 and (engine.running, engine.waiting) == (1, 1)
+        assert engine.stats.retracted_output_tokens == 1325  # the late one, 50 tokens behind
+        _at(engine, clock, 16.0)   # the early one finishes at 15 s; the late one resumes with its 1325 tokens
+        assert (engine.running, engine.waiting) == (1, 0)
+        _at(engine, clock, 20.0)   # 175 tokens left
         return await asyncio.gather(early, late)
 
     early, late = asyncio.run(scenario())
-    assert early.retractions == 0 and late.retractions >= 1
+    assert (early.retractions, late.retractions) == (0, 1)
+    assert late.completion_tokens == 1500
+    assert "#retracted_reqs: 1, #new_tokens_gained: 1426, #new_token_ratio: 0.0980 -> " in capsys.readouterr().err
 
 
 def test_decode_batch_line_every_forty_decode_steps():
     async def scenario():
-        engine = BatchEngine(capacity=2, max_total_tokens=10**6, timing=FLAT,
-                             clock=SimClock(asyncio.get_running_loop(), 2000.0))
+        clock = ManualClock(asyncio.get_running_loop())
+        engine = BatchEngine(capacity=2, max_total_tokens=10**6, timing=FLAT, clock=clock)
         seen = []
-        engine.decode_logger = lambda e: seen.append((e.stats.decode_steps, e.running, e.used_tokens))
-        await asyncio.gather(engine.submit(10, 400), engine.submit(10, 400))
+        engine.decode_logger = lambda e: seen.append((round(e.stats.decode_steps), e.running, e.used_tokens))
+        engine.submit(10, 400)
+        engine.submit(10, 400)
+        for step in (0.3, 0.5, 1.0, 2.5):
+            _at(engine, clock, step)
         return seen
 
-    seen = asyncio.run(scenario())
-    # 400 steps: at most one line per 40-step interval, each while requests run and hold their KV
-    assert 1 <= len(seen) <= 10
-    assert all(steps >= 40 and running >= 1 and used > 0 for steps, running, used in seen)
+    # 100 steps/s: at 30 steps nothing, at 50 the first interval, 100 the second, 250 the sixth
+    assert asyncio.run(scenario()) == [(50, 2, 2 * (10 + 50 + 1)), (100, 2, 2 * (10 + 100 + 1)),
+                                       (250, 2, 2 * (10 + 250 + 1))]
