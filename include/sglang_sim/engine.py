@@ -5,7 +5,7 @@ Every running request advances at the same rate (tokens/s for the current batch 
 request finishes, the KV pool runs out, a new request arrives, or the admission check is due again
 (every ``ADMISSION_CHECK_STEPS`` decode steps while requests wait). Admitting a request stalls
 decoding for its prefill (extend tokens x prefill time per token), as a prefill step interrupts
-decode batches. The scheduling rules are SGLang's (docs/sglang-scheduler.md):
+decode batches. The scheduling rules are SGLang's (docs/sglang-scheduler.md §2-§4):
 
 - a running request holds ``ceil_page(prompt + generated + decode reserve)`` KV tokens
   (``ScheduleBatch.new_tokens_required_next_decode``);

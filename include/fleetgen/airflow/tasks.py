@@ -120,7 +120,7 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
 
 
 def _workload_plans(config: RunConfig, layout, spec: FleetSpec, plan_for: dict, profile, options) -> list:
-    """The workload mode (docs/sglang-scheduler.md): learn from the previous run, record tonight's plan."""
+    """The workload mode (docs/sglang-scheduler.md §7): learn from the previous run, record tonight's plan."""
     from fleetgen.tuning import workload_history
     from fleetgen.tuning.workload import decode_reserve_tokens
 

@@ -115,7 +115,8 @@ def _workload_path(tuning: list[dict]) -> list[str]:
         return "-" if value is None else str(value)
 
     rows = [[row["server"], shown(step["full_context_cap"]), shown(step["previous_cap"]), shown(step["cap"]),
-             shown(step["target_cap"]), shown(step["ceiling"]), step["reason"] + (" (settled)" if step["settled"] else "")]
+             shown(step["target_cap"]), shown(step["ceiling"]),
+             step["reason"] + (" (settled)" if step["settled"] else "")]
             for row in paths for step in (row["workload"],)]
     return ["", "Workload mode: where each server's plan is on its path, and why.", ""] + \
         _table(["server", "full-context cap", "previous cap", "tonight", "target", "ceiling", "why"], rows)

@@ -2,8 +2,8 @@
 
 SGLang does not need every running request's full context in the KV pool: it admits against the
 held KV plus a decaying share of the running requests' remaining budgets and retracts when decode
-runs out (docs/sglang-scheduler.md). So the pool only has to hold what ``n`` running requests hold
-at once, and every request the pool does not have to cover at full context frees memory for the
+runs out (docs/sglang-scheduler.md §3, §4; this mode: §7). So the pool only has to hold what ``n``
+running requests hold at once, and every request the pool does not have to cover at full context frees memory for the
 Mamba slots and speculative buffers of another request.
 
 **Objective**: expected output tokens/s. Decode is memory-bound with a step time that grows

@@ -4,7 +4,7 @@
   planned with and the ceiling it carried (written when the plan is derived);
 - the previous run's stats (prompt and completion tokens per completion, finished requests per server);
 - the servers' own logs, read on the nodes with ``remote.scheduler_log_command``: the peak
-  ``#full token`` and the retractions SGLang logged (docs/sglang-scheduler.md).
+  ``#full token`` and the retractions SGLang logged (docs/sglang-scheduler.md §4, §5, §7).
 """
 
 from __future__ import annotations

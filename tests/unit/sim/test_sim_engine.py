@@ -70,7 +70,7 @@ def test_hang_freezes_running_requests():
     asyncio.run(scenario())
 
 
-# -- admission and retraction (docs/sglang-scheduler.md) --------------------------------------------
+# -- admission and retraction (docs/sglang-scheduler.md §3, §4) -----------------------------------------
 
 def _run(pool: int, jobs: list[tuple[int, int, int]], *, capacity: int = 8, page: int = 1, reserve: int = 1):
     async def scenario():

@@ -144,7 +144,8 @@ def test_demand_from_a_stats_table_and_metrics_text():
     from fleetgen.outputs import STATS_COLUMNS
     from fleetgen.tuning.workload import parse_metrics
 
-    stats = pd.DataFrame([{"prompt_tokens": 100, "completion_tokens": 1000}, {"prompt_tokens": 100, "completion_tokens": 3000},
+    stats = pd.DataFrame([{"prompt_tokens": 100, "completion_tokens": 1000},
+                          {"prompt_tokens": 100, "completion_tokens": 3000},
                           {"prompt_tokens": None, "completion_tokens": None}], columns=list(STATS_COLUMNS))
     assert KvDemand.from_stats(stats, page_size=64, reserve_tokens=8) == \
         KvDemand.from_lengths([100, 100], [1000, 3000], page_size=64, reserve_tokens=8)

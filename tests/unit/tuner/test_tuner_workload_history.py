@@ -11,7 +11,7 @@ from fleetgen.tuning.planner import plan_server
 from fleetgen.tuning.workload import KvDemand, RunObservation
 from fleetgen.tuning import workload_history
 
-LOG = """[2026-11-30 15:00:00 TP0] Decode batch, #running-req: 3, #full token: 1200, full token usage: 0.10, #queue-req: 0
+LOG = """[2026-11-30 15:00:00 TP0] Decode batch, #running-req: 3, #full token: 1200, full token usage: 0.10
 [2026-11-30 15:00:01 TP0] Decode batch, #running-req: 5, #full token: 98765, full token usage: 0.90, #queue-req: 2
 [2026-11-30 15:00:02] KV cache pool is full. Retract requests. #retracted_reqs: 2, #new_tokens_gained: 100
 [2026-11-30 15:00:03] KV cache pool is full. Retract requests. #retracted_reqs: 1, #new_tokens_gained: 100
