@@ -1,6 +1,7 @@
 """The whole DAG with dag.test() over real SSH against the simulated node."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,8 @@ def test_shards_beyond_the_map_limit_grow_to_fit_and_the_report_compares_runs(da
     assert latest["comparison"]["previous_report"] == str(reports[-2])
     # the second run over the same prompts plans from the prompt lengths the servers measured in the first
     assert "Prompt tokens for the plan" in caplog.text and "measured by the servers in the previous run" in caplog.text
+    # the workload mode learnt from the first run: its plan record, its stats and its servers' log lines
+    observed = re.search(r"Workload mode: previous run \S+, (\d+) server\(s\) observed", caplog.text)
+    assert observed and int(observed.group(1)) >= 1, caplog.text[-2000:]
+    record = json.loads((reports[-1].parent.parent / "workload_plan.json").read_text())
+    assert record and all(entry["max_running_requests"] >= 1 for entry in record.values())
