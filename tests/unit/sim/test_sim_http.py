@@ -165,3 +165,24 @@ def test_streamed_chat_and_metrics(tools):
     assert "reasoning_content" in chunks[1]["choices"][0]["delta"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
     assert 'sglang:num_requests_total{model_name="/models/qwen3.6-27b"} 1' in metrics
+
+
+def test_retraction_counters_under_sglang_metric_names(tools):
+    async def scenario(client):
+        engine = service.engines[0]
+        engine.stats.retracted_requests, engine.stats.retracted_input_tokens = 3, 900
+        engine.stats.retracted_output_tokens, engine.stats.last_retracted = 4000, 1
+        engine.stats.peak_used_tokens = 12345
+        return (await client.get("/metrics")).text, (await client.get("/server_info")).json()
+
+    service = tools.make_service(tools.AFTER + ["--enable-metrics"])
+    metrics, info = _run(service, scenario)
+    label = '{model_name="/models/qwen3.6-27b"}'
+    for line in ("# TYPE sglang:num_retracted_requests_total counter", f"sglang:num_retracted_requests_total{label} 3",
+                 f"sglang:num_retracted_input_tokens_total{label} 900",
+                 f"sglang:num_retracted_output_tokens_total{label} 4000", f"sglang:num_retracted_reqs{label} 1",
+                 f"sglang:num_used_tokens{label} 0", f"sglang:new_token_ratio{label} 0.7"):
+        assert line in metrics
+    state = info["internal_states"][0]
+    assert state["num_retracted_requests_total"] == 3 and state["full_token_usage"] == 0.0
+    assert state["sim"]["peak_used_tokens"] == 12345
