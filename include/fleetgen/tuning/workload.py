@@ -178,12 +178,15 @@ def next_cap(*, full_context_cap: int, target_cap: int, previous: RunObservation
                             "no previous run on this fleet: the full-context plan", False)
     last = previous.max_running_requests
     if previous.retraction_rate > RETRACTION_BOUND:
-        cap = max(min(full_context_cap, last), last - step_size(last))
-        return WorkloadStep(full_context_cap, last, cap, target_cap, min(last, ceiling or last),
+        # never below the full-context plan: its pool holds every request at full context
+        cap = max(full_context_cap, last - step_size(last))
+        if last > full_context_cap:
+            ceiling = last if ceiling is None else min(last, ceiling)
+        return WorkloadStep(full_context_cap, last, cap, target_cap, ceiling,
                             f"{previous.retracted_requests} retractions in {previous.finished_requests} requests "
                             f"({previous.retraction_rate:.2%} > {RETRACTION_BOUND:.0%}): one step back from {last}",
                             False)
-    goal = target_cap if ceiling is None else min(target_cap, ceiling - 1)
+    goal = max(full_context_cap, target_cap if ceiling is None else min(target_cap, ceiling - 1))
     if goal <= last:
         cap, reason = max(goal, 1), f"target {goal} at or below last run's {last}"
     else:

@@ -83,10 +83,18 @@ def test_retractions_above_the_bound_step_back_and_set_a_ceiling():
     again = next_cap(full_context_cap=63, target_cap=120, previous=_observation(back.cap), ceiling=back.ceiling,
                      pool_tokens_at=lambda n: 10**9)
     assert back.cap < again.cap <= 98
-    # retractions at the full-context plan never go below it
+    # retractions at the full-context plan never go below it, nor forbid climbing later
     low = next_cap(full_context_cap=63, target_cap=120, previous=_observation(63, retracted=500), ceiling=None,
                    pool_tokens_at=lambda n: 10**9)
-    assert low.cap == 63
+    assert (low.cap, low.ceiling) == (63, None)
+    # a target below the full-context plan (a heavy workload) keeps the full-context plan
+    heavy = next_cap(full_context_cap=63, target_cap=50, previous=_observation(63), ceiling=None,
+                     pool_tokens_at=lambda n: 10**9)
+    assert heavy.cap == 63 and heavy.settled
+    # a ceiling right above the full-context cap pins the plan there
+    pinned = next_cap(full_context_cap=63, target_cap=120, previous=_observation(63), ceiling=64,
+                      pool_tokens_at=lambda n: 10**9)
+    assert pinned.cap == 63
     # retractions under the bound keep climbing
     fine = next_cap(full_context_cap=63, target_cap=120, previous=_observation(63, retracted=10), ceiling=None,
                     pool_tokens_at=lambda n: 10**9)
