@@ -109,6 +109,24 @@ def test_read_and_tail_of_a_hostile_file_name_every_branch(name):
         node.close()
 
 
+@settings(max_examples=40, deadline=None)
+@given(name=hostile_name)
+def test_scheduler_log_reading_of_a_hostile_log_dir_every_branch(name):
+    node = Node()
+    try:
+        log_dir = f"{node.root}/{name}"
+        missing = node.bash(remote.scheduler_log_command(log_dir, [30001]))
+        assert missing.returncode == 0 and missing.stdout == "scheduler port=30001 missing=1\n"
+        Path(log_dir).mkdir()
+        Path(remote.log_file(log_dir, 30001)).write_text(
+            "Decode batch, #running-req: 2, #full token: 700, full token usage: 0.1\n"
+            "KV cache pool is full. Retract requests. #retracted_reqs: 2, #new_tokens_gained: 9\n")
+        found = node.bash(remote.scheduler_log_command(log_dir, [30001]))
+        assert found.stdout == "scheduler port=30001 peak_full_tokens=700 retracted=2\n"
+    finally:
+        node.close()
+
+
 def _wait_for_log(path: Path) -> str:
     deadline = time.monotonic() + 60  # a loaded machine can take a while to start python
     while time.monotonic() < deadline:
@@ -193,6 +211,7 @@ def test_sections_and_probe_quote_names_modules_and_folders(names, module, run_n
     lambda bad: remote.stop_command(run_dir="/r", module="m", ports=[bad], grace_s=1),
     lambda bad: remote.our_pids_command(run_dir="/r", module="m", ports=[bad]),
     lambda bad: remote.read_file_command("/x", max_bytes=bad),
+    lambda bad: remote.scheduler_log_command("/l", [bad]),
     lambda bad: remote.launch_command(remote.LaunchSpec(python="p", module="m", model_path="/m", served_name="m",
                                                         port=bad, gpu_ids=(0,), bind_host="h", run_dir="/r",
                                                         log_dir="/l")),
