@@ -182,6 +182,28 @@ class AllServersDown(GenerationError):
     """Every server is down; progress was saved before raising."""
 
 
+class ShardLeaseBusy(GenerationError):
+    """Another try of the shard still holds its output after the wait; a later retry may succeed."""
+
+
+class ShardLeaseLost(GenerationError):
+    """A newer try of the shard took its output over; this try stopped before writing more."""
+
+
+class OutputError(GenerationError):
+    """A shard's output could not be written; ``errno`` is the OS error number. Retryable: the
+    space came back (something was freed) or the error may be transient."""
+
+    def __init__(self, message: str, *, errno: int | None = None, **context) -> None:
+        self.errno = errno
+        super().__init__(message, **context)
+
+
+class OutputUnwritable(OutputError):
+    """The output cannot be written and a retry would fail the same way: the disk is still full,
+    the quota spent, the file system read-only or the folder not ours to write."""
+
+
 class ValidationFailed(FleetgenError):
     """The output failed its expectations; ``summary`` is JSON-safe."""
 

@@ -9,7 +9,10 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       completions/shard-NNNNN.jsonl  one finished prompt a line (append-only)
       stats/shard-NNNNN.jsonl      one compact row per completion (STATS_COLUMNS): the checkpoint of record
       errors/shard-NNNNN.jsonl     prompts that failed permanently
-      shards/shard-NNNNN.json      the shard's byte range; ``.mark.json`` its resume mark
+      shards/shard-NNNNN.json      the shard's byte range; ``.mark.json`` its resume mark; ``.lock`` and
+                                   ``.lease.json`` the one try that may write it (generate/lease.py)
+      servers-health.json          servers the running shards found down or back up (generate/health.py);
+                                   servers-health.lock serialises its writers
       validation/                  summary.json and data_docs/
       report/                      report.json, report.md, plots
       failures.jsonl               one line per failed task: what broke and what to check
@@ -56,6 +59,14 @@ class RunLayout:
     @property
     def rejects(self) -> Path:
         return self.root / "rejects.jsonl"
+
+    @property
+    def servers_health(self) -> Path:
+        return self.root / "servers-health.json"
+
+    @property
+    def servers_health_lock(self) -> Path:
+        return self.root / "servers-health.lock"
 
     @property
     def failures(self) -> Path:

@@ -41,7 +41,8 @@ def failure_record(context) -> dict:
             "try": getattr(ti, "try_number", None), "error": type(exception).__name__,
             "message": getattr(exception, "message", str(exception))[:2000],
             "hint": exception.hint if ours else "this is not an error fleetgen anticipated; read the traceback above",
-            "host": getattr(exception, "host", None), "server": getattr(exception, "server", None), "ours": ours}
+            "host": getattr(exception, "host", None), "server": getattr(exception, "server", None),
+            "shard": getattr(exception, "shard", None), "path": getattr(exception, "path", None), "ours": ours}
 
 
 def describe_failure(context) -> None:

@@ -188,7 +188,7 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
     settings = GenerationSettings(model=spec.model.served_name, max_tokens=generation.max_tokens,
                                   temperature=generation.temperature, top_p=generation.top_p)
     result = run_shard(shard, endpoints, layout.root, settings, api_key=lifecycle.api_key(spec), log=log,
-                       sharing=sharing)
+                       sharing=sharing, try_number=context["ti"].try_number)
     log.info("Shard %d done: %d completed, %d failed, %d already done before; %d output tokens in %.1f s",
              shard["shard_id"], result["done"], result["failed"], result.get("skipped_already_done", 0),
              result["completion_tokens"], result["seconds"])

@@ -71,6 +71,9 @@ class GenerationSettings:
     stall_check_s: float = 60.0
     all_down_timeout_s: float = 120.0  # every server down this long fails the shard
     client_error_breaker: int = 20  # this many client errors before any success stops the shard
+    # A new try of a shard whose output an older, still-live try holds waits this long for it to stop
+    # (it is told to stop at its next write or progress save; see generate/lease.py).
+    lease_wait_s: float = 60.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -91,7 +94,7 @@ class GenerationSettings:
         if not _positive_int(self.max_attempts) or not _positive_int(self.client_error_breaker):
             problems.append("max_attempts and client_error_breaker must be positive integers")
         for name in ("connect_timeout_s", "retry_backoff_s", "recheck_initial_s", "recheck_max_s",
-                     "health_timeout_s", "all_down_timeout_s", "stall_check_s"):
+                     "health_timeout_s", "all_down_timeout_s", "stall_check_s", "lease_wait_s"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         if problems:

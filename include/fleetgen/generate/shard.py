@@ -27,14 +27,16 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
                           settings: GenerationSettings, *, api_key: str | None = None,
                           log: logging.Logger | None = None, progress_interval_s: float = 5.0,
                           transport: httpx.AsyncBaseTransport | None = None,
-                          sharing: Callable[[], int] | None = None, sharing_interval_s: float = 10.0) -> dict:
+                          sharing: Callable[[], int] | None = None, sharing_interval_s: float = 10.0,
+                          try_number: int | None = None) -> dict:
     """Generate every prompt of ``shard`` not already on disk under ``out_dir``; see ``run_shard``."""
     log = log or _default_log
     if _httpx_log.getEffectiveLevel() < logging.WARNING:
         _httpx_log.setLevel(logging.WARNING)
     _check_inputs(shard, servers, progress_interval_s)
     shard_id = int(shard["shard_id"])
-    store, resume = ShardStore.open(out_dir, shard, log=log)
+    store, resume = ShardStore.open(out_dir, shard, log=log, try_number=try_number,
+                                    lease_wait_s=settings.lease_wait_s)
     try:
         already = resume.finished + resume.failed
         log.info("shard %d: %d prompts, %d already done (%d completed, %d failed earlier); servers and "
@@ -72,7 +74,7 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
 def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.PathLike,
               settings: GenerationSettings, *, api_key: str | None = None, log: logging.Logger | None = None,
               progress_interval_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None,
-              sharing: Callable[[], int] | None = None) -> dict:
+              sharing: Callable[[], int] | None = None, try_number: int | None = None) -> dict:
     """Generate one shard to ``out_dir``/{completions,stats,errors}/shard-NNNNN.jsonl; resumable.
 
     Returns ``{"shard_id", "done", "failed", "skipped_already_done", "prompt_tokens",
@@ -84,9 +86,14 @@ def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.Path
     ``servers[].max_in_flight`` is the whole fleet's limit for a server. ``sharing``, when given, is
     asked every few seconds how many shards generate right now (this one included); this shard then
     uses 1/n of each server's limit, so concurrent shards together keep it at the limit.
+
+    ``try_number`` (Airflow's) names this try in the shard's output lease: a newer try of the same
+    shard takes the output over and this one stops with ``ShardLeaseLost`` (see generate/lease.py).
+    A failed output write raises ``OutputError`` (``OutputUnwritable`` when a retry cannot help).
     """
     coroutine = run_shard_async(shard, servers, out_dir, settings, api_key=api_key, log=log,
-                                progress_interval_s=progress_interval_s, transport=transport, sharing=sharing)
+                                progress_interval_s=progress_interval_s, transport=transport, sharing=sharing,
+                                try_number=try_number)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - depends on the environment

@@ -8,6 +8,8 @@ Layout under the run's output root::
     shards/shard-00042.json         the shard's plan, to refuse resuming over a different plan
     shards/shard-00042.mark.json    where to start reading prompts again: every prompt before it
                                     is finished (rewritten atomically about once a second)
+    shards/shard-00042.lock         flock'ed by the one try that may write the shard's output
+    shards/shard-00042.lease.json   which try holds (or has claimed) the output (see lease.py)
 
 Every finished prompt is written to the completions file first and to the stats file second, each
 with one ``write()`` straight to the OS (nothing sits in a user-space buffer, so a kill -9 loses
@@ -17,10 +19,16 @@ exactly that: torn tails are cut off, and completion lines after the one matchin
 row get their stats rows rebuilt. Only the stats ids and the tail of the completions file are read,
 so resume cost does not grow with the size of the text; the mark spares re-reading the prompts
 that are all finished.
+
+A write that fails (disk full, quota, read-only) raises ``OutputError`` naming the file and the
+shard; the file is cut back to its last whole line at once and the store refuses every later
+write, so the output stays exactly what a resume expects. When the disk is still full the error is
+``OutputUnwritable`` (a retry would fail the same way until space is freed).
 """
 
 from __future__ import annotations
 
+import errno as errno_codes
 import logging
 import os
 import re
@@ -28,8 +36,9 @@ from dataclasses import dataclass
 from collections.abc import Iterator
 from pathlib import Path
 
-from fleetgen.errors import GenerationError
+from fleetgen.errors import GenerationError, OutputError, OutputUnwritable
 from fleetgen.generate import jsonio
+from fleetgen.generate.lease import ShardLease
 from fleetgen.generate.records import stats_record
 from fleetgen.outputs import RunLayout
 from fleetgen.prompts.scan import Prompt, fast_id, iter_shard_positions
@@ -39,6 +48,10 @@ BLOCK = 1 << 22
 # A stats row starts with its id; rows hold no nested objects, so this matches once per row
 # unless the id has escapes (then that block is read line by line).
 _STATS_ID = re.compile(rb'\{"id":"([^"\\]*)"')
+# Errors that say the output cannot take more bytes or cannot be written at all.
+_NO_SPACE = (errno_codes.ENOSPC, errno_codes.EDQUOT, errno_codes.EFBIG)
+_NEVER_WRITABLE = (errno_codes.EROFS, errno_codes.EACCES, errno_codes.EPERM)
+DEFAULT_LEASE_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -63,23 +76,47 @@ class ShardStore:
         self.done_ids: set[bytes] = set()
         self.mark: tuple[int, int] | None = None  # (valid prompts before, byte offset)
         self._fds: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}  # bytes of whole lines in each file (this try is the only writer)
+        self._paths = {"completions": self.completions_path, "stats": self.stats_path, "errors": self.errors_path}
+        self._lease: ShardLease | None = None
+        self._broken: OutputError | None = None  # the first failed write; every later write re-raises it
 
     @classmethod
-    def open(cls, out_dir: str | os.PathLike, shard: dict, *,
-             log: logging.Logger | None = None) -> tuple["ShardStore", ResumeReport]:
-        store = cls(Path(out_dir), shard)
-        for path in (store.completions_path, store.stats_path, store.errors_path, store.plan_path):
+    def open(cls, out_dir: str | os.PathLike, shard: dict, *, log: logging.Logger | None = None,
+             try_number: int | None = None,
+             lease_wait_s: float = DEFAULT_LEASE_WAIT_S) -> tuple["ShardStore", ResumeReport]:
+        """Take the shard's output lease (see lease.py), repair what an interrupted try left, open for append.
+
+        ``try_number`` (Airflow's) names this try in the lease and in the errors of a try that lost it.
+        """
+        root = Path(out_dir)
+        store = cls(root, shard)
+        with store._output_errors(store.plan_path.parent):
+            store._lease = ShardLease.acquire(root, store.shard_id, try_number=try_number,
+                                              wait_s=lease_wait_s, log=log)
+        try:
+            with store._output_errors(store.completions_path.parent):
+                return store, store._open_files(shard, log)
+        except BaseException:
+            store.close()
+            raise
+
+    def _open_files(self, shard: dict, log: logging.Logger | None) -> ResumeReport:
+        for path in (self.completions_path, self.stats_path, self.errors_path, self.plan_path):
             path.parent.mkdir(parents=True, exist_ok=True)
-        store._check_plan(shard)
-        report = store._recover()
-        store.mark = store._read_mark(shard, log)
+        self._check_plan(shard)
+        report = self._recover()
+        self.mark = self._read_mark(shard, log)
         if log is not None and (report.torn_bytes or report.restored_stats):
             log.warning("shard %d: repaired output after an interrupted run: cut torn last lines %s, "
-                        "rebuilt %d stats rows", store.shard_id, report.torn_bytes or "{}", report.restored_stats)
-        for kind, path in (("completions", store.completions_path), ("stats", store.stats_path),
-                           ("errors", store.errors_path)):
-            store._fds[kind] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        return store, report
+                        "rebuilt %d stats rows", self.shard_id, report.torn_bytes or "{}", report.restored_stats)
+        for kind, path in self._paths.items():
+            self._fds[kind] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._sizes[kind] = os.fstat(self._fds[kind]).st_size
+        return report
+
+    def _output_errors(self, path: Path, attempted: int = 0):
+        return _OutputErrors(self, path, attempted)
 
     def _check_plan(self, shard: dict) -> None:
         plan = {key: shard[key] for key in ("shard_id", "input_path", "start", "count")}
@@ -166,13 +203,27 @@ class ShardStore:
                                     skip_ids=self.done_ids, first_index=valid_before)
 
     def save_mark(self, valid_before: int, offset: int) -> None:
-        """Record that every prompt before ``offset`` (``valid_before`` of them) is finished."""
+        """Record that every prompt before ``offset`` (``valid_before`` of them) is finished.
+
+        Also the stale-try check of a shard with no write for a while (called about once a second)."""
+        self._check_writable()
         if self.mark == (valid_before, offset):
             return
         partial = self.mark_path.with_name(self.mark_path.name + ".partial")
-        partial.write_bytes(jsonio.dumps({"valid_before": valid_before, "offset": offset}))
-        os.replace(partial, self.mark_path)
+        with self._output_errors(partial):
+            try:
+                partial.write_bytes(jsonio.dumps({"valid_before": valid_before, "offset": offset}))
+            except OSError:
+                partial.unlink(missing_ok=True)  # the old mark stays valid: it only ever lags
+                raise
+            os.replace(partial, self.mark_path)
         self.mark = (valid_before, offset)
+
+    def _check_writable(self) -> None:
+        if self._broken is not None:
+            raise self._broken
+        if self._lease is not None:
+            self._lease.check()
 
     @staticmethod
     def _line_id(raw: bytes, path: Path, number: int | None) -> bytes:
@@ -213,22 +264,103 @@ class ShardStore:
 
     def record_completion(self, completion_line: bytes, stats_line: bytes, prompt_id: str) -> None:
         """Persist one finished prompt: text first, then its stats row (the checkpoint)."""
-        _write_all(self._fds["completions"], completion_line)
-        _write_all(self._fds["stats"], stats_line)
+        self._check_writable()
+        self._append("completions", completion_line)
+        self._append("stats", stats_line)
         self.done_ids.add(prompt_id.encode())
 
     def record_failure(self, error_line: bytes, prompt_id: str) -> None:
-        _write_all(self._fds["errors"], error_line)
+        self._check_writable()
+        self._append("errors", error_line)
         self.done_ids.add(prompt_id.encode())
 
+    def _append(self, kind: str, data: bytes) -> None:
+        fd = self._fds[kind]
+        try:
+            _write_all(fd, data)
+        except OSError as exc:
+            try:  # a partial line would be followed by whole ones if space came back: cut it now
+                os.ftruncate(fd, self._sizes[kind])
+            except OSError:
+                pass  # the torn tail is cut when the shard is opened again
+            self._broken = output_error(exc, self._paths[kind], self.shard_id, len(data))
+            raise self._broken from exc
+        self._sizes[kind] += len(data)
+
     def close(self) -> None:
-        """Sync and close; kill -9 needs no sync, a lost machine does."""
-        for fd in self._fds.values():
+        """Sync and close the files, then release the lease; kill -9 needs no sync, a lost machine does."""
+        failure = None
+        for kind, fd in self._fds.items():
             try:
                 os.fsync(fd)
+            except OSError as exc:  # the last data may not have reached the disk: the next open repairs it
+                failure = failure or output_error(exc, self._paths[kind], self.shard_id, 0)
             finally:
                 os.close(fd)
         self._fds.clear()
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+        if failure is not None and self._broken is None:
+            raise failure
+
+
+class _OutputErrors:
+    """Context manager: an ``OSError`` inside becomes the ``OutputError`` that names ``path`` and the shard."""
+
+    def __init__(self, store: ShardStore, path: Path, attempted: int) -> None:
+        self.store, self.path, self.attempted = store, path, attempted
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if isinstance(exc, OSError):
+            raise output_error(exc, Path(exc.filename) if exc.filename else self.path, self.store.shard_id,
+                               self.attempted) from exc
+        return False
+
+
+def output_error(exc: OSError, path: Path, shard_id: int, attempted: int) -> OutputError:
+    """The error for a failed write to ``path``: ``OutputUnwritable`` when a retry would fail the same way.
+
+    A full disk counts as such unless space came back in the meantime (someone freed some): then a
+    retry, which resumes from the output on disk, may well finish.
+    """
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    if exc.errno in _NO_SPACE:
+        free = _free_bytes(path)
+        needed = max(attempted, 1) + (1 << 20)
+        if free is None or free < needed:
+            return OutputUnwritable(
+                f"cannot write the shard's output: {reason} ({_mib(free)} free)", errno=exc.errno,
+                shard=shard_id, path=str(path),
+                hint="free space on (or raise the quota of) the file system of output_root, or point "
+                     "output_root elsewhere; then clear the task: it resumes from what is on disk")
+        return OutputError(f"cannot write the shard's output: {reason}; {_mib(free)} are free again now",
+                           errno=exc.errno, shard=shard_id, path=str(path),
+                           hint="space was freed meanwhile: a retry resumes from what is on disk")
+    if exc.errno in _NEVER_WRITABLE:
+        return OutputUnwritable(f"cannot write the shard's output: {reason}", errno=exc.errno, shard=shard_id,
+                                path=str(path), hint="output_root must be a writable folder for the "
+                                "worker's user on every worker; fix its permissions or choose another")
+    return OutputError(f"cannot write the shard's output: {reason}", errno=exc.errno, shard=shard_id,
+                       path=str(path), hint="check the file system of output_root (dmesg, mount state); "
+                       "a retry resumes from what is on disk")
+
+
+def _free_bytes(path: Path) -> int | None:
+    for candidate in (path, *path.parents):
+        try:
+            stat = os.statvfs(candidate)
+        except OSError:
+            continue
+        return stat.f_bavail * stat.f_frsize
+    return None
+
+
+def _mib(free: int | None) -> str:
+    return "unknown space" if free is None else f"{free / (1 << 20):.1f} MiB"
 
 
 def _write_all(fd: int, data: bytes) -> None:

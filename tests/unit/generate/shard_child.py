@@ -1,4 +1,5 @@
-"""Runs one shard from a job file, as a generate_shard task would; the kill -9 test kills it."""
+"""Runs one shard from a job file, as a generate_shard task would; the kill -9 and two-tries tests
+start it (``try_number`` in the job names the try, as Airflow's would)."""
 
 import json
 import sys
@@ -8,4 +9,4 @@ from fleetgen.generate import GenerationSettings, ServerEndpoint, run_shard
 if __name__ == "__main__":
     job = json.loads(open(sys.argv[1]).read())
     run_shard(job["shard"], [ServerEndpoint.from_dict(s) for s in job["servers"]], job["out_dir"],
-              GenerationSettings.from_dict(job["settings"]))
+              GenerationSettings.from_dict(job["settings"]), try_number=job.get("try_number"))

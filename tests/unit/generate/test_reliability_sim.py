@@ -87,6 +87,28 @@ def test_kill_9_at_several_points_then_retry_gives_every_prompt_exactly_once(tmp
     assert 0 <= redone <= kills * in_flight_limit, (redone, kills, in_flight_limit)
 
 
+def test_two_live_tries_of_one_shard_started_a_second_apart_write_every_prompt_once(tmp_path):
+    prompts = write_synthetic_prompts(tmp_path / "prompts.jsonl", 400)
+    shard = plan_shards(prompts, shard_size=400)[0]
+    with LocalSimFleet(tmp_path / "fleet", 2, sim={"time_scale": 6.0, "load_seconds": 0.2}) as fleet:
+        job = {"shard": shard, "servers": [e.to_dict() for e in fleet.endpoints()], "out_dir": str(tmp_path / "out"),
+               "settings": settings().to_dict()}
+        tries = []
+        for try_number in (1, 2):
+            (tmp_path / f"job{try_number}.json").write_text(json.dumps({**job, "try_number": try_number}))
+            tries.append(subprocess.Popen([sys.executable, str(CHILD), str(tmp_path / f"job{try_number}.json")],
+                                          stderr=subprocess.PIPE, text=True))
+            time.sleep(1.0)
+        errors = [child.communicate(timeout=120)[1] for child in tries]
+    assert tries[0].returncode != 0 and tries[1].returncode == 0, errors
+    assert "ShardLeaseLost" in errors[0] and "[shard 0" in errors[0], errors[0]
+    assert "try 2 (pid" in errors[0] and "try 1 (pid" in errors[0]
+    out = shard_output(tmp_path / "out")
+    ids = [r["id"] for r in out["completions"]]
+    assert sorted(ids) == sorted(iter_prompt_ids(prompts)) and not out["errors"]
+    assert [r["id"] for r in out["stats"]] == ids
+
+
 def test_servers_that_crash_hang_or_answer_500_mid_run(tmp_path, caplog):
     prompts = write_synthetic_prompts(tmp_path / "prompts.jsonl", 500)
     shard = plan_shards(prompts, shard_size=500)[0]

@@ -1,0 +1,116 @@
+"""A full or unwritable output: the error names the file and the shard, says whether a retry can help,
+and the output stays what a resume expects."""
+
+import errno
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from fleetgen.errors import OutputError, OutputUnwritable
+from fleetgen.generate import jsonio, store as store_module
+from fleetgen.generate.records import stats_record
+from fleetgen.generate.store import ShardStore, output_error
+
+SHARD = {"shard_id": 3, "input_path": "/data/prompts.jsonl", "start": 0, "count": 100000}
+
+
+def record(store, prompt_id, text="answer"):
+    line = {"id": prompt_id, "messages": [{"role": "user", "content": "q"}], "content": text,
+            "reasoning_content": "", "finish_reason": "stop", "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+            "server": "h:1", "latency_s": 0.1, "model": "m", "sampling": {}, "finished_at": 1.0}
+    store.record_completion(jsonio.dumps(line) + b"\n", jsonio.dumps(stats_record(line)) + b"\n", prompt_id)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 256 KiB tmpfs (needs root and mount rights: skipped where the machine denies them)."""
+    mount_point = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def lines_are_whole(path):
+    data = path.read_bytes()
+    return not data or data.endswith(b"\n")
+
+
+def test_a_full_disk_names_file_and_shard_fails_for_good_and_resumes_consistently(small_disk):
+    filler = small_disk / "filler"
+    filler.write_bytes(b"x" * 64 * 1024)
+    store, _ = ShardStore.open(small_disk / "out", SHARD)
+    written = []
+    with pytest.raises(OutputUnwritable) as full:
+        for number in range(10_000):
+            record(store, f"p{number}", "t" * 3000)
+            written.append(f"p{number}")
+    error = full.value
+    assert error.errno == errno.ENOSPC and error.shard == 3 and written
+    text = str(error)
+    assert "[shard 3, " in text and "/out/" in text and "No space left on device" in text and "MiB free" in text
+    assert "output_root" in error.hint
+    for path in (store.completions_path, store.stats_path):
+        assert lines_are_whole(path)  # the torn line was cut at once
+    with pytest.raises(OutputUnwritable):  # nothing more is written, even to a file with room
+        store.record_failure(b'{"id":"e"}\n', "e")
+    store.close()
+    filler.unlink()  # the operator frees space; a resume sees exactly what was recorded
+    store, report = ShardStore.open(small_disk / "out", SHARD)
+    assert {i.decode() for i in store.done_ids} - {f"p{len(written)}"} == set(written)
+    assert report.finished in (len(written), len(written) + 1)
+    stats_ids = [json.loads(line)["id"] for line in store.stats_path.read_text().splitlines()]
+    completion_ids = [json.loads(line)["id"] for line in store.completions_path.read_text().splitlines()]
+    assert stats_ids == completion_ids
+    store.close()
+
+
+def test_a_write_that_fails_after_a_partial_line_cuts_it_and_blocks_later_writes(tmp_path, monkeypatch):
+    store, _ = ShardStore.open(tmp_path, SHARD)
+    record(store, "a")
+    real_write = os.write
+
+    def short_then_full(fd, data):
+        if len(data) > 40:  # half of the line reaches the disk, then the disk is full
+            real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store_module.os, "write", short_then_full)
+    monkeypatch.setattr(store_module, "_free_bytes", lambda path: 4096)
+    with pytest.raises(OutputUnwritable, match=r"\[shard 3, .*completions/shard-00003.jsonl\] cannot write"):
+        record(store, "b")
+    monkeypatch.setattr(store_module.os, "write", real_write)
+    assert lines_are_whole(store.completions_path)
+    with pytest.raises(OutputUnwritable):
+        record(store, "c")
+    store.close()
+    assert [json.loads(line)["id"] for line in store.completions_path.read_text().splitlines()] == ["a"]
+
+
+def test_space_freed_meanwhile_or_other_errors_stay_retryable(tmp_path):
+    freed = output_error(OSError(errno.ENOSPC, "No space left on device"), tmp_path / "f", 3, 100)
+    assert type(freed) is OutputError and "free again" in str(freed)
+    read_only = output_error(OSError(errno.EROFS, "Read-only file system"), tmp_path / "f", 3, 100)
+    assert isinstance(read_only, OutputUnwritable)
+    io_error = output_error(OSError(errno.EIO, "Input/output error"), tmp_path / "f", 3, 100)
+    assert type(io_error) is OutputError and "[shard 3, " in str(io_error)
+
+
+def test_an_unwritable_output_folder_is_named_when_the_shard_opens(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "out" / "shards"))
+
+    monkeypatch.setattr(store_module.ShardLease, "acquire", refuse)
+    with pytest.raises(OutputUnwritable, match=r"\[shard 3, .*out/shards\] cannot write the shard's output: "
+                                               r"Permission denied"):
+        ShardStore.open(tmp_path / "out", SHARD)
