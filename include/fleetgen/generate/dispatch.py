@@ -15,6 +15,9 @@ Failures, by what they say about the server:
   ``/health`` probe too (hung, not busy) is marked down at once and the requests it holds are
   abandoned and sent elsewhere, instead of each waiting out the request timeout.
 - 408, 429, or a completion the server aborted: the prompt is retried; the server stays up.
+- another shard of the run marked the server down (``health.py``): it is marked down here too and,
+  when it was found hung, the requests this shard holds there are abandoned at once; when another
+  shard finds it back up, it is back up here.
 - 401/403/404: the run is misconfigured (key, URL, model), so the shard stops at once.
 - any other 4xx: the prompt itself is wrong (e.g. longer than the context): written to the errors
   file, not retried. If the first ``client_error_breaker`` results are all such errors, the shard
@@ -34,6 +37,7 @@ import httpx
 
 from fleetgen.errors import AllServersDown, GenerationError
 from fleetgen.generate import jsonio
+from fleetgen.generate.health import DOWN, UP, HealthEntry, SharedHealth
 from fleetgen.generate.chat import CHAT_PATH, HEALTH_PATH, BadResponse, error_message, parse_chat_response, request_body
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.queue import WorkQueue, _Item
@@ -43,6 +47,7 @@ from fleetgen.generate.store import ShardStore
 
 MONITOR_TICK_S = 0.25
 MARK_INTERVAL_S = 1.0
+HEALTH_POLL_S = 0.5  # how often the shared server-health file is looked at (one stat when unchanged)
 STALLED = "fleetgen: server stalled"  # cancel message for requests abandoned on a hung server
 
 
@@ -65,6 +70,7 @@ class ServerState:
     stall_probe: asyncio.Task | None = None
     cap: int = 0  # workers allowed to send now: max_in_flight shared with the other running shards
     cap_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    health_at: float = 0.0  # wall time of the latest shared-health transition made or applied here
 
     def summary(self) -> dict:
         return {"completed": self.completed, "failed": self.failed, "retried": self.retried,
@@ -76,8 +82,11 @@ class Dispatcher:
                  settings: GenerationSettings, transport: httpx.AsyncBaseTransport,
                  headers: list[tuple[bytes, bytes]], progress: Progress, log: logging.Logger,
                  progress_interval_s: float, finished_before: int = 0,
-                 sharing: Callable[[], int] | None = None, sharing_interval_s: float = 10.0) -> None:
+                 sharing: Callable[[], int] | None = None, sharing_interval_s: float = 10.0,
+                 health: SharedHealth | None = None) -> None:
         self.shard_id = shard_id
+        self.health = health  # the run's shared server health; None: this shard's own view only
+        self._rechecks: list[asyncio.Task] = []  # every re-check started (one may outlive its down period)
         # URLs and headers are parsed once: httpx would parse them again for every request.
         self.servers = [ServerState(endpoint, httpx.URL(endpoint.url + CHAT_PATH),
                                     httpx.URL(endpoint.url + HEALTH_PATH)) for endpoint in servers]
@@ -110,13 +119,14 @@ class Dispatcher:
 
     async def run(self) -> None:
         self._reshare()
+        self._sync_health()  # servers other shards already found down are not sent anything
         tasks = [self._spawn(self._worker(server, slot)) for server in self.servers
                  for slot in range(server.endpoint.max_in_flight)]
         tasks.append(self._spawn(self._monitor()))
         try:
             await self.queue.finished.wait()
         finally:
-            tasks.extend(server.recheck for server in self.servers if server.recheck is not None)
+            tasks.extend(self._rechecks)
             tasks.extend(server.stall_probe for server in self.servers if server.stall_probe is not None)
             for task in tasks:
                 task.cancel()
@@ -266,23 +276,64 @@ class Dispatcher:
         self._retry(server, item, message, blame=not already_down)
         return reason
 
-    def _mark_down(self, server: ServerState, reason: str) -> None:
+    def _mark_down(self, server: ServerState, reason: str, *, shared: HealthEntry | None = None) -> None:
+        """Stop sending to ``server`` and re-check it; tell the other shards unless they told us."""
         server.down_since = time.monotonic()
         server.up.clear()
         at = utc_now()
+        if shared is not None:
+            reason = f"marked down by {shared.by}: {shared.reason}"
+            server.health_at = shared.at
+        elif self.health is not None:
+            server.health_at = self.health.publish(server.endpoint.name, DOWN, reason)
         server.marked_down.append({"at": at, "reason": reason})
         self.log.warning("shard %d: server %s marked down at %s (%s); its prompts go to the other servers; "
                          "re-checking %s%s", self.shard_id, server.endpoint.name, at, reason,
                          server.endpoint.url, HEALTH_PATH)
         server.recheck = self._spawn(self._recheck(server))
+        self._rechecks.append(server.recheck)
+
+    def _mark_up(self, server: ServerState, *, by: str | None = None) -> None:
+        down_s = time.monotonic() - server.down_since
+        server.down_since = None
+        at = utc_now()
+        server.recovered.append({"at": at, "down_s": round(down_s, 1)})
+        self.log.warning("shard %d: server %s is back up at %s after %.1f s down%s", self.shard_id,
+                         server.endpoint.name, at, down_s, f" (re-checked by {by})" if by else "")
+        server.up.set()
+
+    def _sync_health(self) -> None:
+        """Apply what other shards found since the last look at the shared health file."""
+        entries = self.health.changed_entries() if self.health is not None else None
+        for server in self.servers if entries else ():
+            entry = entries.get(server.endpoint.name)
+            if entry is None or entry.at <= server.health_at:
+                continue
+            server.health_at = entry.at
+            if entry.state == DOWN and server.down_since is None:
+                self._mark_down(server, entry.reason, shared=entry)
+                if entry.reason.startswith("stalled"):  # hung: what this shard holds there never returns
+                    for worker in list(server.requesting):
+                        worker.cancel(STALLED)
+            elif entry.state == UP and server.down_since is not None:
+                self._mark_up(server, by=entry.by)  # this shard's re-check ends when it next wakes
 
     async def _recheck(self, server: ServerState) -> None:
         # A server that keeps coming back and failing again is checked less and less often.
         delay = min(self.settings.recheck_initial_s * 2 ** (len(server.marked_down) - 1), self.settings.recheck_max_s)
+        downs = len(server.marked_down)
+
+        def superseded() -> bool:  # back up (another shard re-checked it), or down again with a new re-check
+            return server.down_since is None or len(server.marked_down) != downs
+
         while True:
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.settings.recheck_max_s)
+            if superseded():
+                return
             why = await self._health(server)
+            if superseded():
+                return
             if why is None:
                 why = await self._trial(server)
                 if why is None:
@@ -290,13 +341,11 @@ class Dispatcher:
                 why = f"trial request failed: {why}"
             self.log.info("shard %d: server %s still down (%s); next check in %.1f s", self.shard_id,
                           server.endpoint.name, why, delay)
-        down_s = time.monotonic() - server.down_since
-        server.down_since = None
-        at = utc_now()
-        server.recovered.append({"at": at, "down_s": round(down_s, 1)})
-        self.log.warning("shard %d: server %s is back up at %s after %.1f s down", self.shard_id,
-                         server.endpoint.name, at, down_s)
-        server.up.set()
+        if superseded():
+            return
+        if self.health is not None:
+            server.health_at = self.health.publish(server.endpoint.name, UP, "health and a trial request succeeded")
+        self._mark_up(server)
 
     async def _health(self, server: ServerState) -> str | None:
         request = httpx.Request("GET", server.health_url, headers=self.headers,
@@ -354,9 +403,13 @@ class Dispatcher:
         next_report = time.monotonic() + self.progress_interval_s
         next_mark = time.monotonic() + MARK_INTERVAL_S
         next_share = time.monotonic() + self.sharing_interval_s
+        next_health = time.monotonic() + HEALTH_POLL_S
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
+            if now >= next_health:
+                next_health = now + HEALTH_POLL_S
+                self._sync_health()
             if self.sharing is not None and now >= next_share:
                 next_share = now + self.sharing_interval_s
                 self._reshare()

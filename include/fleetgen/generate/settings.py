@@ -74,6 +74,9 @@ class GenerationSettings:
     # A new try of a shard whose output an older, still-live try holds waits this long for it to stop
     # (it is told to stop at its next write or progress save; see generate/lease.py).
     lease_wait_s: float = 60.0
+    # Share server health with the other shards of the run through a file in the run's output folder
+    # (generate/health.py): a server one shard found down is skipped by all until re-checked.
+    share_server_health: bool = True
 
     def __post_init__(self) -> None:
         problems = []

@@ -12,6 +12,7 @@ import httpx
 
 from fleetgen.errors import ConfigError
 from fleetgen.generate.dispatch import Dispatcher, WorkQueue
+from fleetgen.generate.health import SharedHealth
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.store import ShardStore
@@ -50,10 +51,12 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
             headers.append((b"authorization", b"Bearer " + api_key.encode()))
         # One pooled transport carries every request of the shard (see Dispatcher._send).
         pooled = transport or PooledTransport()
+        who = f"shard {shard_id}" + (f" (try {try_number})" if try_number is not None else "")
+        health = SharedHealth(out_dir, who=who, log=log) if settings.share_server_health else None
         dispatcher = Dispatcher(shard_id=shard_id, servers=servers, queue=queue, store=store, settings=settings,
                                 transport=pooled, headers=headers, progress=progress, log=log,
                                 progress_interval_s=progress_interval_s, finished_before=resume.finished,
-                                sharing=sharing, sharing_interval_s=sharing_interval_s)
+                                sharing=sharing, sharing_interval_s=sharing_interval_s, health=health)
         try:
             await dispatcher.run()
         finally:
