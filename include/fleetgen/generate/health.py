@@ -5,7 +5,8 @@ Without it every shard finds out for itself: a shard that starts after a server 
 full share of requests and waits for its own stall check (``stall_check_s`` + ``health_timeout_s``,
 about 90 s with the defaults) before routing around it, and so does every later shard.
 
-The state is one small JSON file in the run's output folder, ``servers-health.json``::
+The state is one small JSON file in the run's output folder, ``servers-health.json``
+(``fleetgen.outputs.RunLayout.servers_health``; docs/shards.md)::
 
     {"servers": {"host:port": {"state": "down", "at": 1764500000.123,
                                "reason": "stalled: no answer for 61 s ...", "by": "shard 3 (try 1)"}}}
@@ -29,9 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetgen.generate import jsonio
+from fleetgen.outputs import RunLayout
 
-HEALTH_FILE = "servers-health.json"
-HEALTH_LOCK = "servers-health.lock"
 DOWN, UP = "down", "up"
 
 
@@ -54,8 +54,9 @@ class SharedHealth:
     """The run's shared server-health file, as seen by one shard (``who``)."""
 
     def __init__(self, run_dir: str | os.PathLike, *, who: str, log: logging.Logger) -> None:
-        self.path = Path(run_dir) / HEALTH_FILE
-        self.lock_path = Path(run_dir) / HEALTH_LOCK
+        layout = RunLayout(Path(run_dir))
+        self.path = layout.servers_health
+        self.lock_path = layout.servers_health_lock
         self.who = who
         self.log = log
         self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) of the last file read

@@ -10,7 +10,8 @@ import pytest
 from generate_fakes import FakeFleet, fast_settings, shard_output
 
 from fleetgen.generate import run_shard_async
-from fleetgen.generate.health import HEALTH_FILE, SharedHealth
+from fleetgen.generate.health import SharedHealth
+from fleetgen.outputs import RunLayout
 from fleetgen.prompts.scan import plan_shards
 
 pytestmark = pytest.mark.anyio
@@ -48,7 +49,7 @@ class HungFleet(FakeFleet):
 
 
 def servers_health(out):
-    return json.loads((out / HEALTH_FILE).read_text())["servers"]
+    return json.loads(RunLayout(out).servers_health.read_text())["servers"]
 
 
 async def test_a_shard_that_starts_after_a_server_hung_sends_it_nothing(tmp_path):
@@ -99,13 +100,13 @@ async def test_a_server_found_back_up_is_marked_up_for_every_shard(tmp_path, cap
 async def test_an_unreadable_health_file_is_ignored_with_a_warning(tmp_path, caplog):
     [shard] = two_shards(tmp_path / "p.jsonl", 40)[:1]
     (tmp_path / "out").mkdir()
-    (tmp_path / "out" / HEALTH_FILE).write_text('{"servers": {"s1:1": {"state": "do')
+    RunLayout(tmp_path / "out").servers_health.write_text('{"servers": {"s1:1": {"state": "do')
     fleet = FakeFleet(2)
     with caplog.at_level(logging.WARNING):
         summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
                                         transport=fleet.transport())
     assert summary["done"] == 20 and fleet.requests["s1:1"] > 0
-    assert f"ignoring an unreadable {tmp_path / 'out' / HEALTH_FILE}" in caplog.text
+    assert f"ignoring an unreadable {RunLayout(tmp_path / 'out').servers_health}" in caplog.text
 
 
 async def test_health_sharing_can_be_turned_off(tmp_path):
