@@ -18,7 +18,8 @@ from fleetgen.airflow.operators import WaitReadyOperator
 DOC_MD = """
 ### SGLang offline generation on a GPU fleet
 1. **tune**: `load_fleet` reads the fleet description, `probe_gpus` runs `nvidia-smi` on every node over SSH,
-   `scan_prompts` validates the prompts file, `derive_plan` sizes `--mem-fraction-static`,
+   `scan_prompts` validates the prompts file (prompts too long for the context go to `rejects.jsonl`),
+   `derive_plan` sizes `--mem-fraction-static`,
    `--max-mamba-cache-size`, `--max-running-requests`… from the memory budget and logs the budget table.
    With **dry_run** the run stops here.
 2. **servers**: stop only our servers (pid file + command line check), verify the memory came back, launch one
@@ -126,7 +127,9 @@ with DAG(
     with TaskGroup("tune") as tune:
         inventories = task(tasks.probe_gpus, task_id="probe_gpus").partial(fleet=fleet).expand(
             node=nodes)
-        prompt_scan = task(tasks.scan_prompts, task_id="scan_prompts", retries=0)()
+        # Reads the model's config.json over SSH (its context length) besides the prompts file: transient
+        # errors retry, the prompts file's own problems fail at once (fail_fast).
+        prompt_scan = task(tasks.scan_prompts, task_id="scan_prompts")(fleet)
         plans = task(tasks.derive_plan, task_id="derive_plan")(fleet, inventories, prompt_scan)
         live = task.short_circuit(tasks.go_live, task_id="go_live")()
         plans >> live

@@ -57,15 +57,36 @@ def probe_gpus(node: str, fleet: dict) -> dict:
     return inventory
 
 
+def _prompt_length_limit(spec: FleetSpec, config: RunConfig):
+    """The context prompts must fit: the servers' --context-length, the param, or the model's own."""
+    from fleetgen.nodes import remote
+    from fleetgen.prompts.length import length_limit
+    from fleetgen.tuning import LaunchOptions
+    from fleetgen.tuning.geometry import context_length_of
+    from fleetgen.tuning.model_files import read_model_config
+
+    node = spec.nodes[0]
+    with NodeShell(node.name, node.ssh_conn_id) as shell:
+        model_config = read_model_config(
+            lambda path: shell.run(remote.read_file_command(path), describe=f"read {path}")[1], spec.model.path,
+            host=node.name)
+    return length_limit(model_context=context_length_of(model_config), max_tokens=config.generation.max_tokens,
+                        launch_context=LaunchOptions.from_args(list(spec.server.extra_args)).context_length,
+                        param_context=config.tuning.context_length or None)
+
+
 @fail_fast
-def scan_prompts() -> dict:
+def scan_prompts(fleet: dict) -> dict:
     from fleetgen.prompts.scan import scan_prompts as scan_file
     from fleetgen.report.previous import prompts_identity
 
     _, config, layout = run_context()
     layout.root.mkdir(parents=True, exist_ok=True)
-    log.info("Validating prompts %s (rejects go to %s)", config.inputs.prompts_path, layout.rejects)
-    scan = scan_file(config.inputs.prompts_path, rejects_path=layout.rejects)
+    limit = _prompt_length_limit(fleet_from_json(fleet), config)
+    log.info("Validating prompts %s (rejects go to %s); prompts must fit a context of %d tokens with max_tokens "
+             "%d (%s)", config.inputs.prompts_path, layout.rejects, limit.context_tokens, limit.max_tokens,
+             limit.source)
+    scan = scan_file(config.inputs.prompts_path, rejects_path=layout.rejects, length_limit=limit)
     # The scan (with its sparse byte index, ~1,000 pairs per million prompts) travels on so that
     # plan_shards does not read the file a second time.
     summary = {**scan.to_dict(), "out_dir": str(layout.root),
@@ -74,6 +95,11 @@ def scan_prompts() -> dict:
     layout.prompts_identity.write_text(json.dumps(prompts_identity(summary)))
     log.info("Prompts: %d valid, %d rejected; prompt tokens mean %.0f, max %d (estimated from characters)",
              scan.count, scan.rejected, scan.est_prompt_tokens_mean, scan.est_prompt_tokens_max)
+    if scan.too_long:
+        log.warning("%d prompt(s) set aside as too long for the context of %d tokens (%s): estimated prompt tokens "
+                    "+ max_tokens %d exceed it; the plan sizes the servers for the other prompts; each is in %s "
+                    "with its estimate", scan.too_long, limit.context_tokens, limit.source, limit.max_tokens,
+                    layout.rejects)
     return summary
 
 
@@ -95,7 +121,8 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
     options = dataclasses.replace(LaunchOptions.from_args(list(spec.server.extra_args)), tp_size=spec.server.tp_size)
     profile = profile_model(model_config, weights_bytes, options, config_path=f"{spec.model.path}/config.json")
     tokens = prompt_token_statistics(config.inputs.output_root, layout, prompt_scan)
-    log.info("Prompt tokens for the plan: mean %.0f, max %d (%s)", tokens.mean, tokens.max, tokens.source)
+    log.info("Prompt tokens for the plan: mean %.0f, max %d (%s); %d prompt(s) too long for the context were set "
+             "aside at scan time", tokens.mean, tokens.max, tokens.source, prompt_scan.get("too_long", 0))
     workload = Workload(max_output_tokens=config.generation.max_tokens, prompt_tokens_mean=tokens.mean,
                         prompt_tokens_max=tokens.max, prompt_count=int(prompt_scan["count"]))
     by_host = {inventory["host"]: inventory for inventory in mapped_values(inventories)}
@@ -203,7 +230,8 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
     context, config, layout = run_context()
     log.info("Validating %d expected completions in %s with Great Expectations", prompt_scan["count"], layout.root)
     try:
-        summary = validate_run(layout.root, iter_prompt_ids(config.inputs.prompts_path), config.validation)
+        expected = iter_prompt_ids(config.inputs.prompts_path, length_limit=prompt_scan.get("length_limit"))
+        summary = validate_run(layout.root, expected, config.validation)
     except ValidationFailed as failure:
         # The small JSON summary goes to XCom first, so the report and on-call can read it; then fail.
         context["ti"].xcom_push(key="validation_summary", value=failure.summary)

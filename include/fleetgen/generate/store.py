@@ -200,7 +200,8 @@ class ShardStore:
         """The shard's prompts not yet finished, with their positions, from the resume point on."""
         valid_before, offset = self.resume_point(shard)
         return iter_shard_positions(shard["input_path"], offset, int(shard["count"]) - valid_before,
-                                    skip_ids=self.done_ids, first_index=valid_before)
+                                    skip_ids=self.done_ids, first_index=valid_before,
+                                    length_limit=shard.get("length_limit"))
 
     def save_mark(self, valid_before: int, offset: int) -> None:
         """Record that every prompt before ``offset`` (``valid_before`` of them) is finished.

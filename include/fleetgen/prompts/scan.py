@@ -12,12 +12,15 @@ Two kinds of problem are told apart:
   cannot be trusted (ids are what resume and validation key on), so ``scan_prompts`` raises
   ``PromptsError`` listing the first ``max_listed`` problems with their line numbers, then a count.
 - *per-prompt*: the line names itself (a good id) but its content is unusable (empty messages, a
-  message without a role, a sampling override of the wrong type). It goes to the rejects file and
-  the run proceeds without it. ``iter_shard`` applies the same test, so shards skip the same lines.
+  message without a role, a sampling override of the wrong type), or, when the scan is given a
+  ``LengthLimit``, it is too long for the context (:mod:`fleetgen.prompts.length`). It goes to the
+  rejects file and the run proceeds without it. ``iter_shard`` applies the same tests (the limit
+  travels in each shard), so shards skip the same lines.
 
 Shards are ``(start byte, count of valid prompts)`` ranges over the file itself; no copy is made.
 Token estimates use ~4 characters per token over message contents (chat template tokens are not
-counted); they size timeouts and ETAs, never anything that must be exact.
+counted; see :mod:`fleetgen.prompts.length`): they size the plan's context and set aside prompts too
+long for it, never anything that must be exact.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from fleetgen.errors import PromptsError
+from fleetgen.prompts.length import CHARS_PER_TOKEN, LengthLimit  # noqa: F401 (CHARS_PER_TOKEN re-exported)
 from fleetgen.prompts.lines import (ROLES, SAMPLING_OVERRIDES, Prompt, fast_id,  # noqa: F401 (re-exported)
                                   parse_line, shorten)
 
-CHARS_PER_TOKEN = 4
 _CHANGED = "the prompts file changed after it was scanned; start a new run"
 INDEX_STRIDE = 1000  # one (valid prompts before, byte offset) pair per this many valid prompts
 
@@ -51,6 +54,8 @@ class PromptScan:
     prompt_chars_mean: float
     prompt_chars_max: int
     rejects_path: str | None = None
+    too_long: int = 0  # of the rejected: longer than the length limit's context
+    length_limit: dict | None = None  # LengthLimit.to_dict() the scan applied; shards apply it too
     # (valid prompts before this line, byte offset of the line) every INDEX_STRIDE valid prompts:
     # enough to find any shard start without keeping an offset per line.
     index: tuple[tuple[int, int], ...] = ()
@@ -81,8 +86,11 @@ class PromptScan:
 
 
 def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | None = None,
-                 max_listed: int = 20) -> PromptScan:
+                 max_listed: int = 20, length_limit: LengthLimit | None = None) -> PromptScan:
     """Validate the whole file in one pass; write per-prompt rejects; raise on structural problems.
+
+    With ``length_limit``, prompts too long for its context are rejected too (``too_long`` counts
+    them) and the prompt-length statistics cover the accepted prompts only.
 
     The rejects file (JSONL ``{"line", "id", "error"}``) appears only when the scan succeeds, so a
     failed scan leaves nothing behind for a later run to trip over.
@@ -95,7 +103,7 @@ def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | N
                            hint="check the prompts_path parameter and that the file is readable "
                                 "from the worker") from exc
     problems: list[tuple[int, str]] = []
-    problem_count = rejected = count = lines = chars_total = chars_max = offset = 0
+    problem_count = rejected = too_long = count = lines = chars_total = chars_max = offset = 0
     seen_ids: set[str] = set()
     duplicates: dict[str, list[int]] = {}
     index: list[tuple[int, int]] = []
@@ -109,6 +117,8 @@ def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | N
             if not raw.strip():
                 continue
             prompt, structural, per_prompt, prompt_id = parse_line(raw)
+            if prompt is not None and length_limit is not None and (per_prompt := length_limit.problem(prompt)):
+                too_long += 1
             if prompt_id is not None:
                 if prompt_id in seen_ids:
                     duplicates.setdefault(prompt_id, []).append(lines)
@@ -148,7 +158,8 @@ def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | N
         os.replace(partial, rejects)
     return PromptScan(path=str(path), count=count, rejected=rejected, bytes=offset, mtime_ns=stat.st_mtime_ns,
                       lines=lines, prompt_chars_mean=chars_total / count, prompt_chars_max=chars_max,
-                      rejects_path=str(rejects) if rejects is not None else None, index=tuple(index))
+                      rejects_path=str(rejects) if rejects is not None else None, index=tuple(index),
+                      too_long=too_long, length_limit=length_limit.to_dict() if length_limit is not None else None)
 
 
 def _name_first_occurrences(path: Path, duplicates: dict[str, list[int]],
@@ -183,7 +194,8 @@ def plan_shards(path: str | os.PathLike, *, shard_size: int, scan: PromptScan | 
     """Cut the valid prompts into shards of ``shard_size``: ``[{shard_id, input_path, start, count}]``.
 
     ``start`` is the byte offset of the shard's first valid prompt. Uses the scan's sparse index,
-    so each boundary costs at most INDEX_STRIDE lines of reading.
+    so each boundary costs at most INDEX_STRIDE lines of reading. When the scan applied a length
+    limit, each shard also carries it as ``length_limit`` so that it skips the same prompts.
     """
     if not isinstance(shard_size, int) or shard_size < 1:
         raise PromptsError(f"shard_size must be a positive integer, got {shard_size!r}", path=str(path),
@@ -200,6 +212,8 @@ def plan_shards(path: str | os.PathLike, *, shard_size: int, scan: PromptScan | 
             cursor = _find_valid(handle, scan, first, cursor)
             shards.append({"shard_id": shard_id, "input_path": str(path), "start": cursor[1],
                            "count": min(shard_size, scan.count - first)})
+            if scan.length_limit is not None:
+                shards[-1]["length_limit"] = dict(scan.length_limit)
     return shards
 
 
@@ -210,10 +224,11 @@ def _find_valid(handle, scan: PromptScan, target: int, cursor: tuple[int, int]) 
     if cursor[0] > valid_before:
         valid_before, offset = cursor
     handle.seek(offset)
+    limit = LengthLimit.from_dict(scan.length_limit)
     for raw in handle:
         if raw.strip():
             prompt, structural, _, _ = parse_line(raw)
-            if prompt is not None and structural is None:
+            if structural is None and _accepted(prompt, limit):
                 if valid_before == target:
                     return target, offset
                 valid_before += 1
@@ -221,21 +236,29 @@ def _find_valid(handle, scan: PromptScan, target: int, cursor: tuple[int, int]) 
     raise PromptsError(f"the file ends before valid prompt {target}", path=scan.path, hint=_CHANGED)
 
 
+def _accepted(prompt: Prompt | None, limit: LengthLimit | None) -> bool:
+    """A prompt the scan kept: parsed without a problem and, under a length limit, short enough."""
+    return prompt is not None and (limit is None or limit.problem(prompt) is None)
+
+
 def iter_shard(input_path: str | os.PathLike, start: int, count: int, *,
-               skip_ids: Container[bytes] | None = None) -> Iterator[Prompt]:
+               skip_ids: Container[bytes] | None = None,
+               length_limit: LengthLimit | dict | None = None) -> Iterator[Prompt]:
     """Yield the shard's valid prompts, reading only its byte range.
 
-    Rejected lines are skipped exactly as ``scan_prompts`` rejected them. Lines whose id (UTF-8
-    bytes) is in ``skip_ids`` are counted but not yielded and, when the id leads the line, not
-    parsed either: that is what keeps resume cheap.
+    Rejected lines are skipped exactly as ``scan_prompts`` rejected them (pass the scan's
+    ``length_limit``, as each shard carries it, to skip the prompts it set aside as too long). Lines
+    whose id (UTF-8 bytes) is in ``skip_ids`` are counted but not yielded and, when the id leads the
+    line, not parsed either: that is what keeps resume cheap.
     """
-    for _, _, _, prompt in iter_shard_positions(input_path, start, count, skip_ids=skip_ids):
+    for _, _, _, prompt in iter_shard_positions(input_path, start, count, skip_ids=skip_ids,
+                                                length_limit=length_limit):
         yield prompt
 
 
 def iter_shard_positions(input_path: str | os.PathLike, start: int, count: int, *,
-                         skip_ids: Container[bytes] | None = None,
-                         first_index: int = 0) -> Iterator[tuple[int, int, int, Prompt]]:
+                         skip_ids: Container[bytes] | None = None, first_index: int = 0,
+                         length_limit: LengthLimit | dict | None = None) -> Iterator[tuple[int, int, int, Prompt]]:
     """``iter_shard`` with where each prompt is: ``(index, line start, line end, prompt)``.
 
     ``index`` counts valid prompts from the shard's start (``first_index`` when ``start`` is a
@@ -244,6 +267,7 @@ def iter_shard_positions(input_path: str | os.PathLike, start: int, count: int, 
     path = str(input_path)
     seen = 0
     offset = start
+    limit = LengthLimit.from_dict(length_limit)
     with open(path, "rb") as handle:
         if start > 0:
             handle.seek(start - 1)
@@ -264,7 +288,7 @@ def iter_shard_positions(input_path: str | os.PathLike, start: int, count: int, 
             prompt, structural, _, _ = parse_line(raw)
             if structural:
                 raise PromptsError(f"line at byte {line_start}: {structural}", path=path, hint=_CHANGED)
-            if prompt is None:
+            if not _accepted(prompt, limit):
                 continue  # rejected by the scan too
             seen += 1
             if skip_ids is not None and prompt.id.encode() in skip_ids:
@@ -275,10 +299,12 @@ def iter_shard_positions(input_path: str | os.PathLike, start: int, count: int, 
                        path=path, hint=_CHANGED)
 
 
-def iter_prompt_ids(path: str | os.PathLike) -> Iterator[str]:
-    """Every valid prompt id in file order (what the output must cover)."""
+def iter_prompt_ids(path: str | os.PathLike, *, length_limit: LengthLimit | dict | None = None) -> Iterator[str]:
+    """Every valid prompt id in file order (what the output must cover); with the scan's
+    ``length_limit``, without the prompts it set aside as too long."""
+    limit = LengthLimit.from_dict(length_limit)
     with open(path, "rb") as handle:
         for raw in handle:
             prompt = parse_line(raw)[0] if raw.strip() else None
-            if prompt is not None:
+            if _accepted(prompt, limit):
                 yield prompt.id

@@ -148,9 +148,9 @@ def model_geometry(config: dict, *, config_path: str = "config.json") -> ModelGe
                          **_attention_fields(get), **common)
 
 
-def _common_fields(text: dict, config: dict, architecture: str) -> dict:
-    dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype")
-    context = SGLANG_FALLBACK_CONTEXT_LENGTH
+def context_length_of(config: dict) -> int:
+    """The model's own context length as SGLang derives it from config.json (``get_context_length``)."""
+    text = text_config_of(config)
     rope = text.get("rope_scaling") or {}
     factor = 1
     if isinstance(rope, dict) and rope:
@@ -159,8 +159,13 @@ def _common_fields(text: dict, config: dict, architecture: str) -> dict:
             factor = 1
     for key in CONTEXT_LENGTH_KEYS:
         if text.get(key) is not None:
-            context = int(factor * text[key])
-            break
+            return int(factor * text[key])
+    return SGLANG_FALLBACK_CONTEXT_LENGTH
+
+
+def _common_fields(text: dict, config: dict, architecture: str) -> dict:
+    dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype")
+    context = context_length_of(config)
     vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else None
     if vision is None and architecture in _DEFAULT_VISION_TOWER:
         vision = _DEFAULT_VISION_TOWER[architecture]

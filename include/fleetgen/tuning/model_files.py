@@ -20,13 +20,19 @@ def model_file_paths(model_path: str) -> tuple[str, str]:
 
 def read_model(read_text: Callable[[str], str], model_path: str, *, host: str) -> tuple[dict, int]:
     """(config, weights bytes) from the model directory; ``read_text(path)`` returns a file's text."""
-    config_path, index_path = model_file_paths(model_path)
-    documents = {}
-    for path in (config_path, index_path):
-        text = read_text(path)
-        try:
-            documents[path] = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"not valid JSON: {exc.msg}", host=host, path=path, line=exc.lineno,
-                              hint="check the model directory named by model.path in the fleet description") from None
-    return documents[config_path], weights_bytes_from_index(documents[index_path], path=index_path)
+    index_path = model_file_paths(model_path)[1]
+    config = read_model_config(read_text, model_path, host=host)
+    return config, weights_bytes_from_index(_read_json(read_text, index_path, host), path=index_path)
+
+
+def read_model_config(read_text: Callable[[str], str], model_path: str, *, host: str) -> dict:
+    """The model's ``config.json`` (all the prompt scan needs: the model's context length)."""
+    return _read_json(read_text, model_file_paths(model_path)[0], host)
+
+
+def _read_json(read_text: Callable[[str], str], path: str, host: str):
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"not valid JSON: {exc.msg}", host=host, path=path, line=exc.lineno,
+                          hint="check the model directory named by model.path in the fleet description") from None

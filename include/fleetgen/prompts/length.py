@@ -1,0 +1,77 @@
+"""Prompts too long for the context the servers will run with, told apart at scan time.
+
+One oversized prompt must not reshape the fleet: the plan sizes every server's context for the
+longest prompt plus ``max_tokens``, so a single 5 MB prompt would push the context to the model's
+maximum and cut the running requests of every server, only to fail with HTTP 400 anyway (SGLang
+refuses a request whose input plus ``max_new_tokens`` exceeds the context:
+``TokenizerManager._validate_one_request`` in sglang/srt/managers/tokenizer_manager.py). Such a
+prompt goes to ``rejects.jsonl`` with the reason instead, and the plan sees only the accepted ones.
+
+The context is, first found: ``--context-length`` in the fleet's ``server.extra_args``, the
+``context_length`` DAG param, the model's own (config.json, as SGLang derives it); a cap above the
+model's own is held to the model's.
+
+Token counts before generation are estimates: the message contents' characters / 4
+(``CHARS_PER_TOKEN``), the same estimate the plan sizes the context with, so every accepted prompt
+fits the planned context by the same measure. Chat-template tokens are not counted. A prompt is set
+aside only when this estimate plus its ``max_tokens`` (its own override, else the run's) exceeds the
+context. The estimate is an average, not a bound: dense text (code, CJK) has more tokens per
+character, so such a prompt close to the limit may still pass the scan and then fail alone with a
+400 in the errors file, never changing the fleet's shape.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from fleetgen.prompts.lines import Prompt
+
+CHARS_PER_TOKEN = 4
+
+
+def estimated_tokens(chars: int) -> int:
+    return math.ceil(chars / CHARS_PER_TOKEN)
+
+
+@dataclass(frozen=True)
+class LengthLimit:
+    """The context a prompt plus its output must fit in; JSON-safe through ``to_dict``."""
+
+    context_tokens: int
+    max_tokens: int  # the run's; a prompt's own "max_tokens" override wins for that prompt
+    source: str  # where the context comes from, for the reject reason and the log
+
+    def problem(self, prompt: Prompt) -> str | None:
+        """Why ``prompt`` cannot fit, or None when it (by the estimate) does."""
+        prompt_tokens = estimated_tokens(prompt.content_chars())
+        output = prompt.sampling.get("max_tokens", self.max_tokens)
+        if prompt_tokens + output <= self.context_tokens:
+            return None
+        return (f"too long for the context: ~{prompt_tokens} prompt tokens (estimated at {CHARS_PER_TOKEN} characters "
+                f"per token) + max_tokens {output} > {self.context_tokens} ({self.source})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: "dict | LengthLimit | None") -> "LengthLimit | None":
+        if data is None or isinstance(data, LengthLimit):
+            return data
+        return cls(context_tokens=int(data["context_tokens"]), max_tokens=int(data["max_tokens"]),
+                   source=str(data["source"]))
+
+
+def length_limit(*, model_context: int, max_tokens: int, launch_context: int | None = None,
+                 param_context: int | None = None) -> LengthLimit:
+    """The limit for a run: the servers' ``--context-length`` if the fleet sets one, else the user's
+    ``context_length`` param, else the model's own context; never above the model's."""
+    if launch_context:
+        context, source = launch_context, "--context-length in the fleet's server.extra_args"
+    elif param_context:
+        context, source = param_context, "the context_length param"
+    else:
+        context, source = model_context, "the model's context length"
+    if context > model_context:
+        context, source = model_context, "the model's context length, below the requested cap"
+    return LengthLimit(context_tokens=context, max_tokens=max_tokens, source=source)

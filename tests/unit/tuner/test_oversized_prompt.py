@@ -1,0 +1,82 @@
+"""One oversized prompt must not reshape the fleet: it is set aside at scan time, the plan is sized for
+the others, and shards and validation skip it the same way."""
+
+import json
+
+from fleetgen.prompts.length import LengthLimit, length_limit
+from fleetgen.prompts.scan import iter_prompt_ids, iter_shard, plan_shards, scan_prompts
+from fleetgen.tuning.geometry import context_length_of
+from fleetgen.tuning.planner import TunerBounds, Workload, plan_server
+from fleetgen.tuning.profile import LaunchOptions, profile_model
+
+# The seed's launch options without its --context-length: the plan then sizes the context itself.
+ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "4", "--mamba-radix-cache-strategy", "extra_buffer"]
+MAX_TOKENS = 4096
+
+
+def write_prompts(path, *, huge_at=None):
+    with path.open("w") as handle:
+        for number in range(300):
+            if number == huge_at:
+                handle.write(json.dumps({"id": "huge", "prompt": "lorem ipsum " * (5 * 1024 * 1024 // 12)}) + "\n")
+            handle.write(json.dumps({"id": f"p{number:03d}", "messages": [
+                {"role": "user", "content": f"question {number}: " + "explain the proof in detail " * (number % 40)}]})
+                + "\n")
+    return path
+
+
+def planned_running_requests(cases, seed_config, scan):
+    options = LaunchOptions.from_args(ARGS)
+    profile = profile_model(seed_config, cases.SEED_WEIGHTS_BYTES, options)
+    workload = Workload(max_output_tokens=MAX_TOKENS, prompt_tokens_mean=scan.est_prompt_tokens_mean,
+                        prompt_tokens_max=scan.est_prompt_tokens_max, prompt_count=scan.count)
+    plan = plan_server(host="gpu-node-1", gpu_ids=[0], port=30000, gpus=[cases.gpu_row(0)], profile=profile,
+                       options=options, workload=workload, bounds=TunerBounds())
+    return plan.expected["max_running_requests"], plan.flags["--context-length"]
+
+
+def test_a_5_mb_prompt_is_set_aside_and_the_plan_is_the_one_without_it(tmp_path, cases, seed_config):
+    limit = length_limit(model_context=context_length_of(seed_config), max_tokens=MAX_TOKENS)
+    with_huge = write_prompts(tmp_path / "with.jsonl", huge_at=150)
+    without = write_prompts(tmp_path / "without.jsonl")
+    rejects = tmp_path / "rejects.jsonl"
+    scan = scan_prompts(with_huge, rejects_path=rejects, length_limit=limit)
+    clean = scan_prompts(without, length_limit=limit)
+
+    assert (scan.count, scan.rejected, scan.too_long) == (300, 1, 1)
+    [reject] = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert reject["id"] == "huge" and reject["line"] == 151
+    assert reject["error"].startswith("too long for the context: ~1310") and "(the model's context length)" in reject["error"]
+    assert f"+ max_tokens {MAX_TOKENS} > {context_length_of(seed_config)}" in reject["error"]
+    assert (scan.prompt_chars_mean, scan.prompt_chars_max) == (clean.prompt_chars_mean, clean.prompt_chars_max)
+    assert planned_running_requests(cases, seed_config, scan) == planned_running_requests(cases, seed_config, clean)
+    # Without the limit (as before) the one prompt sizes every server for the model's whole context.
+    unlimited = scan_prompts(with_huge)
+    mrr_unlimited, context_unlimited = planned_running_requests(cases, seed_config, unlimited)
+    mrr, context = planned_running_requests(cases, seed_config, scan)
+    assert context_unlimited == context_length_of(seed_config) > context and mrr_unlimited < mrr
+
+    # Shards carry the limit and skip the same prompt; so does the list validation expects.
+    shards = plan_shards(with_huge, shard_size=100, scan=scan)
+    assert all(LengthLimit.from_dict(s["length_limit"]) == limit for s in shards)
+    ids = [p.id for s in shards for p in iter_shard(s["input_path"], s["start"], s["count"],
+                                                    length_limit=s["length_limit"])]
+    assert ids == [f"p{n:03d}" for n in range(300)]
+    assert list(iter_prompt_ids(with_huge, length_limit=scan.length_limit)) == ids
+
+
+def test_the_context_comes_from_the_servers_flag_then_the_param_then_the_model():
+    assert length_limit(model_context=262144, max_tokens=10, launch_context=8192, param_context=4096).context_tokens == 8192
+    capped = length_limit(model_context=262144, max_tokens=10, param_context=32768)
+    assert (capped.context_tokens, capped.source) == (32768, "the context_length param")
+    above = length_limit(model_context=32768, max_tokens=10, param_context=65536)
+    assert above.context_tokens == 32768 and "below the requested cap" in above.source
+
+
+def test_a_prompts_own_max_tokens_counts_against_the_context(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt": "x" * 400}) + "\n"
+                    + json.dumps({"id": "b", "prompt": "x" * 400, "sampling": {"max_tokens": 1000}}) + "\n")
+    scan = scan_prompts(path, length_limit=LengthLimit(context_tokens=1000, max_tokens=500, source="test"))
+    assert (scan.count, scan.too_long) == (1, 1)  # 100 + 500 fits; 100 + 1000 does not
