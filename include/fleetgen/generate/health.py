@@ -6,7 +6,7 @@ full share of requests and waits for its own stall check (``stall_check_s`` + ``
 about 90 s with the defaults) before routing around it, and so does every later shard.
 
 The state is one small JSON file in the run's output folder, ``servers-health.json``
-(``fleetgen.outputs.RunLayout.servers_health``; docs/shards.md)::
+(``fleetgen.outputs.RunLayout.servers_health``; docs/shards.md §2)::
 
     {"servers": {"host:port": {"state": "down", "at": 1764500000.123,
                                "reason": "stalled: no answer for 61 s ...", "by": "shard 3 (try 1)"}}}

@@ -3,7 +3,7 @@
 Airflow can start a retry of a shard while the previous try still runs: a task the scheduler gave
 up on (lost heartbeat, a "zombie") keeps its process, and both would append the same prompts.
 
-Two files under ``shards/`` make the lease (``fleetgen.outputs`` names them; docs/shards.md):
+Two files under ``shards/`` make the lease (``fleetgen.outputs`` names them; docs/shards.md §1):
 
 - ``shard-NNNNN.lock``: held with ``flock(LOCK_EX)`` for as long as a try has the output open. The
   kernel releases it when the process dies, however it dies, so a crashed try never blocks a retry.

@@ -1,4 +1,4 @@
-"""Prompts too long for the context the servers will run with, told apart at scan time.
+"""Prompts too long for the context the servers will run with, told apart at scan time (docs/shards.md §4).
 
 One oversized prompt must not reshape the fleet: the plan sizes every server's context for the
 longest prompt plus ``max_tokens``, so a single 5 MB prompt would push the context to the model's
