@@ -47,7 +47,8 @@ def test_a_5_mb_prompt_is_set_aside_and_the_plan_is_the_one_without_it(tmp_path,
     assert (scan.count, scan.rejected, scan.too_long) == (300, 1, 1)
     [reject] = [json.loads(line) for line in rejects.read_text().splitlines()]
     assert reject["id"] == "huge" and reject["line"] == 151
-    assert reject["error"].startswith("too long for the context: ~1310") and "(the model's context length)" in reject["error"]
+    assert reject["error"].startswith("too long for the context: ~1310")
+    assert "(the model's context length)" in reject["error"]
     assert f"+ max_tokens {MAX_TOKENS} > {context_length_of(seed_config)}" in reject["error"]
     assert (scan.prompt_chars_mean, scan.prompt_chars_max) == (clean.prompt_chars_mean, clean.prompt_chars_max)
     assert planned_running_requests(cases, seed_config, scan) == planned_running_requests(cases, seed_config, clean)
@@ -67,7 +68,8 @@ def test_a_5_mb_prompt_is_set_aside_and_the_plan_is_the_one_without_it(tmp_path,
 
 
 def test_the_context_comes_from_the_servers_flag_then_the_param_then_the_model():
-    assert length_limit(model_context=262144, max_tokens=10, launch_context=8192, param_context=4096).context_tokens == 8192
+    flag = length_limit(model_context=262144, max_tokens=10, launch_context=8192, param_context=4096)
+    assert flag.context_tokens == 8192 and flag.source.startswith("--context-length")
     capped = length_limit(model_context=262144, max_tokens=10, param_context=32768)
     assert (capped.context_tokens, capped.source) == (32768, "the context_length param")
     above = length_limit(model_context=32768, max_tokens=10, param_context=65536)

@@ -1,0 +1,40 @@
+"""One 5 MB prompt through the DAG's tune stage over real SSH: set aside at scan time (the model's context read
+from config.json on the node), the plan the same as without it."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _planned_caps(log: str) -> list[str]:
+    return re.findall(r"Planned \d+ server\(s\); expected effective max_running_requests (\[[\d, ]+\])", log)
+
+
+def test_a_5_mb_prompt_is_rejected_and_the_plan_is_the_one_without_it(dag, sim_env, fleet_file, tmp_path, capfd,
+                                                                        caplog):
+    normal = sim_env.prompts_path.read_text()
+    with_huge = tmp_path / "with-huge.jsonl"
+    lines = normal.splitlines(keepends=True)
+    with_huge.write_text("".join(lines[:60]) + json.dumps({"id": "huge", "prompt": "lorem ipsum " * 437_000}) + "\n"
+                         + "".join(lines[60:]))
+    fleet = str(fleet_file())
+    caps = []
+    for prompts in (sim_env.prompts_path, with_huge):
+        conf = {"fleet_file": fleet, "prompts_path": str(prompts), "output_root": str(tmp_path / "out"),
+                "max_tokens": 4096, "dry_run": True}
+        caplog.clear()
+        dag_run = dag.test(run_conf=conf)
+        states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+        assert states["tune.derive_plan"] == "success", states
+        out, err = capfd.readouterr()
+        log = out + err + caplog.text
+        caps.append(_planned_caps(log)[-1])
+    assert caps[0] == caps[1], caps
+    assert "1 prompt(s) set aside as too long for the context of 262144 tokens (the model's context length)" in log
+    [rejects] = [path for path in Path(tmp_path / "out").glob("*/rejects.jsonl") if path.read_text()]
+    [reject] = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert reject["id"] == "huge" and reject["line"] == 61 and reject["error"].startswith("too long for the context")
