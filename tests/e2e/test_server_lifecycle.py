@@ -69,7 +69,9 @@ def test_bad_flag_fails_the_wait_within_seconds_with_sglangs_line(dag, sim_env, 
 def test_old_flag_names_are_refused_before_anything_is_touched(dag, sim_env, fleet_file, task_log):
     dag_run = dag.test(run_conf=_conf(sim_env, fleet_file(extra_args=["--cuda-graph-max-bs", "8"])))
     states = _states(dag_run)
-    assert states[("tune.derive_plan", -1)] == "failed" and ("servers.launch_servers", 0) not in states
+    # scan_prompts reads the flags first (a --context-length there bounds the prompts), so it is the one to fail
+    assert states[("tune.scan_prompts", -1)] == "failed" and states[("tune.derive_plan", -1)] == "upstream_failed"
+    assert ("servers.launch_servers", 0) not in states
     assert "--cuda-graph-max-bs no longer exists in SGLang 0.5.23" in task_log()
 
 

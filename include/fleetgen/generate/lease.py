@@ -83,6 +83,7 @@ class ShardLease:
         self.lease_path = layout.shard_file("shards", shard_id, "lease.json")
         self._lock_fd: int | None = None
         self._lease_fd: int | None = None  # keeps our lease file's inode from being reused
+        self._lease_ino: int | None = None
 
     @classmethod
     def acquire(cls, root: str | os.PathLike, shard_id: int, *, try_number: int | None, wait_s: float,
@@ -140,6 +141,7 @@ class ShardLease:
         if self._lease_fd is not None:
             os.close(self._lease_fd)
         self._lease_fd = fd
+        self._lease_ino = os.fstat(fd).st_ino
 
     def check(self) -> None:
         """Raise ``ShardLeaseLost`` if a newer try has claimed the output since we took it."""
@@ -147,7 +149,7 @@ class ShardLease:
             current = os.stat(self.lease_path).st_ino
         except FileNotFoundError:
             current = None
-        if self._lease_fd is not None and current == os.fstat(self._lease_fd).st_ino:
+        if self._lease_fd is not None and current == self._lease_ino:
             return
         newer = LeaseHolder.from_file(self.lease_path)
         raise ShardLeaseLost(
