@@ -8,9 +8,9 @@ Two files under ``shards/`` make the lease (``fleetgen.outputs`` names them; doc
 - ``shard-NNNNN.lock``: held with ``flock(LOCK_EX)`` for as long as a try has the output open. The
   kernel releases it when the process dies, however it dies, so a crashed try never blocks a retry.
 - ``shard-NNNNN.lease.json``: who holds or has claimed the output (``try``, ``pid``, ``host``,
-  ``since``), replaced atomically by each new claimant. The holder checks before every write that
-  the file is still its own (one ``stat``); once a newer try has claimed it, the holder stops with
-  ``ShardLeaseLost`` before writing anything more, and releases the lock as it closes.
+  ``since``), replaced atomically by each new claimant. Before a write the holder checks that the
+  file is still its own (one ``stat``, at most every ``CHECK_INTERVAL_S``, 10 ms); once a newer try
+  has claimed it, the holder stops with ``ShardLeaseLost`` and releases the lock as it closes.
 
 A new try whose lock is busy does not wait for an old try that may never finish: it *takes over*.
 It claims the lease file at once (so the old try stops at its next write or progress save, within
@@ -39,6 +39,9 @@ from fleetgen.generate.records import utc_now
 from fleetgen.outputs import RunLayout
 
 LOCK_POLL_S = 0.1
+# The lease file is looked at (one stat) at most this often: cheap beside a request, and a stale try
+# writing a few more lines before it stops is harmless, since the new try opens nothing before the lock.
+CHECK_INTERVAL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class ShardLease:
         self._lock_fd: int | None = None
         self._lease_fd: int | None = None  # keeps our lease file's inode from being reused
         self._lease_ino: int | None = None
+        self._checked_at = 0.0  # monotonic time of the last look at the lease file
 
     @classmethod
     def acquire(cls, root: str | os.PathLike, shard_id: int, *, try_number: int | None, wait_s: float,
@@ -129,7 +133,7 @@ class ShardLease:
                          f"{previous.pid if previous else '?'} on {previous.host if previous else '?'} is a task that "
                          "Airflow gave up on, kill it; a retry of this task then resumes from the output on disk")
             time.sleep(LOCK_POLL_S)
-        self.check()  # a third try may have claimed it meanwhile: then it is theirs
+        self.check(now=True)  # a third try may have claimed it meanwhile: then it is theirs
         if log is not None:
             log.warning("shard %d: took the output over from %s", self.shard_id, old)
 
@@ -143,8 +147,14 @@ class ShardLease:
         self._lease_fd = fd
         self._lease_ino = os.fstat(fd).st_ino
 
-    def check(self) -> None:
-        """Raise ``ShardLeaseLost`` if a newer try has claimed the output since we took it."""
+    def check(self, *, now: bool = False) -> None:
+        """Raise ``ShardLeaseLost`` if a newer try has claimed the output since we took it (looked at
+        no more than every ``CHECK_INTERVAL_S`` unless ``now``)."""
+        if not now and self._lease_fd is not None:
+            checked_at = time.monotonic()
+            if checked_at - self._checked_at < CHECK_INTERVAL_S:
+                return
+            self._checked_at = checked_at
         try:
             current = os.stat(self.lease_path).st_ino
         except FileNotFoundError:

@@ -207,7 +207,7 @@ class ShardStore:
         """Record that every prompt before ``offset`` (``valid_before`` of them) is finished.
 
         Also the stale-try check of a shard with no write for a while (called about once a second)."""
-        self._check_writable()
+        self._check_writable(now=True)
         if self.mark == (valid_before, offset):
             return
         partial = self.mark_path.with_name(self.mark_path.name + ".partial")
@@ -220,11 +220,11 @@ class ShardStore:
             os.replace(partial, self.mark_path)
         self.mark = (valid_before, offset)
 
-    def _check_writable(self) -> None:
+    def _check_writable(self, *, now: bool = False) -> None:
         if self._broken is not None:
             raise self._broken
         if self._lease is not None:
-            self._lease.check()
+            self._lease.check(now=now)
 
     @staticmethod
     def _line_id(raw: bytes, path: Path, number: int | None) -> bytes:
