@@ -127,7 +127,8 @@ class ShardLease:
             if time.monotonic() >= deadline:
                 raise ShardLeaseBusy(
                     f"{old} still holds the output lock {self.lock_path} after {wait_s:.0f} s; "
-                    f"{self.holder.describe()} has claimed the lease, so the old try stops before its next write if it ever runs again",
+                    f"{self.holder.describe()} has claimed the lease, so the old try stops before its next write "
+                    "if it ever runs again",
                     shard=self.shard_id, path=str(self.lock_path),
                     hint=f"the old try is frozen or stuck (no progress save for {wait_s:.0f} s): if pid "
                          f"{previous.pid if previous else '?'} on {previous.host if previous else '?'} is a task that "
