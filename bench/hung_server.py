@@ -14,8 +14,8 @@ Lost capacity: for each shard, the seconds from the hang (or the shard's start, 
 the shard marks the hung server down, times the shard's share of that server's limit; summed over
 the shards. That is how long the hung server's slots held requests that could have gone to the
 healthy servers, in server-seconds. Detection uses the stall watchdog: ``stall_check_s`` of silence,
-then a /health probe that fails after ``health_timeout_s`` (set small here, printed below; the
-defaults are 60 s and 30 s, which scale the figures accordingly).
+then a /health probe that fails after ``health_timeout_s`` (the defaults of GenerationSettings,
+printed below).
 
 Usage: python bench/hung_server.py [--shards 6] [--concurrent 2] [--prompts-per-shard 120]
 Last line: hung_server shared_lost_s=<x.x> isolated_lost_s=<y.y> shards=<n>
@@ -41,8 +41,8 @@ from fleetgen.prompts.scan import plan_shards, scan_prompts  # noqa: E402
 
 SERVERS = 3
 HUNG = 2
-SETTINGS = dict(model="qwen3.6-27b", max_tokens=1024, request_timeout_s=600.0, stall_check_s=5.0,
-                health_timeout_s=2.0, recheck_initial_s=1.0, recheck_max_s=5.0, retry_backoff_s=0.1)
+SETTINGS = dict(model="qwen3.6-27b", max_tokens=1024, request_timeout_s=600.0, recheck_initial_s=1.0,
+                recheck_max_s=5.0, retry_backoff_s=0.1)
 
 
 class MarkDowns(logging.Handler):
@@ -139,7 +139,7 @@ def main() -> int:
             figures[arm] = sum(lost)
             print(f"{arm:>8}: run {time.monotonic() - began:6.1f} s; lost server-seconds per shard "
                   f"{', '.join(f'{x:.1f}' for x in lost)}; total {sum(lost):.1f}")
-    print(f"settings: stall_check_s={SETTINGS['stall_check_s']} health_timeout_s={SETTINGS['health_timeout_s']}, "
+    print(f"settings: stall_check_s={GenerationSettings.stall_check_s} health_timeout_s={GenerationSettings.health_timeout_s}, "
           f"{args.shards} shards of {args.prompts_per_shard} prompts, {args.concurrent} at a time, "
           f"{SERVERS} servers (one hung)")
     print(f"hung_server shared_lost_s={figures['shared']:.1f} isolated_lost_s={figures['isolated']:.1f} "

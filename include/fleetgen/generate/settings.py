@@ -64,11 +64,15 @@ class GenerationSettings:
     retry_backoff_s: float = 0.5  # first delay before a failed prompt is offered again; doubles per try
     recheck_initial_s: float = 1.0  # first health re-check of a server marked down; doubles per failure
     recheck_max_s: float = 30.0
-    health_timeout_s: float = 30.0  # SGLang's /health runs a one-token generation (docs/sglang-memory-model.md §5.3)
+    # SGLang 0.5.23's /health (http_server.py ``health_generate``) answers 200 at its first 1 s tick on
+    # which the scheduler produced anything, so a busy healthy server answers in about a second; a hung
+    # one only after SGLANG_HEALTH_CHECK_TIMEOUT (20 s). 5 s tells them apart (docs/sglang-memory-model.md §5.3).
+    health_timeout_s: float = 5.0
     # A server with requests in flight that has answered nothing for this long gets a /health probe;
     # if that fails too it is marked down and its requests go elsewhere, without waiting out the
-    # (long) request timeout. Busy but healthy servers answer /health and are left alone.
-    stall_check_s: float = 60.0
+    # (long) request timeout. Busy but healthy servers answer /health and are left alone, so the probe
+    # costs one cheap request; together with health_timeout_s a hang costs under 10 s once per run.
+    stall_check_s: float = 4.0
     all_down_timeout_s: float = 120.0  # every server down this long fails the shard
     client_error_breaker: int = 20  # this many client errors before any success stops the shard
     # A new try of a shard whose output an older, still-live try holds waits this long for it to stop
