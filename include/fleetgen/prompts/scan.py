@@ -25,12 +25,14 @@ long for it, never anything that must be exact.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Container, Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+import jsonlines
+import orjson
 
 from fleetgen.errors import PromptsError
 from fleetgen.prompts.length import CHARS_PER_TOKEN, LengthLimit  # noqa: F401 (CHARS_PER_TOKEN re-exported)
@@ -111,7 +113,8 @@ def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | N
     partial = rejects.with_name(rejects.name + ".partial") if rejects is not None else None
     if partial is not None:
         partial.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("rb") as handle, (partial.open("wb") if partial is not None else open(os.devnull, "wb")) as out:
+    with path.open("rb") as handle, (partial.open("wb") if partial is not None else open(os.devnull, "wb")) as sink, \
+            jsonlines.Writer(sink, dumps=orjson.dumps) as out:
         for lines, raw in enumerate(handle, 1):
             line_offset, offset = offset, offset + len(raw)
             if not raw.strip():
@@ -131,7 +134,7 @@ def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | N
                     problems.append((lines, structural))
             elif per_prompt:
                 rejected += 1
-                out.write(json.dumps({"line": lines, "id": prompt_id, "error": per_prompt}).encode() + b"\n")
+                out.write({"line": lines, "id": prompt_id, "error": per_prompt})
             else:
                 if count % INDEX_STRIDE == 0:
                     index.append((count, line_offset))
