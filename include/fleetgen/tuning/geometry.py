@@ -34,6 +34,44 @@ _STATEFUL_HINTS = ("mamba", "ssm", "linear_attn", "linear_num", "hybrid_override
 _DEFAULT_VISION_TOWER = {arch: {"hidden_size": 1152} for arch in (
     "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")}
 _SUB_CONFIG_KEYS = ("thinker_config", "llm_config", "language_config", "text_config")
+# configs/model_config.py::multimodal_model_archs (0.5.23): ModelConfig.is_multimodal is true for these
+# (multimodal is enabled by default), and then the KV budget reserves the VLM cache and the automatic
+# mem_fraction_static takes the VLM factor.
+MULTIMODAL_ARCHITECTURES = frozenset("""
+    CLIPModel Cohere2VisionForConditionalGeneration Cosmos3EdgeForConditionalGeneration DeepseekVL2ForCausalLM
+    Ernie4_5_VLMoeForConditionalGeneration MiniMaxM3SparseForConditionalGeneration Gemma3ForConditionalGeneration
+    Gemma3nForConditionalGeneration Gemma4ForConditionalGeneration EmbeddingGemma2Model
+    Gemma4UnifiedForConditionalGeneration DiffusionGemmaForBlockDiffusion Glm4vForConditionalGeneration
+    Glm4vMoeForConditionalGeneration Glm5NextForConditionalGeneration GlmOcrForConditionalGeneration
+    GlmAsrForConditionalGeneration GlmImageForConditionalGeneration Grok1VForCausalLM Grok1AForCausalLM
+    LlavaLlamaForCausalLM Llama4ForConditionalGeneration LlavaMistralForCausalLM LlavaQwenForCausalLM
+    LlavaForConditionalGeneration LlavaVidForCausalLM Lfm2VlForConditionalGeneration
+    LightOnOCRForConditionalGeneration MiMoV2ForCausalLM MiMoV2ASRForCausalLM MiniCPMO MiniCPMV
+    Mistral3ForConditionalGeneration MultiModalityCausalLM MllamaForConditionalGeneration
+    MossVLForConditionalGeneration NemotronH_Nano_VL_V2 NemotronH_Nano_Omni_Reasoning_V3
+    NemotronH_Omni_Reasoning_V3 MuseGlimmerForConditionalGeneration MuseSparkForConditionalGeneration
+    PixtralForConditionalGeneration Qwen2AudioForConditionalGeneration Qwen2VLForConditionalGeneration
+    Qwen2_5_VLForConditionalGeneration Qwen3VLForConditionalGeneration Qwen3VLMoeForConditionalGeneration
+    Qwen3_5ForConditionalGeneration Qwen3_5MoeForConditionalGeneration Qwen4ExpForConditionalGeneration
+    InternS2PreviewForConditionalGeneration InternS2MobiusForConditionalGeneration
+    Qwen3ASRForConditionalGeneration Qwen3OmniMoeForConditionalGeneration KimiVLForConditionalGeneration
+    LocateAnythingForConditionalGeneration InternVLChatModel InternS1ForConditionalGeneration
+    InternS1ProForConditionalGeneration Phi4MMForCausalLM VoxtralForConditionalGeneration
+    WhisperForConditionalGeneration Step3VLForConditionalGeneration POINTSV15ChatModel DotsVLMForCausalLM
+    Dots3NoteForCausalLM DotsOCRForCausalLM Sarashina2VisionForCausalLM NVILAForConditionalGeneration
+    NVILALiteForConditionalGeneration DeepseekOCRForCausalLM UnlimitedOCRForCausalLM
+    JetVLMForConditionalGeneration PaddleOCRVLForConditionalGeneration MiDashengLMModel
+    StepVLForConditionalGeneration Step3p7ForConditionalGeneration KimiK25ForConditionalGeneration
+    BailingMMNativeForConditionalGeneration BailingMM2NativeForConditionalGeneration
+    BailingMoeV3VLForConditionalGeneration
+""".split())
+# configs/model_config.py::ModelConfig.__init__ turns multimodal off by default for these.
+MULTIMODAL_OFF_BY_DEFAULT = frozenset({"Gemma3ForConditionalGeneration", "Llama4ForConditionalGeneration",
+                                       "Step3VLForConditionalGeneration", "InklingForConditionalGeneration"})
+# server_args.py::ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES: --language-model-only is a fatal error
+# (arg_groups/model_hook.py::handle_language_model_only) for any other architecture.
+LANGUAGE_MODEL_ONLY_ARCHITECTURES = frozenset({"DeepseekV4ForCausalLM", "MuseGlimmerForConditionalGeneration",
+                                               "Cosmos3ForConditionalGeneration", "Cosmos3EdgeForConditionalGeneration"})
 
 
 @dataclass(frozen=True)
@@ -65,6 +103,7 @@ class ModelGeometry:
     nextn_predict_layers: int | None = None
     mtp_hidden_layers: int | None = None
     is_multimodal: bool = False
+    model_type: str = ""  # hf_config.model_type (the top-level config's)
     vision_layers: int | None = None
     vision_hidden_size: int | None = None
 
@@ -169,9 +208,9 @@ def _common_fields(text: dict, config: dict, architecture: str) -> dict:
     vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else None
     if vision is None and architecture in _DEFAULT_VISION_TOWER:
         vision = _DEFAULT_VISION_TOWER[architecture]
-    # ModelConfig.is_multimodal: a separate text sub-config (or a vision tower) makes SGLang treat
-    # the model as multimodal, which reserves the VLM cache out of the KV budget (2.1).
-    multimodal = text is not config or vision is not None
+    # ModelConfig.is_multimodal (configs/model_config.py): the architecture is in SGLang's multimodal
+    # list and not one it turns off by default; it reserves the VLM cache out of the KV budget (2.1).
+    multimodal = architecture in MULTIMODAL_ARCHITECTURES and architecture not in MULTIMODAL_OFF_BY_DEFAULT
     mtp = text.get("mtp_num_hidden_layers")
     nextn = text.get("num_nextn_predict_layers")
     return {
@@ -181,6 +220,7 @@ def _common_fields(text: dict, config: dict, architecture: str) -> dict:
         "nextn_predict_layers": int(nextn) if nextn is not None else None,
         "mtp_hidden_layers": int(mtp) if mtp is not None else None,
         "is_multimodal": multimodal,
+        "model_type": str(config.get("model_type") or text.get("model_type") or ""),
         "vision_layers": int(vision.get("num_hidden_layers", 24)) if vision else None,
         "vision_hidden_size": int(vision.get("hidden_size", 1024)) if vision else None,
         "config_ssm_dtype": text.get("mamba_ssm_dtype"),

@@ -50,6 +50,7 @@ _VALUE_FLAGS = {
     "--cuda-graph-max-bs-decode": "cuda_graph_max_bs_decode",
     "--mamba-full-memory-ratio": "mamba_full_memory_ratio",
     "--mm-feature-transport": "mm_feature_transport",
+    "--attention-backend": "attention_backend",
 }
 _SWITCH_FLAGS = {
     "--disable-overlap-schedule": "disable_overlap_schedule",
@@ -81,7 +82,8 @@ class LaunchOptions:
     disable_cuda_graph: bool = False
     language_model_only: bool = False
     mm_feature_transport: str | None = None
-    page_size: int = 1
+    page_size: int | None = None  # None: SGLang picks it with the attention backend (tuning/platform.py)
+    attention_backend: str | None = None
     context_length: int | None = None
     # Pinned by the user (else chosen by the tuner).
     mem_fraction_static: float | None = None
@@ -96,10 +98,9 @@ class LaunchOptions:
         def bad(message: str, hint: str | None = None) -> ConfigError:
             return ConfigError(f"SGLang launch options: {message}", hint=hint)
 
-        for name in ("tp_size", "page_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise bad(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+        if not isinstance(self.tp_size, int) or self.tp_size < 1:
+            raise bad(f"tp_size must be a positive integer, got {self.tp_size!r}")
+        for name in ("page_size", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
                      "context_length", "max_running_requests", "max_mamba_cache_size", "max_total_tokens",
                      "cuda_graph_max_bs_decode"):
             value = getattr(self, name)

@@ -15,12 +15,15 @@ server's /server_info must agree with the plan exactly; :func:`compare_expected`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from fleetgen.errors import FailureKind, PlanError
 from fleetgen.tuning.profile import GIB, MIB, LaunchOptions, MemoryProfile, ModelGeometry, profile_geometry
 from fleetgen.tuning.budget import budget_rows, compare_expected, render_budget_table
+from fleetgen.tuning.platform import (attention_choice, gpu_generation, is_large_hopper_qwen3_vl,
+                                      qwen3_vl_hopper_reserve_mib)
 from fleetgen.tuning.plan import ServerPlan, TunerBounds, Workload, format_flag_value
 from fleetgen.tuning.sizing import (SPEC_DEFAULT_MAX_RUNNING_REQUESTS, PoolSizing, ReserveEstimate,
                                     auto_mem_fraction_static, gpu_table, sglang_reserve_mb, size_pools)
@@ -50,6 +53,7 @@ class _Candidate:
     sizing: PoolSizing
     max_running_requests_flag: int | None
     max_mamba_cache_size_flag: int | None
+    profile: MemoryProfile | None = None  # when the plan's flags change the profile (Qwen3-VL on Hopper)
 
 
 def plan_server(*, host: str, gpu_ids: list[int], port: int, gpus: list[dict], profile: MemoryProfile,
@@ -144,13 +148,26 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
     flags: dict = {}
     notes: list[str] = list(base_profile.notes)
     options, flags = _apply_opt_ins(base_profile, options, bounds, flags, notes)
-    profile = profile_geometry(ModelGeometry.from_dict(base_profile.geometry),
-                               base_profile.weights_bytes_total - base_profile.draft_weights_bytes, options,
-                               draft_layers=base_profile.draft_model_layers,
-                               draft_weights_bytes=base_profile.draft_weights_bytes)
+    geometry = ModelGeometry.from_dict(base_profile.geometry)
+
+    def reprofile(opts: LaunchOptions) -> MemoryProfile:
+        return profile_geometry(geometry, base_profile.weights_bytes_total - base_profile.draft_weights_bytes, opts,
+                                draft_layers=base_profile.draft_model_layers,
+                                draft_weights_bytes=base_profile.draft_weights_bytes)
+
+    profile = reprofile(options)
     if profile.is_hybrid and not options.disable_radix_cache and options.mamba_radix_cache_strategy == "auto" \
             and bounds.mode == "tuned":
         flags["--mamba-radix-cache-strategy"] = profile.radix_strategy
+        options = options.replace(mamba_radix_cache_strategy=profile.radix_strategy)
+    generation = gpu_generation(str(gpus[0].get("name", "")))
+    options, flags = _resolve_attention(geometry, profile, options, flags, generation, notes, host, server)
+    profile = reprofile(options)
+    hopper_vl = is_large_hopper_qwen3_vl(geometry, generation, min(int(g["total_mib"]) for g in gpus))
+    if hopper_vl:
+        profile = _with_mm_reserve(profile, options.max_running_requests)
+        notes.append("Qwen3-VL on a large Hopper GPU: SGLang reserves the CUDA-IPC image feature pool "
+                     "(1 GiB, 3 GiB at >= 400 running requests) instead of the VLM embedding cache")
     context = _context_length(profile, options, workload, bounds, host, server)
     if options.context_length is None and (bounds.mode == "tuned" or bounds.context_length is not None):
         flags["--context-length"] = context
@@ -168,7 +185,8 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
                                 host, server)
     else:
         best = _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib, table_chunk,
-                       table_bs, context, host, server)
+                       table_bs, context, host, server, hopper_vl)
+        profile = best.profile or profile
         flags.update(_tuned_flags(profile, options, best))
         if bounds.kv_tokens_mean is None and \
                 best.sizing.max_total_num_tokens < best.sizing.effective_max_running_requests * context:
@@ -191,6 +209,45 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
     inputs = {**inputs, "resolved_profile": profile.to_dict()}
     return ServerPlan(host=host, gpu_ids=list(gpu_ids), port=port, flags=flags, expected=expected,
                       budget=budget, attempt=attempt, mode=bounds.mode, notes=notes, inputs=inputs)
+
+
+def _resolve_attention(geometry: ModelGeometry, profile: MemoryProfile, options: LaunchOptions, flags: dict,
+                       generation: str | None, notes: list[str], host: str, server: str):
+    """The attention backend and KV page size SGLang will pick (tuning/platform.py); under the no_buffer
+    radix strategy, the flags SGLang then requires (arg_groups/mamba_hook.py::validate_mamba_no_buffer:
+    overlap scheduling off, page size 1, a backend other than trtllm_mha), or the reason it cannot."""
+    if profile.is_hybrid and profile.radix_strategy == "no_buffer":
+        if not options.disable_overlap_schedule:
+            flags["--disable-overlap-schedule"] = True
+            options = options.replace(disable_overlap_schedule=True)
+        choice = attention_choice(geometry, options, generation)
+        if choice.backend == "trtllm_mha" or choice.page_size != 1:
+            if options.attention_backend == "trtllm_mha" or (options.page_size or 1) != 1:
+                raise PlanError(f"the no_buffer Mamba radix strategy needs page size 1 and an attention backend other "
+                                f"than trtllm_mha, but the extra args pin --attention-backend "
+                                f"{options.attention_backend} / --page-size {options.page_size} (SGLang refuses "
+                                "to start)", host=host, server=server,
+                                hint="drop --attention-backend/--page-size from the extra args, or turn the "
+                                     "no_buffer_radix bound off")
+            flags.update({"--attention-backend": "triton", "--page-size": 1})
+            options = options.replace(attention_backend="triton", page_size=1)
+            notes.append("no_buffer radix strategy: --attention-backend triton --page-size 1 instead of "
+                         f"SGLang's {choice.backend} with page size {choice.page_size} on this GPU")
+    choice = attention_choice(geometry, options, generation)
+    if generation is None:
+        notes.append("unknown GPU generation: assuming SGLang's non-Hopper, non-Blackwell attention backend")
+    return options.replace(page_size=choice.page_size), flags
+
+
+def _prefill_graph_disabled(profile: MemoryProfile, options: LaunchOptions) -> bool:
+    """SGLang turns the breakable prefill CUDA graph off for multimodal models: its allow-list only
+    applies under --enable-multimodal, which the tuner does not pass (configs/model_config.py::
+    _derive_multimodal_cuda_graph_support, arg_groups/cuda_graph_hook.py)."""
+    return bool(profile.geometry.get("is_multimodal")) and not options.language_model_only
+
+
+def _with_mm_reserve(profile: MemoryProfile, max_running_requests: int | None) -> MemoryProfile:
+    return dataclasses.replace(profile, multimodal_reserve_bytes=qwen3_vl_hopper_reserve_mib(max_running_requests) * MIB)
 
 
 def _apply_opt_ins(profile: MemoryProfile, options: LaunchOptions, bounds: TunerBounds, flags: dict,
@@ -248,7 +305,8 @@ def _sglang_defaults(profile, options, pre_free, gpu_total_mib, table_chunk, tab
         decode_bs = min(decode_bs, options.max_running_requests)
     reserve = sglang_reserve_mb(gpu_mem_mib=gpu_total_mib, chunked_prefill_size=chunk, decode_max_bs=decode_bs,
                                 tp_size=options.tp_size, uses_mla=profile.uses_mla,
-                                graphs_enabled=not options.disable_cuda_graph)
+                                graphs_enabled=not options.disable_cuda_graph,
+                                prefill_graph=not _prefill_graph_disabled(profile, options))
     vision = None
     geometry = profile.geometry
     if profile.multimodal_reserve_bytes and geometry.get("vision_layers") is not None:
@@ -272,7 +330,7 @@ def _size(profile, options, pre_free, mfs, mrr, mamba_cache_size, context) -> Po
 
 
 def _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib, table_chunk, table_bs,
-            context, host, server) -> _Candidate:
+            context, host, server, hopper_vl: bool = False) -> _Candidate:
     """Binary search for the most requests that fit (every constraint only tightens as requests grow)."""
     # Chunked prefill sized to the workload's longest prompt, at least 2048 (the activation floor).
     chunk = options.chunked_prefill_size or min(table_chunk, max(2048, math.ceil(workload.prompt_tokens_max
@@ -284,21 +342,23 @@ def _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib,
         caps.append(options.max_mamba_cache_size // ratio)
     controllable = options.max_running_requests is None or (profile.is_hybrid
                                                             and options.max_mamba_cache_size is None)
-    page = options.page_size
+    page = options.page_size or 1
     needed_tokens_per_request = math.ceil(context / page) * page
 
     def evaluate(requests: int) -> _Candidate | None:
         decode_bs = options.cuda_graph_max_bs_decode or min(table_bs, requests)
         reserve = sglang_reserve_mb(gpu_mem_mib=gpu_total_mib, chunked_prefill_size=chunk,
                                     decode_max_bs=decode_bs, tp_size=options.tp_size, uses_mla=profile.uses_mla,
-                                    graphs_enabled=not options.disable_cuda_graph)
+                                    graphs_enabled=not options.disable_cuda_graph,
+                                    prefill_graph=not _prefill_graph_disabled(profile, options))
         mrr_flag = options.max_running_requests or requests
         mamba_flag = options.max_mamba_cache_size
         if profile.is_hybrid and mamba_flag is None:
             mamba_flag = ratio * requests
         held_free = reserve.total_bytes + margin
+        sized = _with_mm_reserve(profile, mrr_flag) if hopper_vl else profile
         for mfs in _mem_fraction_candidates(options, pre_free, held_free):
-            sizing = _size(profile, options, pre_free, mfs, mrr_flag, mamba_flag, context)
+            sizing = _size(sized, options, pre_free, mfs, mrr_flag, mamba_flag, context)
             if not sizing.ok:
                 return None
             outside = profile.draft_kv_bytes_per_token_outside * sizing.max_total_num_tokens
@@ -310,7 +370,8 @@ def _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib,
                 return None
             return _Candidate(sizing.effective_max_running_requests, mfs, chunk, decode_bs, reserve, sizing,
                               None if options.max_running_requests else mrr_flag,
-                              None if options.max_mamba_cache_size else (mamba_flag if profile.is_hybrid else None))
+                              None if options.max_mamba_cache_size else (mamba_flag if profile.is_hybrid else None),
+                              sized)
         return None
 
     if not controllable:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from fleetgen.errors import ModelConfigError
-from fleetgen.tuning.geometry import DTYPE_BYTES, ModelGeometry, model_geometry
+from fleetgen.tuning.geometry import DTYPE_BYTES, LANGUAGE_MODEL_ONLY_ARCHITECTURES, ModelGeometry, model_geometry
 from fleetgen.tuning.options import LaunchOptions
 
 __all__ = ["LaunchOptions", "MemoryProfile", "ModelGeometry", "profile_model", "profile_geometry",
@@ -132,6 +132,11 @@ def profile_geometry(geometry: ModelGeometry, weights_bytes: int, options: Launc
         raise ModelConfigError(f"weights bytes must be positive, got {weights_bytes}", path=config_path)
     tp = options.tp_size
     notes: list[str] = []
+    if options.language_model_only and geometry.architecture not in LANGUAGE_MODEL_ONLY_ARCHITECTURES:
+        # arg_groups/model_hook.py::handle_language_model_only raises before anything loads.
+        raise ModelConfigError(f"{geometry.architecture}: SGLang 0.5.23 refuses --language-model-only for this "
+                               f"architecture (supported: {', '.join(sorted(LANGUAGE_MODEL_ONLY_ARCHITECTURES))})",
+                               path=config_path, hint="drop --language-model-only from the extra SGLang args")
     kv_bytes = _kv_dtype_bytes(geometry, options, config_path)
     # Per-layer KV cell (2.2): MHA/GQA max(1, kv_heads // tp) * (head_dim + v_head_dim) * bytes;
     # MLA (kv_lora_rank + qk_rope_head_dim) * bytes, replicated on every TP rank.
@@ -272,7 +277,7 @@ def _state_slots_per_request(geometry: ModelGeometry, options: LaunchOptions) ->
         return 1, None, overlap
     strategy = options.mamba_radix_cache_strategy
     if strategy == "auto":
-        if overlap or options.page_size > 1:
+        if overlap or (options.page_size or 1) > 1:
             strategy = "extra_buffer"
         else:
             strategy, overlap = "no_buffer", False

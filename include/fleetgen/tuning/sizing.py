@@ -73,17 +73,19 @@ class ReserveEstimate:
 
 def sglang_reserve_mb(*, gpu_mem_mib: int | None, chunked_prefill_size: int, decode_max_bs: int,
                       tp_size: int, uses_mla: bool, graphs_enabled: bool,
-                      max_prefill_tokens: int = MAX_PREFILL_TOKENS_DEFAULT) -> ReserveEstimate:
+                      max_prefill_tokens: int = MAX_PREFILL_TOKENS_DEFAULT,
+                      prefill_graph: bool = True) -> ReserveEstimate:
     """The 1.1 reserve: ``512 + 1.5 * activation_tokens + tp*pp/8*1024 + graph``, floored at 10240 MB
     on GPUs larger than 60 GiB. Prefill graphs capture up to chunked_prefill_size tokens (MLA: a flat
-    1536 MB, its max_bs capped at 8192)."""
+    1536 MB, its max_bs capped at 8192). ``prefill_graph`` False: SGLang turned the prefill graph off
+    (multimodal models, ``cuda_graph_hook.disable_breakable_cudagraph_if_incompatible``)."""
     if chunked_prefill_size > 0:
         activation_tokens = max(chunked_prefill_size, 2048)
     else:
         activation_tokens = max(max_prefill_tokens, 2048)
     decode_mb = 2.0 * decode_max_bs if graphs_enabled else 0.0
     sizes = 0
-    if not graphs_enabled:
+    if not graphs_enabled or not prefill_graph:
         prefill_mb = 0.0
     elif uses_mla:
         prefill_mb = 1536.0

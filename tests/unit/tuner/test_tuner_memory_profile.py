@@ -42,8 +42,22 @@ def test_num_nextn_predict_layers_folds_the_draft_layer_into_the_cell(seed_confi
 
 def test_seed_is_multimodal_and_reserves_the_vlm_cache(seed_profile, seed_config, seed_options):
     assert seed_profile.multimodal_reserve_bytes == 100 * MIB
-    text_only = profile_model(seed_config, 54_000_000_000, seed_options.replace(language_model_only=True))
-    assert text_only.multimodal_reserve_bytes == 0
+    # SGLang 0.5.23 refuses --language-model-only on Qwen3.5/3.6 (arg_groups/model_hook.py): the tuner says so
+    # before anything is launched instead of planning a server that dies at start-up.
+    with pytest.raises(ModelConfigError, match="refuses --language-model-only"):
+        profile_model(seed_config, 54_000_000_000, seed_options.replace(language_model_only=True))
+
+
+def test_multimodal_follows_sglangs_architecture_list():
+    """configs/model_config.py: a text_config alone does not make a model multimodal; the architecture does."""
+    text_with_sub_config = {"architectures": ["Qwen3ForCausalLM"], "text_config": {
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+        "torch_dtype": "bfloat16"}}
+    assert not profile_model(text_with_sub_config, 10**9, LaunchOptions()).multimodal_reserve_bytes
+    off_by_default = dict(text_with_sub_config, architectures=["Gemma3ForConditionalGeneration"])
+    assert not profile_model(off_by_default, 10**9, LaunchOptions()).multimodal_reserve_bytes
+    vlm = dict(text_with_sub_config, architectures=["Qwen3VLForConditionalGeneration"])
+    assert profile_model(vlm, 10**9, LaunchOptions()).multimodal_reserve_bytes == 100 * MIB
 
 
 @pytest.mark.parametrize("tp, conv_per_layer, ssm_per_layer, p_fp32, p_bf16, kv", [

@@ -30,7 +30,17 @@ def _resize_from_args(profile, plan, options, pre_free):
     return size_pools(profile, pre_load_free_bytes=pre_free, mem_fraction_static=merged.mem_fraction_static,
                       max_running_requests=merged.max_running_requests,
                       max_mamba_cache_size=merged.max_mamba_cache_size,
-                      context_length=merged.context_length or 8192)
+                      context_length=merged.context_length or 8192, page_size=merged.page_size or 1)
+
+
+def test_seed_kv_pool_is_a_multiple_of_blackwells_page(cases, seed_profile, seed_options):
+    """Qwen3.5/3.6 with speculative decoding on B200: SGLang picks trtllm_mha with page size 64
+    (arg_groups/model_overrides/qwen3_5.py), so its KV pool is floored to a multiple of 64 tokens."""
+    plan = _plan(cases, seed_profile, seed_options)
+    assert plan.expected["max_total_num_tokens"] % 64 == 0
+    pre = (cases.B200_TOTAL_MIB - CUDA_CONTEXT_MIB) * MIB
+    unpaged = _resize_from_args(seed_profile, plan, seed_options, pre)
+    assert unpaged.max_total_num_tokens > plan.expected["max_total_num_tokens"]  # page 1 would expect more
 
 
 def test_seed_acceptance_on_seven_b200(cases, seed_profile, seed_options):
@@ -70,7 +80,7 @@ def test_seed_plan_stays_within_the_free_memory(cases, seed_profile, seed_option
 def test_seed_flags_reproduce_the_expected_values_through_the_command_line(cases, seed_profile, seed_options):
     plan = _plan(cases, seed_profile, seed_options)
     pre = (cases.B200_TOTAL_MIB - CUDA_CONTEXT_MIB) * MIB
-    sizing = _resize_from_args(seed_profile, plan, seed_options, pre)
+    sizing = _resize_from_args(seed_profile, plan, seed_options.replace(page_size=64), pre)
     assert sizing.ok
     assert {"max_running_requests": sizing.effective_max_running_requests,
             "max_mamba_cache_size": sizing.max_mamba_cache_size,

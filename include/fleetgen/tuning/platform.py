@@ -1,0 +1,98 @@
+"""What SGLang 0.5.23 decides from the GPU generation: the attention backend and its KV page size, and
+the multimodal reservation of Qwen3-VL on large Hopper GPUs.
+
+SGLang reads the compute capability; the tuner has nvidia-smi's GPU name, which names the generation.
+The rules follow SGLang's own code:
+
+- ``arg_groups/model_override_base.py::get_default_attn_backend``: MHA models get ``fa3`` on Hopper and
+  ``trtllm_mha`` on SM100 (B200/B300/GB200) unless EAGLE top-k > 1; MLA models ``fa3`` on Hopper,
+  ``flashinfer`` on SM100; ``flashinfer`` elsewhere.
+- model overrides (``arg_groups/model_overrides/``): Qwen3.5/3.6 and Qwen3-Next on SM100 use
+  ``trtllm_mha`` only when the radix cache keeps extra buffers, is off, or speculative decoding is on,
+  else ``triton`` (``qwen3_5.py``); Falcon-H1 uses ``triton`` on SM100 (``falcon_h1.py``).
+- ``arg_groups/overrides.py::_mla_backend_page_constraints``: ``trtllm_mha`` needs a page of 16-128
+  tokens and takes 64 when none is given; every other backend here keeps page size 1.
+- ``arg_groups/model_overrides/qwen3_vl.py``: Qwen3-VL on Hopper with >= 60 GiB turns the VLM embedding
+  cache off and moves image features over CUDA IPC, whose GPU pool (``SGLANG_MM_FEATURE_CACHE_MB``) is
+  1 GiB, 3 GiB at ``--max-running-requests`` >= 400.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetgen.tuning.geometry import ModelGeometry
+from fleetgen.tuning.options import LaunchOptions
+
+# nvidia-smi name fragment -> SGLang's platform generation, most specific first.
+_GENERATIONS = (("GB200", "sm100"), ("B300", "sm100"), ("B200", "sm100"), ("H200", "sm90"), ("H100", "sm90"),
+                ("H800", "sm90"), ("H20", "sm90"), ("GH200", "sm90"), ("L40S", "sm89"), ("L40", "sm89"),
+                ("L4", "sm89"), ("A100", "sm80"), ("A800", "sm80"), ("A10", "sm86"), ("A40", "sm86"))
+TRTLLM_MHA_DEFAULT_PAGE = 64
+QWEN35_ARCHITECTURES = {"Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+                        "InternS2PreviewForConditionalGeneration", "InternS2MobiusForConditionalGeneration",
+                        "Qwen3_5ForConditionalGeneration"}
+TRITON_ON_SM100_ARCHITECTURES = {"FalconH1ForCausalLM", "JetNemotronForCausalLM", "JetVLMForConditionalGeneration"}
+QWEN3_VL_HOPPER_TYPES = {"qwen3_vl", "qwen3_vl_moe"}
+MM_FEATURE_CACHE_MIB = 1024
+MM_FEATURE_CACHE_HIGH_CONCURRENCY_MIB = 3 * 1024
+MM_FEATURE_CACHE_HIGH_CONCURRENCY_REQUESTS = 400
+
+
+def gpu_generation(gpu_name: str) -> str | None:
+    """``sm100`` / ``sm90`` / ``sm89`` / ``sm86`` / ``sm80`` from nvidia-smi's name, None if unknown."""
+    upper = str(gpu_name).upper()
+    for fragment, generation in _GENERATIONS:
+        if fragment in upper:
+            return generation
+    return None
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    backend: str
+    page_size: int
+
+
+def attention_choice(geometry: ModelGeometry, options: LaunchOptions, generation: str | None) -> AttentionChoice:
+    """The backend and page size SGLang resolves for ``options`` (the flags it will be given)."""
+    backend = options.attention_backend or _default_backend(geometry, options, generation)
+    if options.page_size is not None:
+        page = options.page_size
+        if backend == "trtllm_mha" and page not in (16, 32, 64, 128):
+            page = TRTLLM_MHA_DEFAULT_PAGE
+        return AttentionChoice(backend, page)
+    return AttentionChoice(backend, TRTLLM_MHA_DEFAULT_PAGE if backend == "trtllm_mha" else 1)
+
+
+def _default_backend(geometry: ModelGeometry, options: LaunchOptions, generation: str | None) -> str:
+    spec = options.resolved_spec(geometry.architecture)
+    topk_one = spec is None or spec[1] == 1
+    if geometry.layout == "mla":
+        return {"sm90": "fa3", "sm100": "flashinfer"}.get(generation or "", "triton")
+    if generation == "sm90" and topk_one:
+        return "fa3"
+    if generation != "sm100":
+        return "flashinfer"
+    if geometry.architecture in TRITON_ON_SM100_ARCHITECTURES:
+        return "triton"
+    if not topk_one:
+        return "triton" if geometry.architecture in QWEN35_ARCHITECTURES else "flashinfer"
+    if geometry.architecture in QWEN35_ARCHITECTURES:
+        extra_buffer = options.mamba_radix_cache_strategy in ("extra_buffer", "extra_buffer_lazy")
+        if not (not extra_buffer and not options.disable_radix_cache and spec is None):
+            return "trtllm_mha"
+        return "triton"
+    return "trtllm_mha"
+
+
+def is_large_hopper_qwen3_vl(geometry: ModelGeometry, generation: str | None, gpu_total_mib: int) -> bool:
+    return (generation == "sm90" and gpu_total_mib >= 60 * 1024 and geometry.is_multimodal
+            and geometry.model_type in QWEN3_VL_HOPPER_TYPES)
+
+
+def qwen3_vl_hopper_reserve_mib(max_running_requests: int | None) -> int:
+    """The CUDA-IPC feature pool SGLang reserves out of the KV budget for Qwen3-VL on large Hopper."""
+    if max_running_requests is not None and max_running_requests >= MM_FEATURE_CACHE_HIGH_CONCURRENCY_REQUESTS:
+        return MM_FEATURE_CACHE_HIGH_CONCURRENCY_MIB
+    return MM_FEATURE_CACHE_MIB
