@@ -64,11 +64,11 @@ class StartupSizing:
 
 def size_startup(args: argparse.Namespace, model: ModelShape, weights_bytes: int, *, gpus: list[GpuMemory],
                  node_gpu_totals_mib: list[int], settings: SimSettings, draft_model: ModelShape | None = None,
-                 draft_weights_bytes: int = 0) -> StartupSizing:
+                 draft_weights_bytes: int = 0, gpu_name: str | None = None) -> StartupSizing:
     """Start-up of ``args`` on ``gpus`` (the server's GPUs, rank order). Raises ``LaunchError`` with
     SGLang's message where the server would die. ``node_gpu_totals_mib``: every GPU on the node (the
     automatic heuristics read the smallest)."""
-    launch = resolve_launch(args, model, node_gpu_totals_mib, draft_model)
+    launch = resolve_launch(args, model, node_gpu_totals_mib, draft_model, gpu_name=gpu_name)
     if len(gpus) != launch.gpus_needed:
         raise ValueError(f"the launch needs {launch.gpus_needed} GPU(s), {len(gpus)} given")
     overhead = (settings.cuda_context_mib + (settings.nccl_mib if launch.tp > 1 else 0)) * MIB
@@ -125,4 +125,5 @@ def dry_run(node: SimNode, argv: list[str], gpu_indices: list[int]) -> StartupSi
     rows = {row["index"]: row for row in node.gpu_memory()}
     gpus = [GpuMemory(i, rows[i]["total_mib"], rows[i]["free_mib"]) for i in gpu_indices]
     return size_startup(args, model, weights, gpus=gpus, node_gpu_totals_mib=[g.total_mib for g in node.gpus],
-                        settings=node.sim, draft_model=draft_model, draft_weights_bytes=draft_weights or 0)
+                        settings=node.sim, draft_model=draft_model, draft_weights_bytes=draft_weights or 0,
+                        gpu_name=node.gpu(gpu_indices[0]).name)

@@ -14,46 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetgen.errors import ModelConfigError
+# configs/model_config.py::multimodal_model_archs and the archs ModelConfig turns off by default: one table,
+# SGLang's, for the product and the simulator alike.
+from fleetgen.tuning.geometry import MULTIMODAL_ARCHITECTURES, MULTIMODAL_OFF_BY_DEFAULT
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1,
                "float8_e4m3fn": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 # get_context_length (docs/sglang-memory-model.md §1.6): first key found, times the rope factor
 CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
                 "max_position_embeddings")
-# configs/model_config.py::multimodal_model_archs (0.5.23): ModelConfig.is_multimodal is true for these
-# (multimodal is enabled by default), and then the KV budget reserves the VLM cache and the automatic
-# mem_fraction_static takes the VLM factor.
-MULTIMODAL_ARCHITECTURES = frozenset("""
-    CLIPModel Cohere2VisionForConditionalGeneration Cosmos3EdgeForConditionalGeneration DeepseekVL2ForCausalLM
-    Ernie4_5_VLMoeForConditionalGeneration MiniMaxM3SparseForConditionalGeneration Gemma3ForConditionalGeneration
-    Gemma3nForConditionalGeneration Gemma4ForConditionalGeneration EmbeddingGemma2Model
-    Gemma4UnifiedForConditionalGeneration DiffusionGemmaForBlockDiffusion Glm4vForConditionalGeneration
-    Glm4vMoeForConditionalGeneration Glm5NextForConditionalGeneration GlmOcrForConditionalGeneration
-    GlmAsrForConditionalGeneration GlmImageForConditionalGeneration Grok1VForCausalLM Grok1AForCausalLM
-    LlavaLlamaForCausalLM Llama4ForConditionalGeneration LlavaMistralForCausalLM LlavaQwenForCausalLM
-    LlavaForConditionalGeneration LlavaVidForCausalLM Lfm2VlForConditionalGeneration
-    LightOnOCRForConditionalGeneration MiMoV2ForCausalLM MiMoV2ASRForCausalLM MiniCPMO MiniCPMV
-    Mistral3ForConditionalGeneration MultiModalityCausalLM MllamaForConditionalGeneration
-    MossVLForConditionalGeneration NemotronH_Nano_VL_V2 NemotronH_Nano_Omni_Reasoning_V3
-    NemotronH_Omni_Reasoning_V3 MuseGlimmerForConditionalGeneration MuseSparkForConditionalGeneration
-    PixtralForConditionalGeneration Qwen2AudioForConditionalGeneration Qwen2VLForConditionalGeneration
-    Qwen2_5_VLForConditionalGeneration Qwen3VLForConditionalGeneration Qwen3VLMoeForConditionalGeneration
-    Qwen3_5ForConditionalGeneration Qwen3_5MoeForConditionalGeneration Qwen4ExpForConditionalGeneration
-    InternS2PreviewForConditionalGeneration InternS2MobiusForConditionalGeneration
-    Qwen3ASRForConditionalGeneration Qwen3OmniMoeForConditionalGeneration KimiVLForConditionalGeneration
-    LocateAnythingForConditionalGeneration InternVLChatModel InternS1ForConditionalGeneration
-    InternS1ProForConditionalGeneration Phi4MMForCausalLM VoxtralForConditionalGeneration
-    WhisperForConditionalGeneration Step3VLForConditionalGeneration POINTSV15ChatModel DotsVLMForCausalLM
-    Dots3NoteForCausalLM DotsOCRForCausalLM Sarashina2VisionForCausalLM NVILAForConditionalGeneration
-    NVILALiteForConditionalGeneration DeepseekOCRForCausalLM UnlimitedOCRForCausalLM
-    JetVLMForConditionalGeneration PaddleOCRVLForConditionalGeneration MiDashengLMModel
-    StepVLForConditionalGeneration Step3p7ForConditionalGeneration KimiK25ForConditionalGeneration
-    BailingMMNativeForConditionalGeneration BailingMM2NativeForConditionalGeneration
-    BailingMoeV3VLForConditionalGeneration
-""".split())
-# configs/model_config.py::ModelConfig.__init__ turns multimodal off by default for these.
-MULTIMODAL_OFF_BY_DEFAULT = frozenset({"Gemma3ForConditionalGeneration", "Llama4ForConditionalGeneration",
-                                       "Step3VLForConditionalGeneration", "InklingForConditionalGeneration"})
 # Vision hidden size of the tower a config class builds when config.json has no vision_config.
 DEFAULT_VISION_HIDDEN = {"Qwen3_5ForConditionalGeneration": 1152, "Qwen3_5MoeForConditionalGeneration": 1152}
 
@@ -116,6 +85,7 @@ class ModelShape:
     # (layers, hidden size) of the vision tower the VLM mem-fraction factor reads, None without one.
     is_multimodal: bool = False
     vision_tower: tuple[int, int] | None = None
+    mamba_layers: int | None = None  # Mamba2 hybrids: layers holding state (None: every non-attention layer)
 
     def __post_init__(self) -> None:
         if min(self.hidden_size, self.num_layers, self.num_heads, self.vocab_size) <= 0:
@@ -133,7 +103,9 @@ class ModelShape:
 
     @property
     def linear_layers(self) -> int:
-        return self.num_layers - self.full_attention_layers if self.linear else 0
+        if self.linear is None:
+            return 0
+        return self.mamba_layers if self.mamba_layers is not None else self.num_layers - self.full_attention_layers
 
     def kv_bytes_per_token(self, attn_tp: int, kv_dtype_bytes: int) -> int:
         """Full-attention KV cell of the target model (docs/sglang-memory-model.md §2.2), before any draft fold."""
@@ -217,6 +189,27 @@ def _context_length(text: dict) -> int:
     return 2048
 
 
+def _mamba2_state(text: dict, layers: int) -> tuple[LinearAttention, int, int] | None:
+    """Mamba2 hybrids as SGLang's configs describe them to ``Mamba2StateShape.create``: Nemotron-H (a layer
+    pattern, ``M`` Mamba2 and ``*`` attention) and Falcon-H1 (attention and Mamba2 in every layer).
+    Returns (state shape, attention layers, Mamba layers), None for other models."""
+    ssm_dtype = str(text.get("mamba_ssm_dtype") or "float32")
+    pattern = text.get("hybrid_override_pattern")
+    if pattern:
+        shape = LinearAttention(int(text["n_groups"]), int(text["mamba_num_heads"]), int(text["ssm_state_size"]),
+                                int(text["mamba_head_dim"]), int(text.get("conv_kernel", 4)), ssm_dtype)
+        return shape, pattern.count("*"), pattern.count("M")
+    if text.get("model_type") == "falcon_h1" or text.get("mamba_d_ssm") is not None:
+        heads = int(text["mamba_n_heads"])
+        inner = int(text.get("mamba_d_ssm") or int(text.get("mamba_expand", 2)) * int(text["hidden_size"]))
+        head_dim = text.get("mamba_d_head")
+        head_dim = inner // heads if head_dim in (None, "auto") else int(head_dim)
+        shape = LinearAttention(int(text["mamba_n_groups"]), heads, int(text["mamba_d_state"]), head_dim,
+                                int(text.get("mamba_d_conv", 4)), ssm_dtype)
+        return shape, layers, layers
+    return None
+
+
 def from_config(config: dict, *, path: str | None = None) -> ModelShape:
     text = config.get("text_config") or config
     try:
@@ -254,6 +247,11 @@ def from_config(config: dict, *, path: str | None = None) -> ModelShape:
                                  int(text.get("linear_conv_kernel_dim", 4)),
                                  str(text.get("mamba_ssm_dtype") or "float32"))
 
+    mamba_layers = None
+    mamba2 = _mamba2_state(text, layers)
+    if mamba2 is not None:
+        linear, full_layers, mamba_layers = mamba2
+
     experts = int(_first(text, "num_experts", "n_routed_experts", default=0) or 0)
     if experts:
         first_dense = int(text.get("first_k_dense_replace", 0))
@@ -270,7 +268,8 @@ def from_config(config: dict, *, path: str | None = None) -> ModelShape:
     try:
         return ModelShape(
             architecture=architecture,
-            model_type=str(text.get("model_type") or config.get("model_type") or "unknown"),
+            # /model_info reports hf_config.model_type: the top-level config's (qwen3_5, not qwen3_5_text)
+            model_type=str(config.get("model_type") or text.get("model_type") or "unknown"),
             dtype_bytes=DTYPE_BYTES.get(dtype, 2), hidden_size=hidden, num_layers=layers,
             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head,
             vocab_size=vocab, derived_context_length=_context_length(text),
@@ -287,7 +286,7 @@ def from_config(config: dict, *, path: str | None = None) -> ModelShape:
             eos_token_id=eos[0] if isinstance(eos, list) and eos else (eos if isinstance(eos, int) else None),
             nextn_predict_layers=int(nextn) if nextn is not None else None,
             is_multimodal=architecture in MULTIMODAL_ARCHITECTURES - MULTIMODAL_OFF_BY_DEFAULT,
-            vision_tower=_vision_tower(config, architecture),
+            vision_tower=_vision_tower(config, architecture), mamba_layers=mamba_layers,
         )
     except ValueError as exc:
         raise ModelConfigError(str(exc), path=path) from exc

@@ -35,6 +35,22 @@ MTP_DRAFT_REWRITE_ARCHITECTURES = {
 # with a GPU feature transport, SGLANG_MM_FEATURE_CACHE_MB (1024) (environ.py defaults).
 VLM_CACHE_MB_DEFAULT = 100
 MM_FEATURE_CACHE_MB_DEFAULT = 1024
+# Model overrides on SM100 (arg_groups/model_overrides/): Qwen3.5/3.6 and Qwen3-Next take trtllm_mha only
+# with extra-buffer radix caching, the radix cache off or speculative decoding; Falcon-H1 always triton.
+QWEN35_HYBRID_ARCHITECTURES = {"Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+                               "Qwen3_5ForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
+                               "InternS2MobiusForConditionalGeneration"}
+SM100_TRITON_ARCHITECTURES = {"FalconH1ForCausalLM", "JetNemotronForCausalLM", "JetVLMForConditionalGeneration"}
+# configs/model_config.py::multimodal_breakable_cuda_graph_supported_model_archs (the ones modelled here)
+BREAKABLE_PREFILL_MULTIMODAL = {"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                                "Qwen4ExpForConditionalGeneration", "KimiK25ForConditionalGeneration",
+                                "Cohere2VisionForConditionalGeneration", "Glm5NextForConditionalGeneration",
+                                "InternS2MobiusForConditionalGeneration", "PaddleOCRVLForConditionalGeneration",
+                                "MuseGlimmerForConditionalGeneration", "MuseSparkForConditionalGeneration",
+                                "KimiK3ForConditionalGeneration", "MiniMaxM3SparseForConditionalGeneration"}
+# server_args.py::ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES
+LANGUAGE_MODEL_ONLY_ARCHITECTURES = ("DeepseekV4ForCausalLM", "MuseGlimmerForConditionalGeneration",
+                                     "Cosmos3ForConditionalGeneration", "Cosmos3EdgeForConditionalGeneration")
 SPEC_RESET_MESSAGE = ("Max running requests is reset to 48 for speculative decoding. You can override "
                       "this by explicitly setting --max-running-requests.")
 DRAFT_ADJUST_MESSAGE = ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
@@ -90,6 +106,7 @@ class Launch:
     ssm_dtype_bytes: int
     ssm_dtype_name: str
     messages: tuple[str, ...]          # log lines start-up hooks emit
+    attention_backend: str = ""        # resolved --attention-backend ("": GPU generation unknown)
 
     def __post_init__(self) -> None:
         if min(self.draft_layers, self.draft_kv_layers) < 0 or self.mm_reservation_mb < 0:
@@ -178,15 +195,33 @@ def _env_int(name: str, default: int) -> int:
                           kind="env", in_scheduler=False) from None
 
 
-def multimodal_reservation_mb(args: argparse.Namespace, model: ModelShape) -> float:
+def _large_hopper_qwen3_vl(model: ModelShape, sm: int | None, gpu_mem: float | None) -> bool:
+    """``model_overrides/qwen3_vl.py::large_hopper_qwen3_vl_model_type``."""
+    return sm == 90 and gpu_mem is not None and gpu_mem >= 60 * GIB_MIB and model.is_multimodal \
+        and model.model_type in ("qwen3_vl", "qwen3_vl_moe")
+
+
+def multimodal_reservation_mb(args: argparse.Namespace, model: ModelShape, hopper_vl: bool = False) -> float:
     """``mem_cache/kv_cache_configurator.py::mm_runtime_reservation_gb`` in MB: the VLM embedding cache, plus the
     feature-transport pool with a GPU transport, for models ``ModelConfig.is_multimodal`` calls
     multimodal (the architecture list, unless ``--language-model-only``)."""
     if not model.is_multimodal or args.language_model_only:
         return 0.0
-    reserved = _env_int("SGLANG_VLM_CACHE_SIZE_MB", VLM_CACHE_MB_DEFAULT)
-    if args.mm_feature_transport in ("cuda_ipc", "cuda_vmm"):
-        reserved += _env_int("SGLANG_MM_FEATURE_CACHE_MB", MM_FEATURE_CACHE_MB_DEFAULT)
+    transport = args.mm_feature_transport
+    feature_default = MM_FEATURE_CACHE_MB_DEFAULT
+    if hopper_vl:
+        # The Hopper Qwen3-VL serving defaults: no embedding cache, image features over CUDA IPC, and a
+        # 3 GiB feature pool for >= 400 running requests.
+        vlm_cache = _env_int("SGLANG_VLM_CACHE_SIZE_MB", 0)
+        if transport is None and vlm_cache == 0:
+            transport = "cuda_ipc"
+        if args.max_running_requests is not None and args.max_running_requests >= 400 and vlm_cache == 0:
+            feature_default = 3 * 1024
+    else:
+        vlm_cache = _env_int("SGLANG_VLM_CACHE_SIZE_MB", VLM_CACHE_MB_DEFAULT)
+    reserved = vlm_cache
+    if transport in ("cuda_ipc", "cuda_vmm"):
+        reserved += _env_int("SGLANG_MM_FEATURE_CACHE_MB", feature_default)
     return float(reserved)
 
 
@@ -230,12 +265,69 @@ def draft_kv_layers(algo: str | None, model: ModelShape, draft_model: ModelShape
     return folded, (1 if model.is_hybrid and pool else pool)
 
 
+def compute_capability(gpu_name: str | None) -> int | None:
+    """The SM version SGLang's platform probes see, from the GPU's marketing name (None: unknown)."""
+    name = (gpu_name or "").upper()
+    for keys, sm in ((("B200", "B300"), 100), (("H100", "H200", "H20", "H800"), 90), (("L40", "L4 "), 89),
+                     (("A100", "A800"), 80)):
+        if any(key in name for key in keys) or (sm == 89 and name.endswith(" L4")):
+            return sm
+    return None
+
+
+def attention_backend(args: argparse.Namespace, model: ModelShape, sm: int | None, topk: int,
+                      spec_on: bool) -> str:
+    """``get_default_attn_backend`` plus the model overrides that replace it (qwen3_5.py, falcon_h1.py):
+    what ``--attention-backend`` resolves to when it is not given."""
+    if args.attention_backend:
+        return args.attention_backend
+    if model.is_mla:
+        return "fa3" if sm == 90 else "flashinfer" if sm == 100 else "triton"
+    if sm == 90 and topk <= 1:
+        return "fa3"
+    if sm != 100:
+        return "flashinfer"
+    if model.architecture in SM100_TRITON_ARCHITECTURES:
+        return "triton"
+    # the default is chosen before the speculative hook fills in top-k: with speculative decoding,
+    # trtllm_mha needs --speculative-eagle-topk on the command line
+    topk_known = not spec_on or args.speculative_eagle_topk is not None or args.speculative_algorithm == "DFLASH"
+    default = "trtllm_mha" if topk <= 1 and topk_known else "flashinfer"
+    if model.architecture in QWEN35_HYBRID_ARCHITECTURES:
+        keeps_extra_buffer = args.mamba_radix_cache_strategy in ("extra_buffer", "extra_buffer_lazy")
+        wants_trtllm = keeps_extra_buffer or args.disable_radix_cache or spec_on
+        return "trtllm_mha" if default == "trtllm_mha" and wants_trtllm else "triton"
+    return default
+
+
+def _page_size(args: argparse.Namespace, backend: str) -> int:
+    """``_mla_backend_page_constraints`` and ``_page_size_default``: trtllm_mha pages hold 16-128 tokens
+    (64 unless one of those is given); everything else defaults to 1."""
+    if backend == "trtllm_mha":
+        return args.page_size if args.page_size in (16, 32, 64, 128) else 64
+    return args.page_size or 1
+
+
+def _check_no_buffer(page_size: int, overlap_disabled: bool, backend: str) -> None:
+    """``arg_groups/mamba_hook.py::validate_mamba_no_buffer``: AssertionErrors at argument resolution."""
+    for failed, message in ((page_size != 1, "no_buffer only supports page_size=1."),
+                            (not overlap_disabled, "no_buffer do not support overlap schedule. Try to set "
+                                                   "disable_overlap_schedule=True."),
+                            (backend == "trtllm_mha", "no_buffer do not support trtllm_mha attention backend.")):
+        if failed:
+            raise LaunchError("AssertionError", message, kind="args", in_scheduler=False)
+
+
 def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: list[int],
-                   draft_model: ModelShape | None = None) -> Launch:
+                   draft_model: ModelShape | None = None, gpu_name: str | None = None) -> Launch:
     """Apply SGLang's start-up hooks to parsed flags. ``gpu_totals_mib``: nvidia-smi memory.total
     of every GPU on the node (the heuristic reads the minimum); ``draft_model``: the checkpoint at
     ``--speculative-draft-model-path``, if one is given."""
     messages: list[str] = []
+    if args.language_model_only and model.architecture not in LANGUAGE_MODEL_ONLY_ARCHITECTURES:
+        raise LaunchError("ValueError", f"--language-model-only does not support ['{model.architecture}']. "
+                          f"Supported: {list(LANGUAGE_MODEL_ONLY_ARCHITECTURES)}.", kind="args", in_scheduler=False)
+    sm = compute_capability(gpu_name)
     tp, pp = args.tp_size, args.pp_size
     attn_dp, dp = args.attn_dp_size, args.dp_size
     if args.enable_dp_attention and dp > 1:  # old spelling: --dp-size N --enable-dp-attention
@@ -249,6 +341,11 @@ def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: 
         chunked = max(1, chunked // attn_dp)
     decode_backend = "disabled" if args.disable_cuda_graph else (args.cuda_graph_backend_decode or "full")
     prefill_backend = "disabled" if args.disable_cuda_graph else (args.cuda_graph_backend_prefill or "breakable")
+    if model.is_multimodal and not args.cuda_graph_backend_prefill and \
+            model.architecture not in BREAKABLE_PREFILL_MULTIMODAL:
+        # Breakable prefill graphs are off for multimodal models outside SGLang's allow-list
+        # (cuda_graph_hook.disable_breakable_cudagraph_if_incompatible).
+        prefill_backend = "disabled"
     decode_bs = tuple(sorted(set(args.cuda_graph_bs_decode))) if args.cuda_graph_bs_decode else None
     if decode_bs:
         decode_max_bs = max(decode_bs)
@@ -297,7 +394,8 @@ def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: 
         messages.append(SPEC_RESET_MESSAGE)
     draft_layers, draft_pool_layers = draft_kv_layers(algo, model, draft_model)
 
-    page_size = args.page_size or 1
+    backend = attention_backend(args, model, sm, topk if algo else 1, algo is not None)
+    page_size = _page_size(args, backend)
     overlap_disabled = bool(args.disable_overlap_schedule)
     strategy = ""
     if model.is_hybrid:
@@ -308,6 +406,8 @@ def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: 
                 strategy = "extra_buffer"
             else:
                 strategy, overlap_disabled = "no_buffer", True
+        if strategy == "no_buffer" and not args.disable_radix_cache:
+            _check_no_buffer(page_size, overlap_disabled, backend)
     ssm_name = args.mamba_ssm_dtype or (model.linear.ssm_dtype if model.linear else "float32")
     kv_name = {"auto": "bfloat16" if model.dtype_bytes == 2 else "float32", "bf16": "bfloat16",
                "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
@@ -323,9 +423,10 @@ def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: 
         max_running_requests=mrr, max_running_requests_user=args.max_running_requests,
         max_total_tokens=args.max_total_tokens, spec_algorithm=algo, spec_steps=steps,
         spec_topk=topk, spec_draft_tokens=draft, draft_layers=draft_layers, draft_kv_layers=draft_pool_layers,
-        mm_reservation_mb=multimodal_reservation_mb(args, model),
+        mm_reservation_mb=multimodal_reservation_mb(args, model, hopper_vl=_large_hopper_qwen3_vl(model, sm, gpu_mem)),
         radix_disabled=bool(args.disable_radix_cache), mamba_strategy=strategy,
         overlap_disabled=overlap_disabled, max_mamba_cache_size=args.max_mamba_cache_size,
         mamba_full_memory_ratio=0.9 if args.mamba_full_memory_ratio is None else args.mamba_full_memory_ratio,
         ssm_dtype_bytes=DTYPE_BYTES[ssm_name], ssm_dtype_name=ssm_name, messages=tuple(messages),
+        attention_backend=backend if sm is not None or args.attention_backend else "",
     )

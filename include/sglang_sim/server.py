@@ -166,7 +166,10 @@ def run(argv: list[str]) -> int:
         sys.stderr.write(_exception_text("RuntimeError", str(exc)) + "\n")
         return 1
     try:
-        launch = resolve_launch(args, model, [g.total_mib for g in node.gpus], draft_model)
+        # SGLang probes the GPU it runs on: the first visible one names the generation.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        first = node.gpu(int(visible)) if visible.isdigit() else node.gpus[0]
+        launch = resolve_launch(args, model, [g.total_mib for g in node.gpus], draft_model, gpu_name=first.name)
     except LaunchError as err:
         sys.stderr.write(_exception_text(err.exc_type, err.message) + "\n")
         return 1

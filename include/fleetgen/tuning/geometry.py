@@ -68,6 +68,15 @@ MULTIMODAL_ARCHITECTURES = frozenset("""
 # configs/model_config.py::ModelConfig.__init__ turns multimodal off by default for these.
 MULTIMODAL_OFF_BY_DEFAULT = frozenset({"Gemma3ForConditionalGeneration", "Llama4ForConditionalGeneration",
                                        "Step3VLForConditionalGeneration", "InklingForConditionalGeneration"})
+# configs/model_config.py::multimodal_breakable_cuda_graph_supported_model_archs: multimodal models that keep
+# the breakable prefill CUDA graph; SGLang turns it off for every other multimodal model.
+MULTIMODAL_PREFILL_GRAPH_ARCHITECTURES = frozenset("""
+    MiniMaxM3SparseForConditionalGeneration Cohere2VisionForConditionalGeneration Glm5NextForConditionalGeneration
+    InternS2MobiusForConditionalGeneration PaddleOCRVLForConditionalGeneration Qwen3_5ForConditionalGeneration
+    Qwen3_5MoeForConditionalGeneration Qwen4ExpForConditionalGeneration MuseGlimmerForConditionalGeneration
+    MuseSparkForConditionalGeneration KimiK3ForConditionalGeneration KimiK25ForConditionalGeneration
+    MiniMaxM3SparseForCausalLM
+""".split())
 # server_args.py::ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES: --language-model-only is a fatal error
 # (arg_groups/model_hook.py::handle_language_model_only) for any other architecture.
 LANGUAGE_MODEL_ONLY_ARCHITECTURES = frozenset({"DeepseekV4ForCausalLM", "MuseGlimmerForConditionalGeneration",

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from fleetgen.errors import FailureKind, PlanError
 from fleetgen.tuning.profile import GIB, MIB, LaunchOptions, MemoryProfile, ModelGeometry, profile_geometry
 from fleetgen.tuning.budget import budget_rows, compare_expected, render_budget_table
+from fleetgen.tuning.geometry import MULTIMODAL_PREFILL_GRAPH_ARCHITECTURES
 from fleetgen.tuning.platform import (attention_choice, gpu_generation, is_large_hopper_qwen3_vl,
                                       qwen3_vl_hopper_reserve_mib)
 from fleetgen.tuning.plan import ServerPlan, TunerBounds, Workload, format_flag_value
@@ -206,7 +207,11 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
         notes.append(f"{-budget[-1]['bytes'] / MIB:,.0f} MiB short of SGLang's reserve + margin: --mem-fraction-static "
                      f"{format_flag_value(best.mem_fraction_static)} leaves too little free memory for "
                      "activations and CUDA graphs")
-    inputs = {**inputs, "resolved_profile": profile.to_dict()}
+    choice = attention_choice(geometry, options, generation)
+    inputs = {**inputs, "resolved_profile": profile.to_dict(),
+              "platform": {"generation": generation, "attention_backend": choice.backend, "page_size": choice.page_size,
+                           "chunked_prefill_size": best.chunked_prefill_size, "decode_max_bs": best.decode_max_bs,
+                           "mem_fraction_static": best.mem_fraction_static}}
     return ServerPlan(host=host, gpu_ids=list(gpu_ids), port=port, flags=flags, expected=expected,
                       budget=budget, attempt=attempt, mode=bounds.mode, notes=notes, inputs=inputs)
 
@@ -240,10 +245,10 @@ def _resolve_attention(geometry: ModelGeometry, profile: MemoryProfile, options:
 
 
 def _prefill_graph_disabled(profile: MemoryProfile, options: LaunchOptions) -> bool:
-    """SGLang turns the breakable prefill CUDA graph off for multimodal models: its allow-list only
-    applies under --enable-multimodal, which the tuner does not pass (configs/model_config.py::
-    _derive_multimodal_cuda_graph_support, arg_groups/cuda_graph_hook.py)."""
-    return bool(profile.geometry.get("is_multimodal")) and not options.language_model_only
+    """SGLang turns the breakable prefill CUDA graph off for multimodal models outside its allow-list
+    (configs/model_config.py::_derive_multimodal_cuda_graph_support, arg_groups/cuda_graph_hook.py)."""
+    return bool(profile.geometry.get("is_multimodal")) and profile.architecture not in \
+        MULTIMODAL_PREFILL_GRAPH_ARCHITECTURES
 
 
 def _with_mm_reserve(profile: MemoryProfile, max_running_requests: int | None) -> MemoryProfile:

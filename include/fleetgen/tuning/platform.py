@@ -68,6 +68,10 @@ def attention_choice(geometry: ModelGeometry, options: LaunchOptions, generation
 def _default_backend(geometry: ModelGeometry, options: LaunchOptions, generation: str | None) -> str:
     spec = options.resolved_spec(geometry.architecture)
     topk_one = spec is None or spec[1] == 1
+    # get_default_attn_backend runs before the speculative defaults are chosen: trtllm_mha needs the
+    # top-k given explicitly (or DFLASH) when speculative decoding is on.
+    trtllm_allowed = topk_one and (spec is None or options.speculative_eagle_topk is not None
+                                   or options.speculative_algorithm == "DFLASH")
     if geometry.layout == "mla":
         return {"sm90": "fa3", "sm100": "flashinfer"}.get(generation or "", "triton")
     if generation == "sm90" and topk_one:
@@ -76,7 +80,7 @@ def _default_backend(geometry: ModelGeometry, options: LaunchOptions, generation
         return "flashinfer"
     if geometry.architecture in TRITON_ON_SM100_ARCHITECTURES:
         return "triton"
-    if not topk_one:
+    if not trtllm_allowed:
         return "triton" if geometry.architecture in QWEN35_ARCHITECTURES else "flashinfer"
     if geometry.architecture in QWEN35_ARCHITECTURES:
         extra_buffer = options.mamba_radix_cache_strategy in ("extra_buffer", "extra_buffer_lazy")

@@ -151,7 +151,8 @@ def test_automatic_mem_fraction_agrees_on_every_gpu_size(models, preset, tp):
     for total_mib in range(16_000, 200_000, 173):
         chunk, decode_bs = gpu_table(total_mib, tp)
         reserve = sglang_reserve_mb(gpu_mem_mib=total_mib, chunked_prefill_size=chunk, decode_max_bs=decode_bs,
-                                    tp_size=tp, uses_mla=False, graphs_enabled=True)
+                                    tp_size=tp, uses_mla=False, graphs_enabled=True,
+                                    prefill_graph=True)  # Qwen3.5 keeps it; Llama and Qwen3-Next are text
         simulated = resolve_launch(args, model, [total_mib]).mem_fraction_static
         assert simulated == auto_mem_fraction_static(total_mib, reserve, vision), total_mib
 

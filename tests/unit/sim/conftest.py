@@ -45,7 +45,7 @@ def b200_pre_load_free() -> int:
 
 def seed_run(extra: list[str], *, weights: int = SEED_WEIGHTS) -> tuple[Launch, PoolPlan]:
     model = preset("qwen3.6-27b")
-    launch = resolve_launch(parse_args(SEED_ARGS + extra), model, [B200_MIB] * 7)
+    launch = resolve_launch(parse_args(SEED_ARGS + extra), model, [B200_MIB] * 7, gpu_name="NVIDIA B200")
     pre = b200_pre_load_free()
     return launch, size_pools(model, launch, pre, pre - weights)
 
@@ -64,7 +64,7 @@ def make_service(extra: list[str], *, faults: Faults | None = None, time_scale: 
     faults = faults or Faults()
     model = preset("qwen3.6-27b")
     args = parse_args(base + extra)
-    launch = resolve_launch(args, model, [B200_MIB])
+    launch = resolve_launch(args, model, [B200_MIB], gpu_name="NVIDIA B200")
     pre = b200_pre_load_free()
     plan = size_pools(model, launch, pre, pre - SEED_WEIGHTS)
     settings = SimSettings(time_scale=time_scale)

@@ -21,7 +21,8 @@ def _seed(tools, extra, *, free_mib=None, gpus=1, tp_args=()):
     free = tools.B200_MIB - settings.driver_baseline_mib if free_mib is None else free_mib
     return size_startup(parse_args(tools.SEED_ARGS + list(tp_args) + extra), tools.preset("qwen3.6-27b"),
                         tools.SEED_WEIGHTS, gpus=[GpuMemory(i, tools.B200_MIB, free) for i in range(gpus)],
-                        node_gpu_totals_mib=[tools.B200_MIB] * 7, settings=settings)
+                        node_gpu_totals_mib=[tools.B200_MIB] * 7, settings=settings,
+                        gpu_name="NVIDIA B200")
 
 
 def test_idle_b200_gives_the_in_process_sizing(tools):

@@ -13,13 +13,14 @@ from sglang_sim.resolve import LaunchError, prefill_buckets, resolve_launch
 
 def test_seed_before_caps_at_16_with_21_gib_of_state(tools):
     launch, plan = tools.seed_run(tools.BEFORE)
-    # auto: B200 table row 0.854 (docs/sglang-memory-model.md §1.1, §4.2), then the VLM factor of a
-    # multimodal architecture:
+    # auto: B200 table row 0.854 (docs/sglang-memory-model.md §1.1, §4.2; Qwen3.5 is on SGLang's allow-list of
+    # multimodal models that keep the prefill graph), then the VLM factor of a multimodal architecture:
     # 0.95 x (1 - 0.1 x (24 x 1152^2 / (24 x 1024^2) - 1)) for Qwen3.5's default vision tower
     assert launch.mfs_reserved_mb == 512 + 1.5 * 16384 + 1024 / 8 + 2 * 512 + 8 * 74  # 26,832 MB
+    assert launch.prefill_graph
     assert launch.mfs_vlm_factor == 0.95 * (1.0 - 0.1 * ((24 * 1152 ** 2) / (24 * 1024 ** 2) - 1.0))
     assert launch.mem_fraction_static == 0.854 * launch.mfs_vlm_factor
-    assert launch.mem_fraction_static == pytest.approx(0.78975, abs=1e-5)
+    assert launch.mem_fraction_static == pytest.approx(0.78975, abs=1e-5)  # what SGLang 0.5.23 computes
     assert launch.mm_reservation_mb == 100               # SGLANG_VLM_CACHE_SIZE_MB out of the KV budget
     assert launch.max_running_requests == 48             # speculative default
     assert launch.spec_algorithm == "EAGLE"              # NEXTN rewritten
@@ -55,15 +56,12 @@ def test_target_config_num_nextn_predict_layers_is_folded_into_the_cell(tools):
     assert plan.max_total_num_tokens == unfolded.rest_bytes // 69_632 < unfolded.max_total_num_tokens
 
 
-def test_language_model_only_drops_the_multimodal_reservation_and_factor(tools):
-    launch, plan = tools.seed_run(tools.BEFORE + ["--language-model-only"])
-    assert launch.mem_fraction_static == 0.854 and launch.mfs_vlm_factor is None
-    assert launch.mm_reservation_mb == 0 and plan.mm_reservation_bytes == 0
+def test_language_model_only_is_fatal_on_qwen3_5_and_gpu_transport_adds_the_feature_pool(tools):
+    # arg_groups/model_hook.py::handle_language_model_only: only four architectures accept it
+    with pytest.raises(LaunchError, match="--language-model-only does not support"):
+        tools.seed_run(tools.BEFORE + ["--language-model-only"])
     gpu_transport, _ = tools.seed_run(tools.AFTER + ["--mm-feature-transport", "cuda_ipc"])
     assert gpu_transport.mm_reservation_mb == 100 + 1024
-    with_reservation = tools.seed_run(tools.AFTER)[1]
-    without = tools.seed_run(tools.AFTER + ["--language-model-only"])[1]
-    assert without.rest_bytes - with_reservation.rest_bytes == pytest.approx(100 * tools.MIB, abs=2)
 
 
 def test_seed_after_caps_at_40_with_52_gib_of_state(tools):
@@ -116,8 +114,14 @@ def test_qwen3_next_auto_examples(tools):
 
 def test_radix_strategy_and_overlap_set_the_ratio(tools):
     assert tools.seed_run(tools.BEFORE + ["--disable-overlap-schedule"])[1].max_running_requests == 20  # ratio 4
-    assert tools.seed_run(["--max-mamba-cache-size", "80", "--mamba-radix-cache-strategy", "no_buffer"])[1] \
-        .max_running_requests == 26  # ratio 3
+    no_buffer = ["--max-mamba-cache-size", "80", "--mamba-radix-cache-strategy", "no_buffer"]
+    # on B200 the seed's speculative decoding picks trtllm_mha with 64-token pages, which no_buffer refuses
+    with pytest.raises(LaunchError, match="no_buffer only supports page_size=1"):
+        tools.seed_run(no_buffer)
+    with pytest.raises(LaunchError, match="overlap schedule"):
+        tools.seed_run(no_buffer + ["--attention-backend", "triton", "--page-size", "1"])
+    assert tools.seed_run(no_buffer + ["--attention-backend", "triton", "--page-size", "1",
+                                       "--disable-overlap-schedule"])[1].max_running_requests == 26  # ratio 3
     launch, plan = tools.seed_run(tools.BEFORE + ["--disable-radix-cache"])
     assert plan.mamba_ratio == 1 and plan.max_running_requests == 48
 

@@ -1,0 +1,98 @@
+"""The plan's expected values, the simulator's and SGLang 0.5.23's own are equal on every case of the matrix.
+
+Compared per case: mem_fraction_static, chunked prefill size, decode CUDA-graph max batch, KV page size, KV
+tokens, Mamba slots and the effective max_running_requests. A case the tuner refuses must be one SGLang
+refuses too (it names the reason before anything is launched).
+"""
+
+import pytest
+
+from sglang_sim.dryrun import dry_run
+from fleetgen.tuning import TunerBounds
+
+from tests.oracle.conftest import SEED_ARGS, SEED_SPEC, MatrixCase, prepare, run_oracle
+
+CONTEXT_LONG = ("--context-length", "131072")
+MATRIX = [
+    MatrixCase("seed-b200", "qwen3.6-27b", "B200", extra_args=SEED_ARGS),
+    MatrixCase("seed-b200-defaults", "qwen3.6-27b", "B200", extra_args=SEED_ARGS,
+               bounds=TunerBounds(mode="sglang_defaults")),
+    MatrixCase("seed-b200-bf16-ssm", "qwen3.6-27b", "B200", extra_args=SEED_ARGS,
+               bounds=TunerBounds(bf16_ssm_state=True)),
+    MatrixCase("seed-b200-no-buffer", "qwen3.6-27b", "B200", extra_args=SEED_SPEC,
+               bounds=TunerBounds(no_buffer_radix=True)),
+    MatrixCase("seed-b200-foreign-40g", "qwen3.6-27b", "B200", extra_args=SEED_ARGS, foreign_mib=40 * 1024),
+    MatrixCase("seed-b200-mrr-32", "qwen3.6-27b", "B200", extra_args=SEED_ARGS,
+               bounds=TunerBounds(max_running_requests=32)),
+    MatrixCase("seed-h200", "qwen3.6-27b", "H200", extra_args=SEED_ARGS),
+    MatrixCase("seed-h100-no-buffer", "qwen3.6-27b", "H100", extra_args=SEED_SPEC,
+               bounds=TunerBounds(no_buffer_radix=True)),
+    MatrixCase("qwen3-next-tp1-b200", "qwen3-next-80b-a3b", "B200"),
+    MatrixCase("qwen3-next-tp2-h200", "qwen3-next-80b-a3b", "H200", tp=2),
+    MatrixCase("qwen3-next-tp4-h100", "qwen3-next-80b-a3b", "H100", tp=4),
+    MatrixCase("qwen3-next-tp2-b200-nextn", "qwen3-next-80b-a3b", "B200", tp=2, extra_args=("--speculative-algorithm",
+                                                                                             "NEXTN")),
+    MatrixCase("llama-8b-h100", "llama3.1-8b", "H100"),
+    MatrixCase("llama-8b-h100-defaults", "llama3.1-8b", "H100", bounds=TunerBounds(mode="sglang_defaults")),
+    MatrixCase("llama-8b-a100-40g", "llama3.1-8b", "A100-40G"),
+    MatrixCase("llama-8b-l40s", "llama3.1-8b", "L40S"),
+    MatrixCase("llama-8b-b200-long-context", "llama3.1-8b", "B200", extra_args=CONTEXT_LONG),
+    MatrixCase("llama-70b-tp4-h100", "llama3.1-70b", "H100", tp=4),
+    MatrixCase("llama-70b-tp4-a100-80g", "llama3.1-70b", "A100-80G", tp=4),
+    MatrixCase("mla-dsv2-lite-h200", "deepseek-v2-lite", "H200"),
+    MatrixCase("mla-dsv2-lite-b200", "deepseek-v2-lite", "B200"),
+    MatrixCase("nemotron-h-b200", "nemotron-h-8b", "B200"),
+    MatrixCase("nemotron-h-h100-no-buffer", "nemotron-h-8b", "H100", bounds=TunerBounds(no_buffer_radix=True)),
+    MatrixCase("falcon-h1-h200", "falcon-h1-7b", "H200"),
+    MatrixCase("falcon-h1-b200-bf16-ssm", "falcon-h1-7b", "B200", bounds=TunerBounds(bf16_ssm_state=True)),
+    MatrixCase("qwen3-vl-8b-h100", "qwen3-vl-8b", "H100"),
+    MatrixCase("qwen3-vl-8b-h200-mrr-500", "qwen3-vl-8b", "H200", bounds=TunerBounds(max_running_requests=500)),
+    MatrixCase("qwen3-vl-8b-b200-defaults", "qwen3-vl-8b", "B200", bounds=TunerBounds(mode="sglang_defaults")),
+]
+COMPARED = ("mem_fraction_static", "chunked_prefill_size", "decode_max_bs", "page_size", "max_total_num_tokens",
+            "max_mamba_cache_size", "max_running_requests")
+
+
+def plan_values(plan) -> dict:
+    platform = plan.inputs["platform"]
+    return {"mem_fraction_static": platform["mem_fraction_static"],
+            "chunked_prefill_size": platform["chunked_prefill_size"], "decode_max_bs": platform["decode_max_bs"],
+            "page_size": platform["page_size"], **plan.expected}
+
+
+def sim_values(sizing) -> dict:
+    launch = sizing.launch
+    return {"mem_fraction_static": launch.mem_fraction_static, "chunked_prefill_size": launch.chunked_prefill_size,
+            "decode_max_bs": launch.decode_max_bs, "page_size": launch.page_size, **sizing.server_info_limits()}
+
+
+def sglang_values(result: dict) -> dict:
+    return {"mem_fraction_static": result["mem_fraction_static"],
+            "chunked_prefill_size": result["chunked_prefill_size"], "decode_max_bs": result["decode_max_bs"],
+            "page_size": result["page_size"], "max_total_num_tokens": result["max_total_num_tokens"],
+            "max_mamba_cache_size": result["max_mamba_cache_size"],
+            "max_running_requests": result["max_running_requests_effective"]}
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    root = tmp_path_factory.mktemp("matrix")
+    prepared = {case.id: prepare(case, root) for case in MATRIX}
+    return prepared, run_oracle(list(prepared.values()))
+
+
+def test_matrix_is_large_enough():
+    assert len(MATRIX) >= 24 and len({case.id for case in MATRIX}) == len(MATRIX)
+
+
+@pytest.mark.parametrize("case_id", [case.id for case in MATRIX])
+def test_plan_simulator_and_sglang_agree(matrix, case_id):
+    prepared, oracle = matrix
+    item = prepared[case_id]
+    assert item.plan is not None, item.plan_error
+    sglang = oracle[case_id]
+    assert sglang["ok"], sglang["error"]
+    sizing = dry_run(item.node, item.argv, list(range(item.case.tp)))
+    expected = plan_values(item.plan)
+    assert {k: sim_values(sizing)[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
+    assert {k: sglang_values(sglang)[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
