@@ -171,6 +171,11 @@ class BatchEngine:
     def new_token_ratio(self) -> float:
         return self.ratio.value(self.stats.decode_steps)
 
+    @property
+    def waiting_prompt_tokens(self) -> int:
+        """Prompt tokens of the waiting requests (SGLang's num_total_tokens adds them to the used ones)."""
+        return sum(job.prompt_tokens for job in self._waiting)
+
     def rate(self, batch: int) -> float:
         return self._rates[min(batch, self.capacity)]
 

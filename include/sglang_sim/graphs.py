@@ -56,13 +56,24 @@ class GraphMemory:
 
 
 def decode_capture_sizes(launch: Launch, request_pool: int) -> tuple[int, ...]:
-    """Decode batch sizes captured: explicit list, else 1,2,4,8,12,16,24..256 step 8, then step 16/32."""
+    """Decode batch sizes captured (``cuda_graph_hook.generate_decode_cuda_graph_batch_sizes``, then
+    ``base_cuda_graph_runner.get_batch_sizes_to_capture``): the explicit list, else SGLang's list up to
+    the decode max_bs (finer steps under speculative decoding) with max_bs itself; then clipped to the
+    request pool, which is added when the list reaches past it."""
     if launch.decode_bs:
-        sizes = launch.decode_bs
+        sizes = list(launch.decode_bs)
     else:
-        sizes = (1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 513, 16), *range(544, 4097, 32))
-    top = min(launch.decode_max_bs, request_pool)
-    picked = tuple(bs for bs in sizes if bs <= top)
+        top = launch.decode_max_bs
+        if launch.spec_algorithm:
+            sizes = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8), *range(272, top + 1, 16)]
+        else:
+            sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, top + 1, 32)]
+        sizes = [bs for bs in sizes if bs <= top]
+        if top not in sizes:
+            sizes.append(top)
+    if max(sizes) > request_pool:
+        sizes.append(request_pool)
+    picked = tuple(sorted({bs for bs in sizes if 0 < bs <= request_pool}))
     return picked or (1,)
 
 

@@ -1,8 +1,9 @@
 """SGLang's HTTP API on top of the batching engine (docs/sglang-memory-model.md §5, §6).
 
 Routes: /health, /health_generate, /ready, /model_info (+/get_model_info), /server_info
-(+/get_server_info), /v1/models, /v1/chat/completions, /generate, and /metrics with
---enable-metrics. With --api-key every route except /health*, /ready* and /metrics* needs
+(+/get_server_info), /v1/models, /v1/loads, /v1/chat/completions, /generate, and /metrics with
+--enable-metrics; every other path answers FastAPI's 404 ``{"detail":"Not Found"}`` (405
+``{"detail":"Method Not Allowed"}`` for a known path), as SGLang 0.5.23 does. With --api-key every route except /health*, /ready* and /metrics* needs
 ``Authorization: Bearer <key>`` (401 ``{"error":"Unauthorized"}``). Plain Starlette routes, no
 middleware: this path serves benchmarks.
 
@@ -24,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from sglang_sim import observability
 from sglang_sim.service import Service
 from sglang_sim.textgen import (estimate_chat_tokens, estimate_text_tokens, messages_text, plan_output,
                                   render_text)
@@ -118,9 +120,30 @@ class Api:
             "root": name, "parent": None, "max_model_len": self.svc.launch.context_len}]})
 
     async def metrics(self, request: Request) -> Response:
-        if not self.svc.args.enable_metrics:
-            return Response("Not Found", status_code=404)
-        return Response(self.svc.metrics_text(), media_type="text/plain; version=0.0.4")
+        if not self.svc.args.enable_metrics:  # SGLang mounts /metrics only with --enable-metrics
+            return _json({"detail": "Not Found"}, 404)
+        return Response(self.svc.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def loads(self, request: Request) -> Response:
+        """``entrypoints/v1_loads.py``: ?dp_rank=, ?include=core,memory,spec,..., ?format=prometheus."""
+        if (denied := await self._gate(request)) is not None:
+            return denied
+        query = request.query_params
+        try:
+            dp_rank = int(query["dp_rank"]) if query.get("dp_rank") not in (None, "") else None
+        except ValueError:
+            return _json({"detail": [{"type": "int_parsing", "loc": ["query", "dp_rank"],
+                                      "msg": "Input should be a valid integer, unable to parse string as an integer",
+                                      "input": query["dp_rank"]}]}, 422)
+        include = {part.strip() for part in query["include"].split(",")} if query.get("include") else None
+        try:
+            body = observability.loads_body(self.svc, dp_rank=dp_rank, include=include)
+        except observability.LoadsError as error:
+            return _json({"detail": str(error)}, 400)
+        if query.get("format") == "prometheus":
+            return Response(observability.loads_prometheus(body["loads"]),
+                            media_type="text/plain; version=0.0.4; charset=utf-8")
+        return _json(body)
 
     async def chat(self, request: Request) -> Response:
         if (denied := await self._gate(request)) is not None:
@@ -242,8 +265,16 @@ def build_app(service: Service) -> Starlette:
         Route("/health", api.health), Route("/health_generate", api.health), Route("/ready", api.ready),
         Route("/model_info", api.model_info), Route("/get_model_info", api.model_info),
         Route("/server_info", api.server_info), Route("/get_server_info", api.server_info),
-        Route("/v1/models", api.models), Route("/metrics", api.metrics),
+        Route("/v1/models", api.models), Route("/metrics", api.metrics), Route("/v1/loads", api.loads),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/generate", api.generate, methods=["POST"]),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
+
+
+async def _not_found(request: Request, exc) -> Response:
+    return _json({"detail": "Not Found"}, 404)
+
+
+async def _not_allowed(request: Request, exc) -> Response:
+    return _json({"detail": "Method Not Allowed"}, 405)

@@ -1,6 +1,7 @@
 """Model presets for simulated nodes: a config.json plus a generated safetensors index.
 
-Presets live in ``fleetgen/sim/models/<name>/config.json``:
+Presets live in ``sglang_sim/models/<name>/config.json`` (the seed, Llama-3.1 8B/70B, Qwen3-Next, a
+DeepSeek-V2-Lite MLA model, Nemotron-H, Falcon-H1 and Qwen3-VL-8B), among them:
   qwen3.6-27b         the seed model: hybrid GatedDeltaNet, one MTP layer; weights 54e9 bytes
                       (the scenario's reported ~54 GB in bf16).
   llama3.1-8b         dense GQA (32 layers, 8 KV heads x 128); weights from the parameter estimate.
@@ -99,9 +100,45 @@ def _is_full(shape: ModelShape, index: int) -> bool:
     return (index + 1) % interval == 0
 
 
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte-to-unicode table: the 256 symbols a byte-level BPE vocabulary starts from."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+def tokenizer_files(shape: ModelShape) -> dict[str, dict]:
+    """``tokenizer.json`` (a byte-level BPE over the 256 byte symbols, the end-of-sequence token added at the
+    model's id) and ``tokenizer_config.json``: what a client or SGLang's router loads from a model folder."""
+    eos_id = shape.eos_token_id if shape.eos_token_id is not None else 256
+    eos = "<|endoftext|>"
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": eos_id, "content": eos, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True}],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  # byte symbols take the ids below 257 that the end-of-sequence token leaves free
+                  "vocab": {**{symbol: index + (index >= eos_id) for index, symbol in enumerate(_byte_alphabet())},
+                            eos: eos_id},
+                  "merges": []},
+    }
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "pad_token": eos, "bos_token": None,
+              "model_max_length": shape.derived_context_length, "clean_up_tokenization_spaces": False,
+              "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}
+    return {"tokenizer.json": tokenizer, "tokenizer_config.json": config}
+
+
 def install_model(dest_dir: str | os.PathLike, preset: str = "qwen3.6-27b",
                   weights_bytes: int | None = None) -> Path:
-    """Write ``config.json`` and ``model.safetensors.index.json`` of ``preset`` into ``dest_dir``."""
+    """Write ``config.json``, ``model.safetensors.index.json`` and the tokenizer files of ``preset`` into
+    ``dest_dir``."""
     config = preset_config(preset)
     shape = from_config(config, path=f"preset {preset}")
     dest = Path(dest_dir)
@@ -109,4 +146,6 @@ def install_model(dest_dir: str | os.PathLike, preset: str = "qwen3.6-27b",
     (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     size = default_weights_bytes(preset, shape) if weights_bytes is None else int(weights_bytes)
     (dest / "model.safetensors.index.json").write_text(json.dumps(safetensors_index(shape, size)) + "\n")
+    for name, content in tokenizer_files(shape).items():
+        (dest / name).write_text(json.dumps(content, indent=1, ensure_ascii=False) + "\n")
     return dest

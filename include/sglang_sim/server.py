@@ -268,7 +268,8 @@ def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, 
                            plan.allocated_kv_cell_bytes, plan.mamba_slot_bytes, speed=faults.speed)
     return Service(args=args, argv=argv, model=model, architectures=list(config.get("architectures") or []),
                    launch=launch, plan=plan, graphs=graphs, timing=timing, settings=settings, faults=faults,
-                   weights_bytes=weights + draft_weights, startup_seconds=time.monotonic() - started)
+                   weights_bytes=weights + draft_weights, startup_seconds=time.monotonic() - started,
+                   gpu_name=gpu_name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 
+from sglang_sim import observability
 from sglang_sim.engine import BatchEngine, JobResult, SimClock
 from sglang_sim.faults import Faults
 from sglang_sim.graphs import GraphMemory
@@ -46,12 +47,14 @@ def decode_reserve_tokens(launch: Launch) -> int:
 class Service:
     def __init__(self, *, args: argparse.Namespace, argv: list[str], model: ModelShape, architectures: list[str],
                  launch: Launch, plan: PoolPlan, graphs: GraphMemory, timing: Timing, settings: SimSettings,
-                 faults: Faults, weights_bytes: int, startup_seconds: float) -> None:
+                 faults: Faults, weights_bytes: int, startup_seconds: float, gpu_name: str | None = None) -> None:
         self.args, self.argv, self.model, self.architectures = args, argv, model, architectures
         self.launch, self.plan, self.graphs, self.timing = launch, plan, graphs, timing
         self.settings, self.faults = settings, faults
         self.weights_bytes, self.startup_seconds = weights_bytes, startup_seconds
         self.served_model_name = args.served_model_name or args.model_path
+        self.gpu_name = gpu_name  # /v1/loads "accelerator": the GPU's marketing name
+        self.version = VERSION
         self.started_at = time.time()
         self.ready = False
         self.hung = False
@@ -61,6 +64,10 @@ class Service:
         self.engines: list[BatchEngine] = []
         ids = random.Random(model.vocab_size)
         self._output_ids = [ids.randrange(model.vocab_size) for _ in range(4096)]
+
+    def clock_time(self) -> float:
+        """Wall-clock seconds, as SGLang's load snapshots stamp them."""
+        return time.time()
 
     def start_engines(self, loop: asyncio.AbstractEventLoop) -> None:
         clock = SimClock(loop, self.settings.time_scale)
@@ -195,12 +202,10 @@ class Service:
                      "max_total_num_tokens": plan.max_total_num_tokens, "max_req_input_len": plan.max_req_input_len,
                      "startup_time": round(self.startup_seconds, 3), "hicache_object_layout": None,
                      "kv_events": None, "version": VERSION, "frontend": "python"})
-        memory = {"weight": round(self.weights_bytes / launch.tp / GB, 2), "kvcache": round(plan.kv_bytes / GB, 2),
-                  "mamba": round(plan.mamba_total_bytes / GB, 2),
-                  "startup_available": round(plan.pre_load_free_bytes / GB, 2),
+        memory = {"weight": round(self.weights_bytes / launch.tp / GB, 3), "kvcache": round(plan.kv_bytes / GB, 3),
+                  "startup_available": round(plan.pre_load_free_bytes / GB, 3),
                   "token_capacity": plan.max_total_num_tokens, "token_capacity_swa": None,
-                  "graph": {"decode": round(self.graphs.decode_bytes / GB, 2),
-                            "prefill": round(self.graphs.prefill_bytes / GB, 2)}}
+                  "graph": {phase: round(value / GB, 3) for phase, value in self.graph_memory_by_phase().items()}}
         states = []
         for engine in self.engines:
             state = dict(args)
@@ -235,17 +240,19 @@ class Service:
                 "mamba_usage": round(mamba_usage, 6), "token_usage": round(max(full_usage, mamba_usage), 6),
                 "new_token_ratio": round(min(e.new_token_ratio for e in engines), 6)}
 
+    def graph_memory_by_phase(self) -> dict[str, int]:
+        """Captured-graph bytes under SGLang's phase names (model_executor/graph_memory_usage.py). Under
+        EAGLE-family decoding the decode pool holds the target-verify, draft-decode and draft-extend graphs
+        (one third each, as graphs.py charges them)."""
+        phases = dict.fromkeys(("prefill", "decode", "target_verify", "draft_prefill", "draft_decode",
+                                "draft_extend"), 0)
+        phases["prefill"] = self.graphs.prefill_bytes
+        if self.launch.spec_algorithm:
+            third = self.graphs.decode_bytes // 3
+            phases.update(target_verify=self.graphs.decode_bytes - 2 * third, draft_decode=third, draft_extend=third)
+        else:
+            phases["decode"] = self.graphs.decode_bytes
+        return phases
+
     def metrics_text(self) -> str:
-        label = f'{{model_name="{self.served_model_name}"}}'
-        running = sum(e.running for e in self.engines)
-        waiting = sum(e.waiting for e in self.engines)
-        counters = self.scheduler_counters()
-        rows = [("sglang:num_running_reqs", "gauge", running), ("sglang:num_queue_reqs", "gauge", waiting),
-                ("sglang:gen_throughput", "gauge", sum(e.throughput() for e in self.engines)),
-                ("sglang:prompt_tokens_total", "counter", sum(e.stats.prompt_tokens for e in self.engines)),
-                ("sglang:generation_tokens_total", "counter", sum(e.stats.generated_tokens for e in self.engines)),
-                ("sglang:num_requests_total", "counter", sum(e.stats.finished for e in self.engines))]
-        kinds = {"num_retracted_reqs": "gauge", "num_used_tokens": "gauge", "full_token_usage": "gauge",
-                 "mamba_usage": "gauge", "token_usage": "gauge", "new_token_ratio": "gauge"}
-        rows += [(f"sglang:{name}", kinds.get(name, "counter"), value) for name, value in counters.items()]
-        return "".join(f"# TYPE {name} {kind}\n{name}{label} {value}\n" for name, kind, value in rows)
+        return observability.metrics_text(self)

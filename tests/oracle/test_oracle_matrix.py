@@ -10,7 +10,7 @@ import pytest
 from sglang_sim.dryrun import dry_run
 from fleetgen.tuning import TunerBounds
 
-from tests.oracle.conftest import SEED_ARGS, SEED_SPEC, MatrixCase, prepare, run_oracle
+from oracle_harness import SEED_ARGS, SEED_SPEC, MatrixCase, oracle_case, prepare, run_oracle, run_sglang
 
 CONTEXT_LONG = ("--context-length", "131072")
 MATRIX = [
@@ -96,3 +96,16 @@ def test_plan_simulator_and_sglang_agree(matrix, case_id):
     expected = plan_values(item.plan)
     assert {k: sim_values(sizing)[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
     assert {k: sglang_values(sglang)[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
+
+
+def test_no_buffer_that_sglang_refuses_is_refused_before_launch(tmp_path):
+    """The user pins trtllm_mha (64-token pages on B200) and asks for no_buffer: SGLang's own resolution
+    asserts; the tuner names the reason instead of planning a server that cannot start."""
+    pinned = SEED_SPEC + ("--attention-backend", "trtllm_mha")
+    item = prepare(MatrixCase("refused", "qwen3.6-27b", "B200", extra_args=pinned,
+                              bounds=TunerBounds(no_buffer_radix=True)), tmp_path)
+    assert item.plan is None and "no_buffer Mamba radix strategy needs page size 1" in item.plan_error
+    argv = ["--model-path", str(item.model_dir), *pinned, "--mamba-radix-cache-strategy", "no_buffer",
+            "--disable-overlap-schedule"]
+    sglang = run_sglang([oracle_case("refused", argv, "B200", 170 << 30, 110 << 30)])["refused"]
+    assert not sglang["ok"] and "no_buffer" in sglang["error"]

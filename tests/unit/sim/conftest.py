@@ -73,7 +73,7 @@ def make_service(extra: list[str], *, faults: Faults | None = None, time_scale: 
                            plan.mamba_slot_bytes, speed=faults.speed)
     return Service(args=args, argv=base + extra, model=model, architectures=["Qwen3_5ForConditionalGeneration"],
                    launch=launch, plan=plan, graphs=graphs, timing=timing, settings=settings, faults=faults,
-                   weights_bytes=SEED_WEIGHTS, startup_seconds=1.0)
+                   weights_bytes=SEED_WEIGHTS, startup_seconds=1.0, gpu_name="NVIDIA B200")
 
 
 def free_port() -> int:

@@ -5,6 +5,7 @@ import json
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_sim.faults import Faults
 from sglang_sim.http_app import build_app
@@ -95,7 +96,15 @@ def test_server_info_carries_resolved_and_effective_values(tools):
     assert info["max_running_requests"] == 64 and info["mem_fraction_static"] == 0.93
     state = info["internal_states"][0]
     assert state["effective_max_running_requests_per_dp"] == 40 and state["max_mamba_cache_size"] == 200
-    assert state["avg_spec_accept_length"] == 3.2 and state["memory_usage"]["mamba"] == pytest.approx(52.33, abs=0.01)
+    assert state["avg_spec_accept_length"] == 3.2
+    # managers/scheduler_components/memory_usage.py::build_memory_usage: these keys, 3 decimals, and every
+    # graph phase of model_executor/graph_memory_usage.py (EAGLE: target verify and draft graphs, no decode)
+    usage = state["memory_usage"]
+    assert set(usage) == {"weight", "kvcache", "startup_available", "token_capacity", "token_capacity_swa", "graph"}
+    assert set(usage["graph"]) == {"prefill", "decode", "target_verify", "draft_prefill", "draft_decode",
+                                   "draft_extend"}
+    assert usage["graph"]["decode"] == 0 and usage["graph"]["target_verify"] > 0
+    assert usage["token_capacity"] == info["max_total_num_tokens"] and usage["weight"] == round(54e9 / (1 << 30), 3)
     assert state["sim"]["decode_tokens_per_s_at_full_batch"] > 0
     assert alias["internal_states"][0]["effective_max_running_requests_per_dp"] == 40
     assert models["data"][0]["max_model_len"] == 8192
@@ -164,7 +173,58 @@ def test_streamed_chat_and_metrics(tools):
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert "reasoning_content" in chunks[1]["choices"][0]["delta"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
-    assert 'sglang:num_requests_total{model_name="/models/qwen3.6-27b"} 1' in metrics
+    families = {family.name: family for family in text_string_to_metric_families(metrics)}
+    # observability/metrics_collector.py: names, types and labels as SGLang 0.5.23 exposes them
+    assert families["sglang:num_requests"].type == "counter"
+    (requests,) = families["sglang:num_requests"].samples
+    assert requests.value == 1 and requests.labels == {"model_name": "/models/qwen3.6-27b", "engine_type": "unified",
+                                                       "is_streaming": "false"}
+    for gauge in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
+                  "sglang:num_used_tokens", "sglang:spec_accept_length", "sglang:mamba_usage"):
+        assert families[gauge].type == "gauge", gauge
+        (sample,) = families[gauge].samples
+        assert sample.labels == {"model_name": "/models/qwen3.6-27b", "engine_type": "unified", "tp_rank": "0",
+                                 "pp_rank": "0", "moe_ep_rank": "0"}
+    assert families["sglang:spec_accept_length"].samples[0].value == 3.2
+
+
+def test_v1_loads_has_sglangs_shape(tools):
+    async def scenario(client):
+        await client.post("/v1/chat/completions", json=CHAT)
+        return ((await client.get("/v1/loads")).json(), (await client.get("/v1/loads?include=core")).json(),
+                await client.get("/v1/loads?include=bogus"), (await client.get("/v1/loads?format=prometheus")).text,
+                (await client.get("/v1/loads?dp_rank=3")).json())
+
+    body, core, bad, prometheus, other_rank = _run(tools.make_service(tools.AFTER), scenario)
+    # entrypoints/v1_loads.py and managers/load_snapshot.py::LoadSnapshot.to_dict
+    assert set(body) == {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
+    assert body["version"] == "0.5.23" and body["accelerator"] == "NVIDIA B200" and body["num_accelerators"] == 1
+    (load,) = body["loads"]
+    assert list(load)[:18] == ["timestamp", "dp_rank", "num_running_reqs", "num_waiting_reqs",
+                               "num_waiting_uncached_tokens", "num_used_tokens", "num_total_tokens",
+                               "num_active_tokens", "num_prealloc_ready_tokens", "max_total_num_tokens",
+                               "max_running_requests", "token_usage", "gen_throughput", "cache_hit_rate",
+                               "utilization", "total_prefill_uncached_tokens", "total_prefill_busy_us",
+                               "decode_moments"]
+    assert load["max_running_requests"] == 40 and set(load["memory"]) == {"weight_gb", "kv_cache_gb", "graph_gb",
+                                                                          "token_capacity"}
+    assert load["speculative"]["accept_length"] == 3.2 and set(load["queues"]) == {
+        "waiting", "grammar", "paused", "retracted", "prealloc_ready"}
+    assert "memory" not in core["loads"][0] and bad.status_code == 400 and other_rank["loads"] == []
+    families = {family.name: family for family in text_string_to_metric_families(prometheus)}
+    assert families["sglang_max_running_requests"].samples[0].labels == {"dp_rank": "0"}
+    assert families["sglang_memory_token_capacity"].samples[0].value == load["max_total_num_tokens"]
+
+
+def test_routes_sglang_does_not_serve_answer_its_404(tools):
+    async def scenario(client):
+        return [await client.get(path) for path in ("/get_load", "/metrics", "/no/such/route")] + \
+            [await client.get("/generate")]
+
+    get_load, metrics, unknown, wrong_method = _run(tools.make_service(tools.AFTER), scenario)
+    for response in (get_load, metrics, unknown):  # /metrics needs --enable-metrics
+        assert response.status_code == 404 and response.json() == {"detail": "Not Found"}
+    assert wrong_method.status_code == 405 and wrong_method.json() == {"detail": "Method Not Allowed"}
 
 
 def test_retraction_counters_under_sglang_metric_names(tools):
@@ -177,12 +237,13 @@ def test_retraction_counters_under_sglang_metric_names(tools):
 
     service = tools.make_service(tools.AFTER + ["--enable-metrics"])
     metrics, info = _run(service, scenario)
-    label = '{model_name="/models/qwen3.6-27b"}'
-    for line in ("# TYPE sglang:num_retracted_requests_total counter", f"sglang:num_retracted_requests_total{label} 3",
-                 f"sglang:num_retracted_input_tokens_total{label} 900",
-                 f"sglang:num_retracted_output_tokens_total{label} 4000", f"sglang:num_retracted_reqs{label} 1",
-                 f"sglang:num_used_tokens{label} 0", f"sglang:new_token_ratio{label} 0.7"):
-        assert line in metrics
+    families = {family.name: family for family in text_string_to_metric_families(metrics)}
+    values = {name: families[name].samples[0].value for name in families}
+    assert families["sglang:num_retracted_requests"].type == "counter"
+    assert values["sglang:num_retracted_requests"] == 3 and values["sglang:num_retracted_input_tokens"] == 900
+    assert values["sglang:num_retracted_output_tokens"] == 4000 and values["sglang:num_retracted_reqs"] == 1
+    assert values["sglang:num_used_tokens"] == 0 and values["sglang:new_token_ratio"] == 0.7
+    assert families["sglang:num_retracted_reqs"].samples[0].labels["model_name"] == "/models/qwen3.6-27b"
     state = info["internal_states"][0]
     assert state["num_retracted_requests_total"] == 3 and state["full_token_usage"] == 0.0
     assert state["sim"]["peak_used_tokens"] == 12345

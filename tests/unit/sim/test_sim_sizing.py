@@ -5,6 +5,7 @@ import argparse
 import pytest
 
 from sglang_sim.args import parse_args
+from sglang_sim.graphs import graph_memory
 from sglang_sim.modelcfg import from_config
 from sglang_sim.pools import size_pools
 from sglang_sim.presets import preset_config
@@ -211,3 +212,21 @@ def test_dense_model_has_no_state_pool(tools):
 
 def test_parse_args_is_an_argparse_namespace(tools):
     assert isinstance(parse_args(tools.SEED_ARGS), argparse.Namespace)
+
+
+def test_decode_capture_sizes_follow_sglangs_lists(tools):
+    """cuda_graph_hook.generate_decode_cuda_graph_batch_sizes (finer steps under speculative decoding, max_bs
+    always captured) and get_batch_sizes_to_capture (clipped to the request pool, which is added)."""
+    spec, plan = tools.seed_run(tools.AFTER)  # NEXTN, --cuda-graph-max-bs-decode not given: B200 row 512
+    sizes = graph_memory(tools.preset("qwen3.6-27b"), spec, plan.max_running_requests, 512).decode_batch_sizes
+    assert sizes == (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 40)  # 40 requests
+    model = tools.preset("llama3.1-8b")
+    plain = resolve_launch(parse_args(["--model-path", "m", "--cuda-graph-max-bs-decode", "100"]), model,
+                           [tools.B200_MIB])
+    sizes = graph_memory(model, plain, 4096, 512).decode_batch_sizes
+    assert sizes[:6] == (1, 2, 4, 8, 12, 16) and sizes[-2:] == (96, 100)
+
+
+def test_model_type_is_the_top_level_configs(tools):
+    """/model_info reports hf_config.model_type: qwen3_5 for the seed, not its text config's qwen3_5_text."""
+    assert tools.preset("qwen3.6-27b").model_type == "qwen3_5"
