@@ -318,6 +318,62 @@ def _check_no_buffer(page_size: int, overlap_disabled: bool, backend: str) -> No
             raise LaunchError("AssertionError", message, kind="args", in_scheduler=False)
 
 
+def _prefill_sizes(args: argparse.Namespace, model: ModelShape, chunked: int) -> tuple[int, ...]:
+    if args.cuda_graph_bs_prefill:
+        return tuple(sorted(set(args.cuda_graph_bs_prefill)))
+    prefill_max = args.cuda_graph_max_bs_prefill or (chunked if chunked != -1 else args.max_prefill_tokens)
+    if model.is_mla:
+        prefill_max = min(prefill_max, 8192)
+    if args.max_total_tokens is not None:
+        prefill_max = min(prefill_max, args.max_total_tokens)
+    return prefill_buckets(prefill_max)
+
+
+def _auto_mem_fraction(args: argparse.Namespace, model: ModelShape, gpu_mem: float | None, activation_tokens: int,
+                       graph_mb: float, decode_max_bs: int, attn_dp: int) -> tuple[float, float, float | None]:
+    """``memory_hook.handle_gpu_memory_settings``: (mem_fraction_static, reserved MB, VLM factor)."""
+    if attn_dp > 1:
+        graph_mb += 3 * decode_max_bs * attn_dp + (1.5 * decode_max_bs * attn_dp if decode_max_bs > 300 else 0)
+    reserved = 512 + 1.5 * activation_tokens + args.tp_size * args.pp_size / 8 * 1024 + graph_mb
+    if gpu_mem is not None and gpu_mem > 60 * GIB_MIB:
+        reserved = max(reserved, 10240)
+    if args.moe_a2a_backend == "deepep":
+        reserved += 2048
+    mfs = round((gpu_mem - reserved) / gpu_mem, 3) if gpu_mem else 0.95
+    vlm_factor = None
+    if model.is_multimodal and not args.language_model_only:
+        vlm_factor = vlm_mem_fraction_factor(model)
+        if vlm_factor is not None:
+            mfs = mfs * vlm_factor  # not rounded again, as SGLang leaves it
+    return mfs, reserved, vlm_factor
+
+
+def _radix_strategy(args: argparse.Namespace, model: ModelShape, page_size: int, backend: str) -> tuple[str, bool]:
+    """(resolved Mamba radix strategy, overlap scheduling off): ``_mamba_radix_cache_resolution``, then
+    the no_buffer checks."""
+    overlap_disabled = bool(args.disable_overlap_schedule)
+    if not model.is_hybrid:
+        return "", overlap_disabled
+    strategy = args.mamba_radix_cache_strategy
+    if strategy == "auto":
+        supported = model.model_type in EXTRA_BUFFER_MODEL_TYPES
+        if supported and (not overlap_disabled or page_size > 1):
+            strategy = "extra_buffer"
+        else:
+            strategy, overlap_disabled = "no_buffer", True
+    if strategy == "no_buffer" and not args.disable_radix_cache:
+        _check_no_buffer(page_size, overlap_disabled, backend)
+    return strategy, overlap_disabled
+
+
+def _kv_dtype(args: argparse.Namespace, model: ModelShape) -> tuple[str, int]:
+    kv_name = {"auto": "bfloat16" if model.dtype_bytes == 2 else "float32", "bf16": "bfloat16",
+               "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
+               "fp4_e2m1": "float4_e2m1fn_x2"}.get(args.kv_cache_dtype, args.kv_cache_dtype)
+    return kv_name, {"float8_e4m3fn": 1, "float8_e5m2": 1, "float4_e2m1fn_x2": 1}.get(kv_name,
+                                                                                     DTYPE_BYTES.get(kv_name, 2))
+
+
 def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: list[int],
                    draft_model: ModelShape | None = None, gpu_name: str | None = None) -> Launch:
     """Apply SGLang's start-up hooks to parsed flags. ``gpu_totals_mib``: nvidia-smi memory.total
@@ -356,15 +412,7 @@ def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: 
         if args.max_running_requests is not None and args.max_running_requests < decode_max_bs:
             decode_max_bs = args.max_running_requests
     activation_tokens = max(chunked, 2048) if chunked != -1 else args.max_prefill_tokens
-    if args.cuda_graph_bs_prefill:
-        prefill_bs = tuple(sorted(set(args.cuda_graph_bs_prefill)))
-    else:
-        prefill_max = args.cuda_graph_max_bs_prefill or (chunked if chunked != -1 else args.max_prefill_tokens)
-        if model.is_mla:
-            prefill_max = min(prefill_max, 8192)
-        if args.max_total_tokens is not None:
-            prefill_max = min(prefill_max, args.max_total_tokens)
-        prefill_bs = prefill_buckets(prefill_max)
+    prefill_bs = _prefill_sizes(args, model, chunked)
 
     reserved = vlm_factor = None
     mfs = args.mem_fraction_static
@@ -374,18 +422,8 @@ def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: 
             graph += 2 * decode_max_bs
         if prefill_backend != "disabled":
             graph += 1536 if model.is_mla else 8 * len(prefill_bs)
-        if attn_dp > 1:
-            graph += 3 * decode_max_bs * attn_dp + (1.5 * decode_max_bs * attn_dp if decode_max_bs > 300 else 0)
-        reserved = 512 + 1.5 * activation_tokens + tp * pp / 8 * 1024 + graph
-        if gpu_mem is not None and gpu_mem > 60 * GIB_MIB:
-            reserved = max(reserved, 10240)
-        if args.moe_a2a_backend == "deepep":
-            reserved += 2048
-        mfs = round((gpu_mem - reserved) / gpu_mem, 3) if gpu_mem else 0.95
-        if model.is_multimodal and not args.language_model_only:
-            vlm_factor = vlm_mem_fraction_factor(model)
-            if vlm_factor is not None:
-                mfs = mfs * vlm_factor  # not rounded again, as SGLang leaves it
+        mfs, reserved, vlm_factor = _auto_mem_fraction(args, model, gpu_mem, activation_tokens, graph, decode_max_bs,
+                                                       attn_dp)
 
     algo, steps, topk, draft = _spec(args, model, messages)
     mrr = args.max_running_requests
@@ -396,23 +434,9 @@ def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: 
 
     backend = attention_backend(args, model, sm, topk if algo else 1, algo is not None)
     page_size = _page_size(args, backend)
-    overlap_disabled = bool(args.disable_overlap_schedule)
-    strategy = ""
-    if model.is_hybrid:
-        strategy = args.mamba_radix_cache_strategy
-        if strategy == "auto":
-            supported = model.model_type in EXTRA_BUFFER_MODEL_TYPES
-            if supported and (not overlap_disabled or page_size > 1):
-                strategy = "extra_buffer"
-            else:
-                strategy, overlap_disabled = "no_buffer", True
-        if strategy == "no_buffer" and not args.disable_radix_cache:
-            _check_no_buffer(page_size, overlap_disabled, backend)
+    strategy, overlap_disabled = _radix_strategy(args, model, page_size, backend)
     ssm_name = args.mamba_ssm_dtype or (model.linear.ssm_dtype if model.linear else "float32")
-    kv_name = {"auto": "bfloat16" if model.dtype_bytes == 2 else "float32", "bf16": "bfloat16",
-               "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
-               "fp4_e2m1": "float4_e2m1fn_x2"}.get(args.kv_cache_dtype, args.kv_cache_dtype)
-    kv_bytes = {"float8_e4m3fn": 1, "float8_e5m2": 1, "float4_e2m1fn_x2": 1}.get(kv_name, DTYPE_BYTES.get(kv_name, 2))
+    kv_name, kv_bytes = _kv_dtype(args, model)
     return Launch(
         tp=tp, dp=dp, attn_dp=attn_dp, pp=pp, context_len=context_len, page_size=page_size,
         kv_dtype_bytes=kv_bytes, kv_dtype_name=f"torch.{kv_name}",

@@ -121,9 +121,10 @@ def run_sglang(cases: list[dict]) -> dict[str, dict]:
     return {result["id"]: result for result in json.loads(done.stdout.strip().splitlines()[-1])}
 
 
-def run_oracle(prepared: list[Prepared]) -> dict[str, dict]:
-    """SGLang's answers for every planned case, fed the memory the plan assumes SGLang measures."""
-    cases = []
+def run_oracle(prepared: list[Prepared], extra: list[dict] = ()) -> dict[str, dict]:
+    """SGLang's answers for every planned case, fed the memory the plan assumes SGLang measures, and for
+    the ``extra`` oracle inputs (one SGLang import for all)."""
+    cases = list(extra)
     for item in prepared:
         if item.plan is None:
             continue

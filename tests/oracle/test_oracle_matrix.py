@@ -10,7 +10,7 @@ import pytest
 from sglang_sim.dryrun import dry_run
 from fleetgen.tuning import TunerBounds
 
-from oracle_harness import SEED_ARGS, SEED_SPEC, MatrixCase, oracle_case, prepare, run_oracle, run_sglang
+from oracle_harness import SEED_ARGS, SEED_SPEC, MatrixCase, oracle_case, prepare, run_oracle
 
 CONTEXT_LONG = ("--context-length", "131072")
 MATRIX = [
@@ -74,11 +74,20 @@ def sglang_values(result: dict) -> dict:
             "max_running_requests": result["max_running_requests_effective"]}
 
 
+REFUSED_ARGS = SEED_SPEC + ("--attention-backend", "trtllm_mha")
+
+
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     root = tmp_path_factory.mktemp("matrix")
     prepared = {case.id: prepare(case, root) for case in MATRIX}
-    return prepared, run_oracle(list(prepared.values()))
+    # the no_buffer launch the tuner refuses (see the last test), as SGLang would get it
+    refused = prepare(MatrixCase("refused", "qwen3.6-27b", "B200", extra_args=REFUSED_ARGS,
+                                 bounds=TunerBounds(no_buffer_radix=True)), root)
+    argv = ["--model-path", str(refused.model_dir), *REFUSED_ARGS, "--mamba-radix-cache-strategy", "no_buffer",
+            "--disable-overlap-schedule"]
+    oracle = run_oracle(list(prepared.values()), [oracle_case("refused", argv, "B200", 170 << 30, 110 << 30)])
+    return {**prepared, "refused": refused}, oracle
 
 
 def test_matrix_is_large_enough():
@@ -98,14 +107,10 @@ def test_plan_simulator_and_sglang_agree(matrix, case_id):
     assert {k: sglang_values(sglang)[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
 
 
-def test_no_buffer_that_sglang_refuses_is_refused_before_launch(tmp_path):
+def test_no_buffer_that_sglang_refuses_is_refused_before_launch(matrix):
     """The user pins trtllm_mha (64-token pages on B200) and asks for no_buffer: SGLang's own resolution
     asserts; the tuner names the reason instead of planning a server that cannot start."""
-    pinned = SEED_SPEC + ("--attention-backend", "trtllm_mha")
-    item = prepare(MatrixCase("refused", "qwen3.6-27b", "B200", extra_args=pinned,
-                              bounds=TunerBounds(no_buffer_radix=True)), tmp_path)
+    prepared, oracle = matrix
+    item = prepared["refused"]
     assert item.plan is None and "no_buffer Mamba radix strategy needs page size 1" in item.plan_error
-    argv = ["--model-path", str(item.model_dir), *pinned, "--mamba-radix-cache-strategy", "no_buffer",
-            "--disable-overlap-schedule"]
-    sglang = run_sglang([oracle_case("refused", argv, "B200", 170 << 30, 110 << 30)])["refused"]
-    assert not sglang["ok"] and "no_buffer" in sglang["error"]
+    assert not oracle["refused"]["ok"] and "no_buffer" in oracle["refused"]["error"]

@@ -150,25 +150,9 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
     notes: list[str] = list(base_profile.notes)
     options, flags = _apply_opt_ins(base_profile, options, bounds, flags, notes)
     geometry = ModelGeometry.from_dict(base_profile.geometry)
-
-    def reprofile(opts: LaunchOptions) -> MemoryProfile:
-        return profile_geometry(geometry, base_profile.weights_bytes_total - base_profile.draft_weights_bytes, opts,
-                                draft_layers=base_profile.draft_model_layers,
-                                draft_weights_bytes=base_profile.draft_weights_bytes)
-
-    profile = reprofile(options)
-    if profile.is_hybrid and not options.disable_radix_cache and options.mamba_radix_cache_strategy == "auto" \
-            and bounds.mode == "tuned":
-        flags["--mamba-radix-cache-strategy"] = profile.radix_strategy
-        options = options.replace(mamba_radix_cache_strategy=profile.radix_strategy)
     generation = gpu_generation(str(gpus[0].get("name", "")))
-    options, flags = _resolve_attention(geometry, profile, options, flags, generation, notes, host, server)
-    profile = reprofile(options)
-    hopper_vl = is_large_hopper_qwen3_vl(geometry, generation, min(int(g["total_mib"]) for g in gpus))
-    if hopper_vl:
-        profile = _with_mm_reserve(profile, options.max_running_requests)
-        notes.append("Qwen3-VL on a large Hopper GPU: SGLang reserves the CUDA-IPC image feature pool "
-                     "(1 GiB, 3 GiB at >= 400 running requests) instead of the VLM embedding cache")
+    profile, options, hopper_vl = _platform_profile(base_profile, geometry, options, bounds, flags, generation,
+                                                    min(int(g["total_mib"]) for g in gpus), notes, host, server)
     context = _context_length(profile, options, workload, bounds, host, server)
     if options.context_length is None and (bounds.mode == "tuned" or bounds.context_length is not None):
         flags["--context-length"] = context
@@ -214,6 +198,31 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
                            "mem_fraction_static": best.mem_fraction_static}}
     return ServerPlan(host=host, gpu_ids=list(gpu_ids), port=port, flags=flags, expected=expected,
                       budget=budget, attempt=attempt, mode=bounds.mode, notes=notes, inputs=inputs)
+
+
+def _platform_profile(base_profile: MemoryProfile, geometry: ModelGeometry, options: LaunchOptions,
+                      bounds: TunerBounds, flags: dict, generation: str | None, gpu_total_mib: int, notes: list[str],
+                      host: str, server: str) -> tuple[MemoryProfile, LaunchOptions, bool]:
+    """The profile under the flags SGLang will resolve on this GPU: the radix strategy the plan pins,
+    the attention backend and page size, and Qwen3-VL's Hopper feature pool. Updates ``flags``."""
+    def reprofile(opts: LaunchOptions) -> MemoryProfile:
+        return profile_geometry(geometry, base_profile.weights_bytes_total - base_profile.draft_weights_bytes, opts,
+                                draft_layers=base_profile.draft_model_layers,
+                                draft_weights_bytes=base_profile.draft_weights_bytes)
+
+    profile = reprofile(options)
+    if profile.is_hybrid and not options.disable_radix_cache and options.mamba_radix_cache_strategy == "auto" \
+            and bounds.mode == "tuned":
+        flags["--mamba-radix-cache-strategy"] = profile.radix_strategy
+        options = options.replace(mamba_radix_cache_strategy=profile.radix_strategy)
+    options, flags = _resolve_attention(geometry, profile, options, flags, generation, notes, host, server)
+    profile = reprofile(options)
+    hopper_vl = is_large_hopper_qwen3_vl(geometry, generation, gpu_total_mib)
+    if hopper_vl:
+        profile = _with_mm_reserve(profile, options.max_running_requests)
+        notes.append("Qwen3-VL on a large Hopper GPU: SGLang reserves the CUDA-IPC image feature pool "
+                     "(1 GiB, 3 GiB at >= 400 running requests) instead of the VLM embedding cache")
+    return profile, options, hopper_vl
 
 
 def _resolve_attention(geometry: ModelGeometry, profile: MemoryProfile, options: LaunchOptions, flags: dict,
