@@ -25,7 +25,12 @@ def budget_rows(profile: MemoryProfile, sizing: PoolSizing, reserve: ReserveEsti
         ("held by other processes", summary["foreign_bytes"], "foreign processes on the GPU; ours are stopped first"),
         ("CUDA context of the new server", summary["cuda_context_bytes"],
          "fleetgen constants: CUDA context (+ NCCL buffers when tp > 1), taken before the baseline"),
-        ("pre-load free (SGLang baseline)", pre, "free MiB + ours - context, MIN over ranks (2.1)"),
+    ]
+    if summary.get("calibration_bytes"):
+        rows.append(("calibration from readback", summary["calibration_bytes"],
+                     "measured by the last run's readback on this GPU / SGLang version / model / tp"))
+    rows += [
+        ("pre-load free (SGLang baseline)", pre, "free MiB + ours - context - calibration, MIN over ranks (2.1)"),
         ("static budget", static, f"pre-load free x --mem-fraction-static {format_flag_value(mfs)} (2.1)"),
         ("  weights per GPU", profile.weights_bytes_per_gpu,
          f"safetensors total // tp {profile.tp_size}, target + draft (2.1)"),

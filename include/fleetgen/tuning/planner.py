@@ -58,11 +58,15 @@ class _Candidate:
 
 
 def plan_server(*, host: str, gpu_ids: list[int], port: int, gpus: list[dict], profile: MemoryProfile,
-                options: LaunchOptions, workload: Workload, bounds: TunerBounds) -> ServerPlan:
-    """Plan one server on ``gpus`` (the probe's inventory rows for ``gpu_ids``)."""
+                options: LaunchOptions, workload: Workload, bounds: TunerBounds,
+                calibration_bytes: int = 0) -> ServerPlan:
+    """Plan one server on ``gpus`` (the probe's inventory rows for ``gpu_ids``). ``calibration_bytes``:
+    the correction a previous run's readback measured for this GPU, SGLang version, model and tp
+    (``tuning/calibration.py``), taken off the pre-load free memory fleetgen's constants give."""
     inputs = {"gpus": [dict(g) for g in gpus], "profile": profile.to_dict(), "options": options.to_dict(),
               "workload": workload.to_dict(), "bounds": bounds.to_dict(),
-              "adjust": {"mrr_cap": None, "extra_reserve_bytes": 0, "pre_free_shrink_bytes": 0}}
+              "adjust": {"mrr_cap": None, "extra_reserve_bytes": 0, "pre_free_shrink_bytes": 0,
+                         "calibration_bytes": int(calibration_bytes)}}
     return _plan(host=host, gpu_ids=list(gpu_ids), port=port, inputs=inputs, attempt=0)
 
 
@@ -158,7 +162,8 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
         flags["--context-length"] = context
 
     gpu_total_mib = min(int(g["total_mib"]) for g in gpus)
-    pre_free = _pre_load_free(gpus, adjust["pre_free_shrink_bytes"])
+    calibration = int(adjust.get("calibration_bytes", 0))
+    pre_free = _pre_load_free(gpus, adjust["pre_free_shrink_bytes"] + calibration)
     if pre_free <= profile.weights_bytes_per_gpu:
         raise PlanError(f"weights need {profile.weights_bytes_per_gpu / GIB:.2f} GiB per GPU but only "
                         f"{pre_free / GIB:.2f} GiB are free", host=host, server=server,
@@ -183,7 +188,7 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
                 "max_total_num_tokens": best.sizing.max_total_num_tokens}
     summary = {"gpu_total_bytes": gpu_total_mib * MIB, "pre_load_free_bytes": pre_free,
                "foreign_bytes": _foreign_bytes(gpus),
-               "cuda_context_bytes": _process_overhead_mib(len(gpus)) * MIB,
+               "cuda_context_bytes": _process_overhead_mib(len(gpus)) * MIB, "calibration_bytes": calibration,
                "margin_bytes": margin, "context_length": context, "decode_max_bs": best.decode_max_bs,
                "chunked_prefill_size": best.chunked_prefill_size}
     budget = budget_rows(profile, best.sizing, best.reserve, summary)

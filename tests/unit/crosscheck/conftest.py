@@ -62,7 +62,7 @@ class Case:
     workload: Workload = SEED_WORKLOAD
     port: int = 30000
 
-    def plan(self, node: SimNode, our_pids: dict[int, int] | None = None) -> ServerPlan:
+    def plan(self, node: SimNode, our_pids: dict[int, int] | None = None, calibration_bytes: int = 0) -> ServerPlan:
         """The plan from the node's nvidia-smi now; ``our_pids`` ({pid: port}) are the servers the
         probe recognises as ours (their memory counts as free: they are stopped before the launch)."""
         config = json.loads((self.model_dir / "config.json").read_text())
@@ -72,7 +72,8 @@ class Case:
         profile = profile_model(config, weights, options, config_path=str(self.model_dir / "config.json"))
         gpus = probe.select_gpus(inventory_from_nvidia_smi(node, our_pids), self.gpu_ids)
         return plan_server(host=HOST, gpu_ids=list(self.gpu_ids), port=self.port, gpus=gpus, profile=profile,
-                           options=options, workload=self.workload, bounds=self.bounds)
+                           options=options, workload=self.workload, bounds=self.bounds,
+                           calibration_bytes=calibration_bytes)
 
     def server_argv(self, plan: ServerPlan) -> list[str]:
         """The server's flags as the launcher writes them (``python -m MODULE`` left off)."""

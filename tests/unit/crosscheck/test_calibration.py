@@ -1,0 +1,68 @@
+"""Calibration from readback: a node whose hidden per-process overhead is not fleetgen's constant.
+
+The simulated node's new server takes 1.5 GiB more before SGLang's baseline than ``CUDA_CONTEXT_MIB``
+says (as a different driver, PyTorch or NCCL would). The first run's plan then expects more than SGLang
+allows and its readback (``/server_info`` and the ``Load weight begin`` log line) says by how much; the
+correction is stored per (GPU, SGLang version, model, tp), and the second run's plan matches exactly.
+"""
+
+from fleetgen.nodes.readiness import parse_server_info
+from fleetgen.tuning.calibration import CalibrationStore, calibrate, pre_load_from_log
+from fleetgen.tuning.planner import CUDA_CONTEXT_MIB, compare_expected, render_budget_table
+from sglang_sim.dryrun import dry_run
+from sglang_sim.node import create_node
+
+MIB = 1 << 20
+GIB = 1 << 30
+HIDDEN_EXTRA_MIB = 1536
+
+
+def _readback(sizing, version="0.5.23"):
+    """What the server reports at readiness: /server_info's limits and its start-up log line."""
+    limits = sizing.server_info_limits()
+    info = {"version": version, "max_total_num_tokens": limits["max_total_num_tokens"],
+            "internal_states": [{"effective_max_running_requests_per_dp": limits["max_running_requests"],
+                                 "max_mamba_cache_size": limits["max_mamba_cache_size"]}]}
+    return (parse_server_info(info, server="sim-node-0:30000"),
+            f"[2026-11-30 12:00:00 TP0] Load weight begin. avail mem={sizing.pre_load_free_bytes / GIB:.2f} GB")
+
+
+def test_second_run_matches_after_a_readback_of_hidden_overhead(xc, models, tmp_path):
+    node = create_node(tmp_path / "node", name=xc.HOST, gpus=2, total_mib=xc.B200_MIB,
+                       sim={"load_seconds": 0.3, "time_scale": 1000, "cuda_context_mib": CUDA_CONTEXT_MIB
+                            + HIDDEN_EXTRA_MIB})
+    case = xc.Case(models.seed, (0,), tuple(xc.SEED_EXTRA_ARGS))
+    store = CalibrationStore(tmp_path / "calibration.json")
+    key = ("NVIDIA B200", "0.5.23", "qwen3.6-27b", 1)
+
+    first = case.plan(node, calibration_bytes=store.correction_bytes(*key))
+    sizing = dry_run(node, case.server_argv(first), [0])
+    info, log = _readback(sizing)
+    assert compare_expected(first, info)  # the first run's readback differs, and says so
+    calibration = calibrate(first, info, log, gpu_name=key[0], model=key[2])
+    assert calibration.exact and calibration.correction_bytes == HIDDEN_EXTRA_MIB * MIB
+    assert "1,536 MiB correction" in calibration.report_line()
+    store.record(calibration)
+
+    second = case.plan(node, calibration_bytes=store.correction_bytes(*key))
+    sizing = dry_run(node, case.server_argv(second), [0])
+    assert sizing.server_info_limits() == second.expected
+    assert compare_expected(second, _readback(sizing)[0]) == []
+    assert "calibration from readback" in render_budget_table(second)
+    # and a third readback confirms the correction instead of piling another one on
+    again = calibrate(second, *_readback(sizing), gpu_name=key[0], model=key[2])
+    assert again.correction_bytes == HIDDEN_EXTRA_MIB * MIB and not again.mismatches
+
+
+def test_another_sglang_version_is_named_and_keyed_apart(xc, models, seed_node, tmp_path):
+    case = xc.Case(models.seed, (0,), tuple(xc.SEED_EXTRA_ARGS))
+    plan = case.plan(seed_node)
+    info, log = _readback(dry_run(seed_node, case.server_argv(plan), [0]), version="0.5.24")
+    calibration = calibrate(plan, info, log, gpu_name="NVIDIA B200", model="qwen3.6-27b")
+    assert calibration.correction_bytes == 0 and calibration.exact
+    assert "SGLang 0.5.24 is not 0.5.23" in calibration.report_line()
+    store = CalibrationStore(tmp_path / "calibration.json")
+    store.record(calibration)
+    assert store.correction_bytes("NVIDIA B200", "0.5.23", "qwen3.6-27b", 1) == 0
+    assert "NVIDIA B200|0.5.24|qwen3.6-27b|tp1" in store.load()
+    assert pre_load_from_log("no such line") is None
