@@ -17,6 +17,9 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       report/                      report.json, report.md, plots
       failures.jsonl               one line per failed task: what broke and what to check
       workload_plan.json           per server: the cap, KV pool and ceiling the workload mode planned
+      calibration.json             each server's readback: the memory it really had vs the plan
+
+    <output_root>/calibration.json   corrections per (GPU, SGLang version, model, tp) the next plan starts from
 """
 
 from __future__ import annotations
@@ -85,6 +88,11 @@ class RunLayout:
         return self.root / "report"
 
     @property
+    def calibration(self) -> Path:
+        """This run's readbacks (one entry per server)."""
+        return self.root / "calibration.json"
+
+    @property
     def report_json(self) -> Path:
         return self.report_dir / "report.json"
 
@@ -104,6 +112,11 @@ class RunLayout:
     def shard_files(self, kind: str) -> list[Path]:
         """Every shard's file of one kind, in shard order."""
         return sorted(self.kind_dir(kind).glob("*.jsonl"))
+
+
+def calibration_file(output_root: str | Path) -> Path:
+    """The corrections every run reads and the readiness check updates, shared by the runs of one output root."""
+    return Path(output_root).expanduser() / "calibration.json"
 
 
 def run_root_of_report(report_json: str | Path) -> Path:

@@ -9,7 +9,8 @@ from airflow.sdk import BaseOperator
 
 from fleetgen.airflow.hooks import host_key_mismatch
 from fleetgen.nodes import readiness
-from fleetgen.errors import FailureKind, HostUnreachable, PlanError, ServerNotReady, ServerStartupError
+from fleetgen.errors import (FailureKind, FleetgenError, HostUnreachable, PlanError, ServerNotReady,
+                             ServerStartupError)
 from fleetgen.nodes.reconnect import DEFAULT_COMMAND_TIMEOUT_S, DEFAULT_RECONNECT_ATTEMPTS, DEFAULT_RECONNECT_BUDGET_S
 from fleetgen.nodes.fleet import ServerSlot, fleet_from_json
 
@@ -109,7 +110,28 @@ class WaitReadyOperator(BaseOperator):
                 "url": launched["url"], "gpu_ids": launched["gpu_ids"], "pid": launched["pid"],
                 **limits.to_dict(), "expected": plan.expected, "mismatches": mismatches, "relaunches": attempt,
                 "flags": plan.flags, "model": (info.get("_model_info") or {}).get("served_model_name"),
-                "waited_s": event["waited_s"]}
+                "waited_s": event["waited_s"],
+                "calibration": self._calibrate(launched, plan, limits, event.get("log_tail") or [])}
+
+    def _calibrate(self, launched: dict, plan, limits, log_lines: list[str]) -> dict | None:
+        """The readback's calibration (tuning/calibration.py), recorded for the next plan and in the run's
+        output. A calibration that cannot be computed or stored is a warning, never a failed server."""
+        from fleetgen.airflow.context import run_context
+        from fleetgen.outputs import calibration_file
+        from fleetgen.tuning.calibration import CalibrationStore, calibrate, model_key
+
+        fleet = fleet_from_json(self.fleet)
+        try:
+            calibration = calibrate(plan, limits, "\n".join(log_lines), gpu_name=str(plan.inputs["gpus"][0]["name"]),
+                                    model=model_key(fleet.model.path))
+            _, config, layout = run_context()
+            CalibrationStore(calibration_file(config.inputs.output_root)).record(calibration)
+            CalibrationStore(layout.calibration).record(calibration, server=launched["name"])
+        except (FleetgenError, OSError, KeyError, ValueError) as exc:
+            log.warning("no calibration for %s: %s", launched["name"], exc)
+            return None
+        log.info("readback of %s: %s", launched["name"], calibration.report_line())
+        return {**calibration.to_dict(), "correction_bytes": calibration.correction_bytes}
 
     def _relaunch_smaller(self, context, launched: dict, attempt: int, kind: FailureKind, fatal_line: str) -> None:
         from fleetgen.airflow.lifecycle import api_key, launch_server, stop_ports

@@ -108,6 +108,8 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
     from fleetgen.nodes import remote
     from fleetgen.report.previous import prompt_token_statistics
     from fleetgen.tuning import LaunchOptions, Workload, plan_server, profile_model, render_budget_table
+    from fleetgen.outputs import calibration_file
+    from fleetgen.tuning.calibration import CalibrationStore, model_key
     from fleetgen.tuning.model_files import read_model
 
     _, config, layout = run_context()
@@ -126,11 +128,18 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
     workload = Workload(max_output_tokens=config.generation.max_tokens, prompt_tokens_mean=tokens.mean,
                         prompt_tokens_max=tokens.max, prompt_count=int(prompt_scan["count"]))
     by_host = {inventory["host"]: inventory for inventory in mapped_values(inventories)}
+    store = CalibrationStore(calibration_file(config.inputs.output_root))
 
     def planner(slot):
         gpus = probe.select_gpus(by_host[slot.node], slot.gpu_ids)
+        measured = store.latest(str(gpus[0]["name"]), model_key(spec.model.path), spec.server.tp_size)
+        if measured:
+            log.info("Calibration for %s from an earlier readback: %d bytes less pre-load memory", slot.name,
+                     measured["correction_bytes"])
+        correction = int(measured["correction_bytes"]) if measured else 0
         return lambda bounds: plan_server(host=slot.node, gpu_ids=list(slot.gpu_ids), port=slot.port, gpus=gpus,
-                                          profile=profile, options=options, workload=workload, bounds=bounds)
+                                          profile=profile, options=options, workload=workload, bounds=bounds,
+                                          calibration_bytes=correction)
 
     plan_for = {slot.name: planner(slot) for slot in spec.servers()}
     if config.tuning.mode == "tuned":

@@ -139,6 +139,11 @@ class ReadinessTrigger(BaseTrigger):
             finally:
                 self._drop(ssh)
 
+    def _ready_event(self, info: dict) -> TriggerEvent:
+        # the pre-load memory line, when still in the tail, feeds the calibration (tuning/calibration.py)
+        startup = [line for line in self._log_lines if "Load weight begin" in line][-1:]
+        return self._event("ready", server_info=info, log_tail=startup + self._log_lines[-5:])
+
     async def _poll(self, ssh, http) -> TriggerEvent | None:
         """One look over SSH (log tail, process alive) and HTTP; an event when the wait is over."""
         command = remote.watch_command(self.log_path, self.pid, LOG_TAIL_LINES)
@@ -158,7 +163,7 @@ class ReadinessTrigger(BaseTrigger):
                                "without a recognised error line", log_tail=self._log_lines)
         info = await self._probe_http(http)
         if info is not None:
-            return self._event("ready", server_info=info, log_tail=self._log_lines[-5:])
+            return self._ready_event(info)
         return None
 
     async def _after_ssh_failure(self, exc: BaseException, budget: ReconnectBudget,
@@ -184,7 +189,7 @@ class ReadinessTrigger(BaseTrigger):
                          delay, budget.elapsed(now), budget.seconds)
         info = await self._probe_http(http)
         if info is not None:
-            return self._event("ready", server_info=info, log_tail=self._log_lines[-5:]), 0.0
+            return self._ready_event(info), 0.0
         return None, delay
 
     @staticmethod

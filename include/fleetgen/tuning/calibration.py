@@ -16,9 +16,11 @@ model, tp) starts from; ``CalibrationStore`` keeps it in a small JSON file.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,8 +33,10 @@ from fleetgen.tuning.sizing import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, size_pools
 
 PLANNED_SGLANG_VERSION = "0.5.23"
 _LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=([0-9.]+) GB")
-# The log rounds to 0.01 GiB: the true value lies within half of that, searched MiB by MiB.
-_SEARCH_MIB = 8
+# How far from the plan's assumption the bisection looks, and how many MiB can give the same sizing
+# (a KV page of the largest models is a few MiB).
+_SEARCH_RANGE_MIB = 64 * 1024
+_MAX_MATCHING_MIB = 64
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,11 @@ class Calibration:
         data = asdict(self)
         data["mismatches"] = list(self.mismatches)
         return data
+
+
+def model_key(model_path: str) -> str:
+    """The model part of a calibration key: the model folder's name."""
+    return Path(str(model_path).rstrip("/")).name or str(model_path)
 
 
 def calibration_key(gpu_name: str, sglang_version: str, model: str, tp_size: int) -> str:
@@ -119,26 +128,51 @@ def _sized(plan: ServerPlan, pre_load_bytes: int) -> dict | None:
             "max_total_num_tokens": sizing.max_total_num_tokens}
 
 
+def _search_pre_load(plan: ServerPlan, reported: dict, logged: int | None) -> tuple[int | None, bool]:
+    """The MiB of pre-load memory whose sizing gives exactly the reported values: KV tokens grow with
+    the memory, so a bisection finds where they start to match; among the matching MiB the one nearest
+    the log's value wins. (None, False) when no value matches (the flags alone do not explain it)."""
+    planned_mib = round(plan.budget_row("pre-load free (SGLang baseline)") / MIB)
+
+    def tokens(mib: int) -> int:
+        sized = _sized(plan, mib * MIB)
+        return -1 if sized is None else sized["max_total_num_tokens"]
+
+    want = reported["max_total_num_tokens"]
+    if want is None:
+        return None, False
+    low, high = max(1, planned_mib - _SEARCH_RANGE_MIB), planned_mib + _SEARCH_RANGE_MIB
+    if tokens(high) < want:
+        return None, False
+    while low < high:  # the smallest MiB giving at least the reported tokens
+        middle = (low + high) // 2
+        if tokens(middle) >= want:
+            high = middle
+        else:
+            low = middle + 1
+    matching = []
+    mib = low
+    while tokens(mib) == want and len(matching) < _MAX_MATCHING_MIB:
+        if _sized(plan, mib * MIB) == reported:
+            matching.append(mib)
+        mib += 1
+    if not matching:
+        return None, False
+    centre = logged / MIB if logged is not None else planned_mib
+    return min(matching, key=lambda value: abs(value - centre)) * MIB, True
+
+
 def calibrate(plan: ServerPlan, info: ServerInfo, log_text: str, *, gpu_name: str, model: str) -> Calibration:
     """The pre-load memory the server of ``plan`` really had, from its /server_info (read by
     ``nodes.readiness.parse_server_info``) and its log."""
-    rows = {row["item"].strip(): row["bytes"] for row in plan.budget}
-    planned = rows["pre-load free (SGLang baseline)"]
+    planned = plan.budget_row("pre-load free (SGLang baseline)")
     reported = _reported(info)
     mismatches = tuple(compare_expected(plan, info))
     version = info.version or "unknown"
     logged = pre_load_from_log(log_text)
-    centre = logged if logged is not None else planned
-    measured, exact = centre, False
-    if not mismatches:
-        measured, exact = planned, True
-    else:
-        centre_mib = round(centre / MIB)
-        for offset in sorted(range(-_SEARCH_MIB * 2, _SEARCH_MIB * 2 + 1), key=abs):
-            candidate = (centre_mib + offset) * MIB
-            if _sized(plan, candidate) == reported:
-                measured, exact = candidate, True
-                break
+    measured, exact = (planned, True) if not mismatches else _search_pre_load(plan, reported, logged)
+    if measured is None:
+        measured, exact = (logged if logged is not None else planned), False
     tp_size = int(plan.inputs["options"].get("tp_size", 1))
     return Calibration(gpu_name=gpu_name, sglang_version=version, model=model, tp_size=tp_size,
                        planned_pre_load_bytes=planned, measured_pre_load_bytes=measured,
@@ -166,11 +200,24 @@ class CalibrationStore:
         entry = self.load().get(calibration_key(gpu_name, sglang_version, model, tp_size))
         return int(entry["correction_bytes"]) if entry else 0
 
-    def record(self, calibration: Calibration) -> None:
-        """Store the correction the next plan of the same key starts from."""
-        data = self.load()
-        data[calibration.key] = {**calibration.to_dict(), "correction_bytes": calibration.correction_bytes}
+    def latest(self, gpu_name: str, model: str, tp_size: int) -> dict | None:
+        """The most recent readback for this GPU, model and tp, whatever SGLang version it ran (the plan
+        is made before the server names its version)."""
+        entries = [entry for entry in self.load().values() if entry.get("gpu_name") == gpu_name
+                   and entry.get("model") == model and int(entry.get("tp_size", 0)) == int(tp_size)]
+        return max(entries, key=lambda entry: entry.get("recorded_at", 0), default=None)
+
+    def record(self, calibration: Calibration, *, server: str | None = None) -> None:
+        """Store the correction the next plan of the same key starts from (keyed by ``server`` instead, for
+        a run's own record of each server). Readiness checks of one run record in parallel: a lock file
+        serialises them."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        with open(self.path.with_name(f".{self.path.name}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = self.load()
+            data[server or calibration.key] = {**calibration.to_dict(), "key": calibration.key,
+                                               "correction_bytes": calibration.correction_bytes,
+                                               "recorded_at": time.time()}
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, self.path)

@@ -135,6 +135,13 @@ class ServerPlan:
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"not a server plan: {exc!r}") from None
 
+    def budget_row(self, item: str) -> int:
+        """The bytes of one budget row, by its name (indentation ignored)."""
+        for row in self.budget:
+            if row["item"].strip() == item:
+                return int(row["bytes"])
+        raise PlanError(f"the plan's budget has no row {item!r}", host=self.host, server=self.server)
+
     def command_args(self) -> list[str]:
         """The plan's flags as SGLang command-line items, in a stable order."""
         args: list[str] = []

@@ -66,3 +66,17 @@ def test_another_sglang_version_is_named_and_keyed_apart(xc, models, seed_node, 
     assert store.correction_bytes("NVIDIA B200", "0.5.23", "qwen3.6-27b", 1) == 0
     assert "NVIDIA B200|0.5.24|qwen3.6-27b|tp1" in store.load()
     assert pre_load_from_log("no such line") is None
+
+
+def test_readback_without_the_log_line_still_finds_the_memory(xc, models, tmp_path):
+    """The readiness check sees only the log's tail: /server_info's values alone pin the memory down."""
+    node = create_node(tmp_path / "node", name=xc.HOST, gpus=1, total_mib=xc.B200_MIB,
+                       sim={"cuda_context_mib": CUDA_CONTEXT_MIB + 700})
+    case = xc.Case(models.llama, (0,))
+    plan = case.plan(node)
+    info, _ = _readback(dry_run(node, case.server_argv(plan), [0]))
+    calibration = calibrate(plan, info, "", gpu_name="NVIDIA B200", model="llama3.1-8b")
+    # one 64-token KV page of this model is 8 MiB: the values pin the memory down to within a page
+    assert calibration.exact and abs(calibration.correction_bytes - 700 * MIB) <= 8 * MIB
+    second = case.plan(node, calibration_bytes=calibration.correction_bytes)
+    assert dry_run(node, case.server_argv(second), [0]).server_info_limits() == second.expected
