@@ -30,6 +30,13 @@ def test_every_prompt_gets_exactly_one_completion(dag, sim_env, fleet_file):
     # the simulator, launched with the plan, reports exactly the limits the plan expected
     for server in report["tuning"]:
         assert all(server["matches"].values()), server
+    # each readiness check recorded its readback: the node's overhead is fleetgen's constant, so no correction
+    readbacks = json.loads((run_dir / "calibration.json").read_text())
+    assert len(readbacks) == len(report["tuning"])
+    assert all(entry["exact"] and entry["correction_bytes"] == 0 and entry["sglang_version"] == "0.5.23"
+               for entry in readbacks.values()), readbacks
+    shared = json.loads((Path(sim_env.output_root) / "calibration.json").read_text())
+    assert {entry["key"] for entry in readbacks.values()} == set(shared)
 
 
 def test_shards_beyond_the_map_limit_grow_to_fit_and_the_report_compares_runs(dag, sim_env, fleet_file, monkeypatch,
