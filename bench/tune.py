@@ -34,7 +34,7 @@ from pathlib import Path
 from fleetgen.generate import GenerationSettings, run_shard_async
 from fleetgen.nodes import probe, remote
 from fleetgen.prompts.scan import plan_shards, scan_prompts
-from fleetgen.tuning.planner import TunerBounds, Workload, plan_server, render_budget_table
+from fleetgen.tuning.planner import TunerBounds, Workload, plan_server, render_budget_table, resolved_page_size
 from fleetgen.tuning.profile import LaunchOptions, profile_model, weights_bytes_from_index
 from fleetgen.tuning.workload import (KvDemand, RunObservation, decode_reserve_tokens, parse_metrics,
                                       plan_workload_server)
@@ -68,8 +68,9 @@ def node_planner(fleet: LocalSimFleet, prompts: Path):
         return plan_server(host="node0", gpu_ids=[0], port=fleet.ports[0], gpus=probe.select_gpus(inventory, [0]),
                            profile=profile, options=options, workload=workload, bounds=bounds)
 
-    reserve = decode_reserve_tokens(profile.spec_steps, profile.spec_topk, profile.draft_tokens, options.page_size)
-    return plan_with, options.page_size, reserve
+    page_size = resolved_page_size(profile, options, probe.select_gpus(inventory, [0]), TunerBounds())
+    reserve = decode_reserve_tokens(profile.spec_steps, profile.spec_topk, profile.draft_tokens, page_size)
+    return plan_with, page_size, reserve
 
 
 class PeakSampler(threading.Thread):

@@ -3,7 +3,8 @@
 Routes: /health, /health_generate, /ready, /model_info (+/get_model_info), /server_info
 (+/get_server_info), /v1/models, /v1/loads, /v1/chat/completions, /generate, and /metrics with
 --enable-metrics; every other path answers FastAPI's 404 ``{"detail":"Not Found"}`` (405
-``{"detail":"Method Not Allowed"}`` for a known path), as SGLang 0.5.23 does. With --api-key every route except /health*, /ready* and /metrics* needs
+``{"detail":"Method Not Allowed"}`` for a known path), as SGLang 0.5.23 does. With --api-key every
+route except /health*, /ready* and /metrics* needs
 ``Authorization: Bearer <key>`` (401 ``{"error":"Unauthorized"}``). Plain Starlette routes, no
 middleware: this path serves benchmarks.
 

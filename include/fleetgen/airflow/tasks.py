@@ -111,6 +111,7 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
     from fleetgen.outputs import calibration_file
     from fleetgen.tuning.calibration import CalibrationStore, model_key
     from fleetgen.tuning.model_files import read_model
+    from fleetgen.tuning.planner import resolved_page_size
 
     _, config, layout = run_context()
     spec = fleet_from_json(fleet)
@@ -143,7 +144,10 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
 
     plan_for = {slot.name: planner(slot) for slot in spec.servers()}
     if config.tuning.mode == "tuned":
-        server_plans = _workload_plans(config, layout, spec, plan_for, profile, options)
+        first = spec.servers()[0]
+        page_size = resolved_page_size(profile, options, probe.select_gpus(by_host[first.node], first.gpu_ids),
+                                       config.tuning.bounds())
+        server_plans = _workload_plans(config, layout, spec, plan_for, profile, options, page_size)
     else:
         server_plans = [plan_with(config.tuning.bounds()) for plan_with in plan_for.values()]
     plans = []
@@ -155,7 +159,8 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
     return plans
 
 
-def _workload_plans(config: RunConfig, layout, spec: FleetSpec, plan_for: dict, profile, options) -> list:
+def _workload_plans(config: RunConfig, layout, spec: FleetSpec, plan_for: dict, profile, options,
+                    page_size: int) -> list:
     """The workload mode (docs/sglang-scheduler.md §7): learn from the previous run, record tonight's plan."""
     from fleetgen.tuning import workload_history
     from fleetgen.tuning.workload import decode_reserve_tokens
@@ -165,9 +170,8 @@ def _workload_plans(config: RunConfig, layout, spec: FleetSpec, plan_for: dict, 
             return shell.run(command, describe="read the previous run's scheduler lines")[1]
 
     learned = workload_history.learn_from_previous_run(
-        config.inputs.output_root, layout, page_size=options.page_size,
-        reserve_tokens=decode_reserve_tokens(profile.spec_steps, profile.spec_topk, profile.draft_tokens,
-                                             options.page_size),
+        config.inputs.output_root, layout, page_size=page_size,
+        reserve_tokens=decode_reserve_tokens(profile.spec_steps, profile.spec_topk, profile.draft_tokens, page_size),
         log_dir=spec.server.log_dir, ports_by_node={node.name: list(node.ports) for node in spec.nodes},
         run_on_node=run_on_node)
     log.info("Workload mode: %s, %d server(s) observed", learned.source, len(learned.seen))

@@ -79,8 +79,9 @@ MULTIMODAL_PREFILL_GRAPH_ARCHITECTURES = frozenset("""
 """.split())
 # server_args.py::ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES: --language-model-only is a fatal error
 # (arg_groups/model_hook.py::handle_language_model_only) for any other architecture.
-LANGUAGE_MODEL_ONLY_ARCHITECTURES = frozenset({"DeepseekV4ForCausalLM", "MuseGlimmerForConditionalGeneration",
-                                               "Cosmos3ForConditionalGeneration", "Cosmos3EdgeForConditionalGeneration"})
+LANGUAGE_MODEL_ONLY_ARCHITECTURES = frozenset({
+    "DeepseekV4ForCausalLM", "MuseGlimmerForConditionalGeneration", "Cosmos3ForConditionalGeneration",
+    "Cosmos3EdgeForConditionalGeneration"})
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,15 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
                       budget=budget, attempt=attempt, mode=bounds.mode, notes=notes, inputs=inputs)
 
 
+def resolved_page_size(profile: MemoryProfile, options: LaunchOptions, gpus: list[dict], bounds: TunerBounds) -> int:
+    """The KV page size SGLang will run a plan for ``gpus`` with (``tuning/platform.py``): the page the
+    workload mode's KV demand rounds to."""
+    _, resolved, _ = _platform_profile(profile, ModelGeometry.from_dict(profile.geometry), options, bounds, {},
+                                       gpu_generation(str(gpus[0].get("name", ""))),
+                                       min(int(g["total_mib"]) for g in gpus), [], "", "")
+    return resolved.page_size or 1
+
+
 def _platform_profile(base_profile: MemoryProfile, geometry: ModelGeometry, options: LaunchOptions,
                       bounds: TunerBounds, flags: dict, generation: str | None, gpu_total_mib: int, notes: list[str],
                       host: str, server: str) -> tuple[MemoryProfile, LaunchOptions, bool]:
@@ -266,7 +275,8 @@ def _prefill_graph_disabled(profile: MemoryProfile, options: LaunchOptions) -> b
 
 
 def _with_mm_reserve(profile: MemoryProfile, max_running_requests: int | None) -> MemoryProfile:
-    return dataclasses.replace(profile, multimodal_reserve_bytes=qwen3_vl_hopper_reserve_mib(max_running_requests) * MIB)
+    reserve = qwen3_vl_hopper_reserve_mib(max_running_requests) * MIB
+    return dataclasses.replace(profile, multimodal_reserve_bytes=reserve)
 
 
 def _apply_opt_ins(profile: MemoryProfile, options: LaunchOptions, bounds: TunerBounds, flags: dict,
