@@ -100,7 +100,8 @@ def metrics_text(service) -> str:
     engines = service.engines
     counters = service.scheduler_counters()
     gauges = [("sglang:num_running_reqs", "The number of running requests.", sum(e.running for e in engines)),
-              ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", sum(e.waiting for e in engines)),
+              ("sglang:num_queue_reqs", "The number of requests in the waiting queue.",
+               sum(e.waiting for e in engines)),
               ("sglang:num_used_tokens", "The number of used tokens.", counters["num_used_tokens"]),
               ("sglang:token_usage", "The token usage.", counters["token_usage"]),
               ("sglang:full_token_usage", "The token usage for full attention layers.", counters["full_token_usage"]),
