@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SGLANG_STAMP := .sglang-venv/.built
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench ui clean
+.PHONY: setup demo test test-fast bench ui prod-up prod-down clean
 
 setup: $(STAMP)
 
@@ -39,5 +39,13 @@ bench: $(STAMP)
 ui: $(STAMP)
 	$(BIN)/python -m sglang_sim.ui
 
+# Production-shaped Airflow (PostgreSQL + CeleryExecutor on Redis, two workers) against two simulated
+# nodes; see README "Running on a production Airflow". prod-down stops it.
+prod-up: $(STAMP)
+	$(BIN)/python -m sglang_sim.prod up
+
+prod-down: $(STAMP)
+	$(BIN)/python -m sglang_sim.prod down
+
 clean:
-	rm -rf .demo .pytest_cache
+	rm -rf .demo .prod .pytest_cache

@@ -139,6 +139,41 @@ class SimEnvironment:
             "FLEETGEN_BASE_PORT": str(self.base_port),
         }
 
+    def fleet(self) -> dict:
+        """The committed fleet (airflow_settings.yaml's Variable) extended to every node of this environment."""
+        import yaml
+
+        from fleetgen.airflow.settings_file import load_settings
+
+        settings = load_settings(PROJECT_ROOT / "airflow_settings.yaml", {**os.environ, **self.settings_env()})
+        fleet = yaml.safe_load(dict(settings.variables)["fleetgen_fleet"])
+        fleet["nodes"] = [{"name": f"node{index}", "ssh_conn_id": f"fleetgen_node{index}", "address": "127.0.0.1",
+                           "gpus": list(range(self.gpus_per_node)), "base_port": self.node_base_port(index)}
+                          for index in range(self.nodes)]
+        return fleet
+
+    def fleet_file(self) -> Path:
+        path = self.root / "fleet.json"
+        path.write_text(json.dumps(self.fleet()))
+        return path
+
+    def airflow_settings(self, *, pool_slots: int | None = None):
+        """airflow_settings.yaml applied to this environment: one SSH connection per node, the fleet
+        Variable naming every node, and (when given) the shard pool's size."""
+        import dataclasses
+
+        from fleetgen.airflow.settings_file import load_settings
+
+        settings = load_settings(PROJECT_ROOT / "airflow_settings.yaml", {**os.environ, **self.settings_env()})
+        node0 = next(c for c in settings.connections if c.conn_id == "fleetgen_node0")
+        others = [c for c in settings.connections if not c.conn_id.startswith("fleetgen_node")]
+        nodes = [dataclasses.replace(node0, conn_id=f"fleetgen_node{index}", port=port)
+                 for index, port in enumerate(self.ssh_ports)]
+        variables = tuple((key, json.dumps(self.fleet()) if key == "fleetgen_fleet" else value)
+                          for key, value in settings.variables)
+        pools = tuple(dataclasses.replace(pool, slots=pool_slots) if pool_slots else pool for pool in settings.pools)
+        return dataclasses.replace(settings, connections=tuple(nodes + others), variables=variables, pools=pools)
+
     def stop_servers(self) -> None:
         """Stop our simulated servers on every node, as the DAG does (pid file + command line check)."""
         from fleetgen.nodes.remote import stop_command

@@ -66,3 +66,17 @@ def dag():
     bag = DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
     assert bag.import_errors == {}
     return bag.dags["sglang_generation"]
+
+
+@pytest.fixture(scope="session")
+def production_services() -> None:
+    """PostgreSQL and Redis for the production-stack tests: skipped with what is missing and how to start
+    it on a developer's machine, a failure under CI (CI=true), which always has them."""
+    from sglang_sim.prod import ServiceMissing, check_services
+
+    try:
+        check_services()
+    except ServiceMissing as missing:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI must provide this service: {missing}", pytrace=False)
+        pytest.skip(str(missing))

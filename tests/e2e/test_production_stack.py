@@ -1,0 +1,175 @@
+"""The DAG on a production-shaped Airflow: PostgreSQL metadata DB, CeleryExecutor on Redis, two Celery
+workers, scheduler, triggerer, dag-processor and API server as real processes, two simulated nodes behind
+two SSH endpoints. Runs are triggered and watched through the REST API, as an operator would."""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+DAG_ID = "sglang_generation"
+SHARD_TASK = "generate.generate_shard"
+PROMPTS = 160
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, production_services):
+    from sglang_sim.demo import SimEnvironment, free_port_block
+    from sglang_sim.prod import ProdStack, drop_database
+
+    environment = SimEnvironment(root=tmp_path_factory.mktemp("prod"), nodes=2, gpus_per_node=1, prompts=PROMPTS,
+                                 sim={"time_scale": 15.0, "load_seconds": 2.0}).prepare().start()
+    # One task at a time per worker: the two shards the pool lets run together land on different workers.
+    stack = ProdStack(environment=environment, database=f"fleetgen_e2e_{os.getpid()}",
+                      queue=f"fleetgen-e2e-{os.getpid()}", api_port=free_port_block(4), worker_concurrency=1,
+                      heartbeat_timeout_s=20, pool_slots=2, admin_password="e2e-pw")
+    try:
+        stack.prepare(recreate_database=True).start()
+        yield stack
+    finally:
+        stack.stop()
+        environment.stop()
+        drop_database(stack.pg_admin_url, stack.database)
+
+
+@pytest.fixture(scope="module")
+def api(stack):
+    token = httpx.post(f"{stack.base_url}/auth/token", json={"username": "admin", "password": "e2e-pw"}).json()
+    client = httpx.Client(base_url=f"{stack.base_url}/api/v2", timeout=30,
+                          headers={"Authorization": f"Bearer {token['access_token']}"})
+    deadline = time.monotonic() + 120
+    while client.get(f"/dags/{DAG_ID}").status_code != 200:  # the dag-processor has not serialised it yet
+        assert time.monotonic() < deadline, "the DAG never appeared in the API"
+        time.sleep(2)
+    client.patch(f"/dags/{DAG_ID}", json={"is_paused": False}).raise_for_status()
+    yield client
+    client.close()
+
+
+def _trigger(api, stack, **conf) -> str:
+    environment = stack.environment
+    conf = {"fleet_file": str(environment.fleet_file()), "prompts_path": str(environment.prompts_path),
+            "output_root": str(environment.output_root), "max_tokens": 4096, "ready_timeout_s": 120, **conf}
+    response = api.post(f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf})
+    response.raise_for_status()
+    return response.json()["dag_run_id"]
+
+
+def _task_instances(api, run_id) -> list[dict]:
+    return api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 100}).json()["task_instances"]
+
+
+def _wait(api, run_id, *, until, timeout_s=300):
+    """Poll the run until ``until(run, task_instances)`` is true; fails when the run ends first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}").json()
+        tis = _task_instances(api, run_id)
+        if until(run, tis):
+            return run, tis
+        if run["state"] in ("success", "failed"):
+            pytest.fail(f"run {run_id} ended {run['state']} before the awaited condition: "
+                        f"{[(t['task_id'], t['map_index'], t['state']) for t in tis]}")
+        time.sleep(0.5)
+    pytest.fail(f"run {run_id}: condition not met after {timeout_s} s")
+
+
+def _not_succeeded(stack, run_id, tis) -> str:
+    failures = _run_dir(stack, run_id) / "failures.jsonl"
+    return (f"{[(t['task_id'], t['map_index'], t['state']) for t in tis if t['state'] != 'success']}; "
+            f"failures: {failures.read_text() if failures.exists() else 'none'}; logs under {stack.log_path('x').parent}")
+
+
+def _finished(run, _tis):
+    return run["state"] in ("success", "failed")
+
+
+def _shards_running(tis) -> list[dict]:
+    return [t for t in tis if t["task_id"] == SHARD_TASK and t["state"] == "running"]
+
+
+def _shard_tries(api, run_id, map_index) -> list[dict]:
+    path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{SHARD_TASK}/{map_index}/tries"
+    return api.get(path).json()["task_instances"]
+
+
+def _run_dir(stack, run_id) -> Path:
+    from fleetgen.airflow.tasks import run_output_dir
+
+    return run_output_dir({"output_root": str(stack.environment.output_root)}, run_id)
+
+
+def _assert_every_prompt_exactly_once(stack, run_id):
+    ids = [json.loads(line)["id"] for path in sorted((_run_dir(stack, run_id) / "completions").glob("*.jsonl"))
+           for line in path.read_text().splitlines()]
+    expected = [json.loads(line)["id"] for line in stack.environment.prompts_path.read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == PROMPTS and sorted(ids) == sorted(expected)
+
+
+def _who_ran_what(api, run_id) -> dict[int, list[str]]:
+    """Shard (map index) -> the worker of each try, in order."""
+    shards = sorted(t["map_index"] for t in _task_instances(api, run_id) if t["task_id"] == SHARD_TASK)
+    table = {i: [f"try {t['try_number']} {t['hostname']} {t['state']} {t['start_date'][11:19]}-{(t['end_date'] or '')[11:19]}"
+                 for t in _shard_tries(api, run_id, i)]
+             for i in shards}
+    print(f"\nrun {run_id}: which worker ran which shard")
+    for index, tries in table.items():
+        print(f"  shard {index}: {'; '.join(tries)}")
+    return table
+
+
+def test_run_spreads_shards_over_both_workers_and_survives_a_scheduler_restart(api, stack):
+    started = time.monotonic()
+    run_id = _trigger(api, stack, shard_size=40)  # 4 shards, 2 at a time (pool slots)
+    _wait(api, run_id, until=lambda run, tis: len(_shards_running(tis)) >= 1)
+    # Restart the scheduler while shards generate: the new one adopts the running tries and schedules the rest.
+    stack.kill("scheduler", signal.SIGTERM)
+    stack.start_component("scheduler")
+    run, tis = _wait(api, run_id, until=_finished)
+    print(f"\nrun {run_id}: {run['state']} in {time.monotonic() - started:.0f} s (scheduler restarted mid-generation)")
+    assert run["state"] == "success", _not_succeeded(stack, run_id, tis)
+    shards = [t for t in tis if t["task_id"] == SHARD_TASK]
+    assert len(shards) == 4
+    _who_ran_what(api, run_id)
+    assert {t["hostname"] for t in shards} == set(stack.workers)
+    _assert_every_prompt_exactly_once(stack, run_id)
+
+
+def test_a_worker_killed_mid_shard_is_retried_on_the_other_and_nothing_is_lost(api, stack):
+    started = time.monotonic()
+    run_id = _trigger(api, stack, shard_size=80)  # 2 shards, both running at once, one per worker
+    run_dir = _run_dir(stack, run_id)
+
+    def mid_shard(task_instance) -> bool:  # some of its prompts written, most still to come
+        return 5 <= _completed_lines(run_dir, task_instance["map_index"]) <= 40
+
+    _, tis = _wait(api, run_id, until=lambda run, tis: any(mid_shard(t) for t in _shards_running(tis)))
+    victim = next(t for t in _shards_running(tis) if mid_shard(t))
+    worker = victim["hostname"]
+    done_before_kill = _completed_lines(run_dir, victim["map_index"])
+    stack.kill(worker, signal.SIGKILL)  # the worker, its pool and the shard's task process, at once
+    killed_at = time.monotonic()
+    run, tis = _wait(api, run_id, until=_finished, timeout_s=300)
+    print(f"\nrun {run_id}: {run['state']} in {time.monotonic() - started:.0f} s; killed {worker} during shard "
+          f"{victim['map_index']} after {done_before_kill} completions; finished {time.monotonic() - killed_at:.0f} s "
+          f"after the kill")
+    table = _who_ran_what(api, run_id)
+    stack.start_component(worker)  # back to two workers for whatever runs next
+    assert run["state"] == "success", _not_succeeded(stack, run_id, tis)
+    tries = _shard_tries(api, run_id, victim["map_index"])
+    assert len(tries) >= 2, table
+    assert tries[0]["hostname"] == worker and tries[0]["state"] == "failed"
+    assert tries[-1]["state"] == "success" and tries[-1]["hostname"] != worker, table
+    _assert_every_prompt_exactly_once(stack, run_id)
+
+
+def _completed_lines(run_dir: Path, shard_id: int) -> int:
+    from fleetgen.generate.store import shard_file
+
+    path = shard_file(run_dir, "completions", shard_id)
+    return path.read_bytes().count(b"\n") if path.exists() else 0
