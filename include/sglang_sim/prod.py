@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import datetime
 import json
 import os
 import signal
@@ -116,13 +115,6 @@ def shared_secrets(path: Path) -> dict[str, str]:
     return secrets
 
 
-def off_schedule_cron(now: datetime.datetime | None = None) -> str:
-    """A daily cron twelve hours away from now: unpausing the DAG then starts no run of its own (the
-    first unpause of a cron DAG runs the latest slot when it is recent)."""
-    now = now or datetime.datetime.now(datetime.timezone.utc)
-    return f"0 {(now.hour + 12) % 24} * * *"
-
-
 @dataclass
 class ProdStack:
     """The processes of a production Airflow, started against ``environment`` (the simulated fleet)."""
@@ -136,6 +128,7 @@ class ProdStack:
     heartbeat_timeout_s: int = TASK_HEARTBEAT_TIMEOUT_S
     visibility_timeout_s: int = VISIBILITY_TIMEOUT_S
     pool_slots: int | None = None
+    scheduled_runs: bool = True
     admin_password: str = "admin"
     pg_admin_url: str = PG_ADMIN_URL
     redis_url: str = REDIS_URL
@@ -187,7 +180,9 @@ class ProdStack:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.root / "logs" / "tasks"),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.api_port + 1),
-            "FLEETGEN_SCHEDULE": off_schedule_cron(),
+            # False only for tests: their runs are triggered, and the first unpause would also start the
+            # latest nightly slot with the default parameters.
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(self.scheduled_runs),
             "PYTHONUNBUFFERED": "1",
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         })

@@ -27,7 +27,8 @@ def stack(tmp_path_factory, production_services):
     # One task at a time per worker: the two shards the pool lets run together land on different workers.
     stack = ProdStack(environment=environment, database=f"fleetgen_e2e_{os.getpid()}",
                       queue=f"fleetgen-e2e-{os.getpid()}", api_port=free_port_block(4), worker_concurrency=1,
-                      heartbeat_timeout_s=20, pool_slots=2, admin_password="e2e-pw")
+                      heartbeat_timeout_s=20, pool_slots=2, admin_password="e2e-pw",
+                      scheduled_runs=False)
     try:
         stack.prepare(recreate_database=True).start()
         yield stack
@@ -51,8 +52,18 @@ def api(stack):
     client.close()
 
 
-def _trigger(api, stack, **conf) -> str:
+def _set_time_scale(environment, time_scale: float) -> None:
+    """Simulated seconds per second of the next run's servers (node.json is read at every launch)."""
+    for index in range(environment.nodes):
+        path = environment.node_dir(index) / "node.json"
+        node = json.loads(path.read_text())
+        node["sim"]["time_scale"] = time_scale
+        path.write_text(json.dumps(node))
+
+
+def _trigger(api, stack, time_scale: float, **conf) -> str:
     environment = stack.environment
+    _set_time_scale(environment, time_scale)
     conf = {"fleet_file": str(environment.fleet_file()), "prompts_path": str(environment.prompts_path),
             "output_root": str(environment.output_root), "max_tokens": 4096, "ready_timeout_s": 120, **conf}
     response = api.post(f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf})
@@ -125,7 +136,7 @@ def _who_ran_what(api, run_id) -> dict[int, list[str]]:
 
 def test_run_spreads_shards_over_both_workers_and_survives_a_scheduler_restart(api, stack):
     started = time.monotonic()
-    run_id = _trigger(api, stack, shard_size=40)  # 4 shards, 2 at a time (pool slots)
+    run_id = _trigger(api, stack, time_scale=6.0, shard_size=40)  # 4 shards, 2 at a time (pool slots)
     _wait(api, run_id, until=lambda run, tis: len(_shards_running(tis)) >= 1)
     # Restart the scheduler while shards generate: the new one adopts the running tries and schedules the rest.
     stack.kill("scheduler", signal.SIGTERM)
@@ -142,7 +153,7 @@ def test_run_spreads_shards_over_both_workers_and_survives_a_scheduler_restart(a
 
 def test_a_worker_killed_mid_shard_is_retried_on_the_other_and_nothing_is_lost(api, stack):
     started = time.monotonic()
-    run_id = _trigger(api, stack, shard_size=80)  # 2 shards, both running at once, one per worker
+    run_id = _trigger(api, stack, time_scale=3.0, shard_size=80)  # 2 shards, both running at once, one per worker
     run_dir = _run_dir(stack, run_id)
 
     def mid_shard(task_instance) -> bool:  # some of its prompts written, most still to come
