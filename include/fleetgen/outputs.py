@@ -10,7 +10,8 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       stats/shard-NNNNN.jsonl      one compact row per completion (STATS_COLUMNS): the checkpoint of record
       errors/shard-NNNNN.jsonl     prompts that failed permanently
       shards/shard-NNNNN.json      the shard's byte range; ``.mark.json`` its resume mark; ``.lock`` and
-                                   ``.lease.json`` the one try that may write it (generate/lease.py)
+                                   ``.lease.json`` the one try that may write it (generate/lease.py);
+                                   ``.alive`` the live try's heartbeat, ``.lost.jsonl`` tries that died
       servers-health.json          servers the running shards found down or back up (generate/health.py);
                                    servers-health.lock serialises its writers
       validation/                  summary.json and data_docs/

@@ -110,9 +110,9 @@ def _shard_tries(api, run_id, map_index) -> list[dict]:
 
 
 def _run_dir(stack, run_id) -> Path:
-    from fleetgen.airflow.tasks import run_output_dir
+    from fleetgen.outputs import RunLayout
 
-    return run_output_dir({"output_root": str(stack.environment.output_root)}, run_id)
+    return RunLayout.for_run(stack.environment.output_root, run_id).root
 
 
 def _assert_every_prompt_exactly_once(stack, run_id):
@@ -177,10 +177,19 @@ def test_a_worker_killed_mid_shard_is_retried_on_the_other_and_nothing_is_lost(a
     assert tries[0]["hostname"] == worker and tries[0]["state"] == "failed"
     assert tries[-1]["state"] == "success" and tries[-1]["hostname"] != worker, table
     _assert_every_prompt_exactly_once(stack, run_id)
+    # The killed try ran no callback; the try that resumed its shard left the failure line, and the
+    # report took the dead try's time out of the throughput.
+    failures = [json.loads(line) for line in (run_dir / "failures.jsonl").read_text().splitlines()]
+    lost = [f for f in failures if f["error"] == "TryLost"]
+    assert [f["task"] for f in lost] == [f"{SHARD_TASK}[{victim['map_index']}]"] and lost[0]["try"] is None
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    print(f"report: {report['throughput']['tokens_per_s_generation']} tokens/s over the span, "
+          f"{report['throughput']['tokens_per_s_net_of_dead_time']} net of {report['timing']['dead_seconds']} s dead")
+    assert report["timing"]["lost_tries"] == 1 and report["timing"]["dead_seconds"] > 0
 
 
 def _completed_lines(run_dir: Path, shard_id: int) -> int:
-    from fleetgen.generate.store import shard_file
+    from fleetgen.outputs import RunLayout
 
-    path = shard_file(run_dir, "completions", shard_id)
+    path = RunLayout(run_dir).shard_file("completions", shard_id)
     return path.read_bytes().count(b"\n") if path.exists() else 0

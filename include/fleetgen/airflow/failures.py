@@ -45,6 +45,27 @@ def failure_record(context) -> dict:
             "shard": getattr(exception, "shard", None), "path": getattr(exception, "path", None), "ours": ours}
 
 
+def _append(layout: RunLayout, record: dict) -> None:
+    try:
+        layout.root.mkdir(parents=True, exist_ok=True)
+        with layout.failures.open("ab") as handle, jsonlines.Writer(handle, dumps=_dumps) as failures:
+            failures.write(record)
+    except OSError as error:
+        log.warning("could not append the failure summary (%s); it was: %s", error, json.dumps(record, default=str))
+
+
+def record_lost_try(layout: RunLayout, task: str, lost: dict) -> None:
+    """The failure line of a try that was killed (no callback of its own ran): found by the next try
+    of its shard from the heartbeat it left (``fleetgen.generate.liveness``)."""
+    _append(layout, {"at": lost["resumed_at"], "task": f"{task}[{lost['shard_id']}]", "try": lost["try"],
+                     "error": "TryLost",
+                     "message": f"the try on {lost['host']} (pid {lost['pid']}) stopped heartbeating at "
+                                f"{lost['last_beat']} without finishing; resumed {lost['dead_s']:.0f} s later",
+                     "hint": "the worker died or was killed: check that machine (memory, OOM killer, restarts); "
+                             "[scheduler] task_instance_heartbeat_timeout bounds how long a dead try holds a shard",
+                     "host": lost["host"], "server": None})
+
+
 def describe_failure(context) -> None:
     """on_failure_callback: one short summary an on-call engineer can act on, in the log and appended
     to ``<run output>/failures.jsonl``."""
@@ -57,8 +78,7 @@ def describe_failure(context) -> None:
                   record["hint"])
     try:
         layout = RunLayout.for_run(context["params"]["output_root"], context["run_id"])
-        layout.root.mkdir(parents=True, exist_ok=True)
-        with layout.failures.open("ab") as handle, jsonlines.Writer(handle, dumps=_dumps) as failures:
-            failures.write(record)
-    except (OSError, KeyError) as error:
+    except KeyError as error:
         log.warning("could not append the failure summary (%s); it was: %s", error, json.dumps(record, default=str))
+        return
+    _append(layout, record)

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import logging
 
-from fleetgen.airflow import lifecycle
+from fleetgen.airflow import failures, lifecycle
 from fleetgen.airflow.context import fail_fast, mapped_values, run_context
 from fleetgen.airflow.hooks import NodeShell
 from fleetgen.airflow.run_config import RunConfig
@@ -219,7 +219,7 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
     parallel = config.generation.parallel_shards
     endpoints = shard_endpoints(mapped_values(readiness), headroom=config.generation.headroom, parallel_shards=parallel)
     # 0 (auto): start with the whole limit and follow how many shards of this run are generating.
-    sharing = running_shards_counter(context["ti"]) if parallel == 0 else None
+    sharing = running_shards_counter(context["ti"], layout) if parallel == 0 else None
     log.info("Generating shard %d (%d prompts from byte %d) on %d server(s), in-flight limits %s%s",
              shard["shard_id"], shard["count"], shard["start"], len(endpoints),
              {e.name: e.max_in_flight for e in endpoints},
@@ -229,6 +229,8 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
                                   temperature=generation.temperature, top_p=generation.top_p)
     result = run_shard(shard, endpoints, layout.root, settings, api_key=lifecycle.api_key(spec), log=log,
                        sharing=sharing, try_number=context["ti"].try_number)
+    if result["lost_try"]:
+        failures.record_lost_try(layout, context["ti"].task_id, result["lost_try"])
     log.info("Shard %d done: %d completed, %d failed, %d already done before; %d output tokens in %.1f s",
              shard["shard_id"], result["done"], result["failed"], result.get("skipped_already_done", 0),
              result["completion_tokens"], result["seconds"])

@@ -13,10 +13,12 @@ import httpx
 from fleetgen.errors import ConfigError
 from fleetgen.generate.dispatch import Dispatcher, WorkQueue
 from fleetgen.generate.health import SharedHealth
+from fleetgen.generate.liveness import ShardHeartbeat
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.store import ShardStore
 from fleetgen.generate.transport import PooledTransport
+from fleetgen.outputs import RunLayout
 
 SHARD_KEYS = ("shard_id", "input_path", "start", "count")
 _default_log = logging.getLogger("fleetgen.generate")
@@ -38,6 +40,11 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
     shard_id = int(shard["shard_id"])
     store, resume = ShardStore.open(out_dir, shard, log=log, try_number=try_number,
                                     lease_wait_s=settings.lease_wait_s)
+    # After the store is open, so a try that may still write the output is over: a heartbeat left then
+    # belongs to a try that died.
+    heartbeat = ShardHeartbeat(RunLayout(Path(out_dir)), shard_id, try_number=try_number)
+    lost = heartbeat.start(log=log)
+    beating = asyncio.create_task(heartbeat.run())
     try:
         already = resume.finished + resume.failed
         log.info("shard %d: %d prompts, %d already done (%d completed, %d failed earlier); servers and "
@@ -64,8 +71,10 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
             if transport is None:
                 await pooled.aclose()
     finally:
+        beating.cancel()
+        heartbeat.stop()
         store.close()
-    summary = {"shard_id": shard_id, "done": progress.done, "failed": progress.failed,
+    summary = {"shard_id": shard_id, "lost_try": lost, "done": progress.done, "failed": progress.failed,
                "skipped_already_done": already, "prompt_tokens": progress.prompt_tokens,
                "completion_tokens": progress.completion_tokens, "seconds": round(progress.seconds, 3),
                "servers": {s.endpoint.name: s.summary() for s in dispatcher.servers}}
@@ -80,7 +89,7 @@ def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.Path
               sharing: Callable[[], int] | None = None, try_number: int | None = None) -> dict:
     """Generate one shard to ``out_dir``/{completions,stats,errors}/shard-NNNNN.jsonl; resumable.
 
-    Returns ``{"shard_id", "done", "failed", "skipped_already_done", "prompt_tokens",
+    Returns ``{"shard_id", "lost_try", "done", "failed", "skipped_already_done", "prompt_tokens",
     "completion_tokens", "seconds", "servers": {name: {"completed", "failed", "retried",
     "marked_down": [{"at", "reason"}], "recovered": [{"at", "down_s"}]}}}`` (JSON-safe).
     Raises ``AllServersDown`` (after saving progress) when every server stays down, and
@@ -93,6 +102,8 @@ def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.Path
     ``try_number`` (Airflow's) names this try in the shard's output lease: a newer try of the same
     shard takes the output over and this one stops with ``ShardLeaseLost`` (see generate/lease.py).
     A failed output write raises ``OutputError`` (``OutputUnwritable`` when a retry cannot help).
+    The try keeps a heartbeat while it runs (see liveness.py); ``lost_try`` is the earlier try of this
+    shard that died without finishing, if this try found one, else None.
     """
     coroutine = run_shard_async(shard, servers, out_dir, settings, api_key=api_key, log=log,
                                 progress_interval_s=progress_interval_s, transport=transport, sharing=sharing,

@@ -11,6 +11,8 @@ Throughput is computed from the per-completion stats rows (never the completion 
   to the fleet figure; ``tokens_per_s_active`` uses the server's own first start to last finish.
 - per GPU: a server's figure split evenly over the GPUs it runs on (tensor parallel shares the work).
 - over time: completion tokens counted in the bucket in which their request finished.
+- net of dead time: a try that died (worker killed) held its shard until the next try resumed it;
+  ``tokens_per_s_net_of_dead_time`` leaves those seconds out of the span (``timing.dead_seconds``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fleetgen.generate.liveness import dead_seconds, lost_tries
 from fleetgen.report.markdown import render_markdown
 from fleetgen.report.plots import write_plots
 from fleetgen.nodes.readiness import ServerInfo
@@ -246,6 +249,19 @@ def _load_previous(previous_report: str | Path | None) -> tuple[dict | None, dic
         return None, {"available": False, "previous_report": str(previous_report), "reason": str(exc)}
 
 
+def _net_of_dead_tries(report: dict, lost: list[dict]) -> None:
+    """Tries that died held their shard's slot until the next try resumed it: ``timing.dead_seconds`` is
+    the part of the generation span in which some dead try held one, and
+    ``throughput.tokens_per_s_net_of_dead_time`` the generation figure over the span without it."""
+    timing = report["timing"]
+    dead = dead_seconds(lost, timing["first_start"], timing["last_finish"])
+    live = timing["generation_seconds"] - dead
+    timing["dead_seconds"] = round(dead, 3)
+    timing["lost_tries"] = len(lost)
+    report["throughput"]["tokens_per_s_net_of_dead_time"] = (
+        round(report["totals"]["completion_tokens"] / live, 2) if live > 0 else None)
+
+
 def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, readiness: list[dict] | None,
                  shard_results: list[dict] | None, validation: dict | None,
                  previous_report: str | Path | None, wall_seconds: float | None = None) -> dict:
@@ -267,6 +283,7 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
                                     errors["code"].astype(object).fillna("none").value_counts().items()},
                         "per_server": {str(name): int(count) for name, count in
                                        errors["server"].astype(object).fillna("unknown").value_counts().items()}}
+    _net_of_dead_tries(report, lost_tries(RunLayout(out)))
     report["tuning"] = _tuning(plan, readiness)
     report["shards"] = _shards(shard_results)
     report["validation"] = validation
