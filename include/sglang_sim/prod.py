@@ -260,12 +260,14 @@ class ProdStack:
         raise TimeoutError(f"the stack was not healthy after {timeout_s:.0f} s: {problem}; logs in {self.log_path('x').parent}")
 
     def kill(self, component: str, sig: int = signal.SIGKILL) -> None:
-        """Signal a component's whole process group (a worker: its pool and the task processes too)."""
+        """Signal every process of a component's session, as if its machine died: a worker's pool and the
+        task processes too (each task runs in a process group of its own, but in the worker's session)."""
         process = self.processes[component]
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
+        for pid in session_members(process.pid):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
         process.wait(timeout=60)
 
     def stop(self) -> None:
@@ -280,9 +282,27 @@ class ProdStack:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+                pass
+            for pid in session_members(process.pid):  # what did not stop, task processes included
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            process.wait(timeout=10)
         self.processes.clear()
+
+
+def session_members(session_id: int) -> list[int]:
+    """The pids of every process in a session (the components are started as session leaders)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == session_id:
+                    members.append(int(entry))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return members
 
 
 def settings_document(settings) -> dict:
@@ -339,9 +359,16 @@ def down(args: argparse.Namespace) -> int:
         print(f"no stack recorded in {state_path}: nothing to stop")
         return 0
     state = json.loads(state_path.read_text())
-    for pid in [*state["pids"].values(), *state["sshd_pids"]]:
+    leaders = [*state["pids"].values(), *state["sshd_pids"]]
+    for pid in leaders:
         try:
             os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    time.sleep(20)  # Celery's warm shutdown; then whatever is left of each session goes
+    for pid in [member for leader in leaders for member in session_members(leader)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     environment = SimEnvironment(root=root, nodes=state["nodes"], gpus_per_node=state["gpus_per_node"])

@@ -103,7 +103,7 @@ def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.Path
     shard takes the output over and this one stops with ``ShardLeaseLost`` (see generate/lease.py).
     A failed output write raises ``OutputError`` (``OutputUnwritable`` when a retry cannot help).
     The try keeps a heartbeat while it runs (see liveness.py); ``lost_try`` is the earlier try of this
-    shard that died without finishing, if this try found one, else None.
+    shard that died without finishing, if this try found one, else None (also named by ``try_number``).
     """
     coroutine = run_shard_async(shard, servers, out_dir, settings, api_key=api_key, log=log,
                                 progress_interval_s=progress_interval_s, transport=transport, sharing=sharing,
