@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SGLANG_STAMP := .sglang-venv/.built
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench ui prod-up prod-down clean
+.PHONY: setup demo test test-fast bench ui prod-up prod-down openssh clean
 
 setup: $(STAMP)
 
@@ -27,7 +27,15 @@ $(SGLANG_STAMP): scripts/sglang-venv.sh
 demo: $(STAMP)
 	$(BIN)/python -m sglang_sim.demo
 
-test: $(STAMP) $(SGLANG_STAMP)
+# The end-to-end tests also run the simulated nodes behind Debian's OpenSSH sshd (started unprivileged on
+# loopback by the tests themselves). Installed here when we are root; otherwise those variants are skipped.
+openssh:
+	@if command -v /usr/sbin/sshd >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; \
+	else echo "openssh-server is not installed and we are not root: the OpenSSH end-to-end variants will be skipped"; fi
+
+test: $(STAMP) $(SGLANG_STAMP) openssh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

@@ -22,6 +22,15 @@ from sglang_sim import sshd
 from sglang_sim.synthetic import write_synthetic_prompts
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _start_openssh(node_dir, **kwargs):
+    from sglang_sim.openssh import start_openssh
+
+    return start_openssh(node_dir, **kwargs)
+
+
+SSH_SERVERS = {"embedded": sshd.start_sshd, "openssh": _start_openssh}
 DEMO_API_KEY_FILE = "api_key"
 B200_MIB = 183359
 
@@ -54,6 +63,7 @@ class SimEnvironment:
     gpu_name: str = "NVIDIA B200"
     prompts: int = 3000
     sim: dict = field(default_factory=dict)
+    ssh_server: str = "embedded"  # or "openssh": Debian's sshd (see openssh.py)
     ssh_ports: list[int] = field(default_factory=list)
     base_port: int = 0
     _sshd: list[subprocess.Popen] = field(default_factory=list)
@@ -107,9 +117,11 @@ class SimEnvironment:
     def start(self) -> "SimEnvironment":
         self.ssh_ports = [sshd.free_port() for _ in range(self.nodes)]
         self.base_port = free_port_block(self.nodes * self.gpus_per_node)
+        if self.ssh_server not in SSH_SERVERS:
+            raise ValueError(f"ssh_server must be one of {sorted(SSH_SERVERS)}, got {self.ssh_server!r}")
         for index, port in enumerate(self.ssh_ports):
-            self._sshd.append(sshd.start_sshd(self.node_dir(index), port=port, key_dir=self.key_dir,
-                                              log_path=self.root / f"sshd-node{index}.log"))
+            self._sshd.append(SSH_SERVERS[self.ssh_server](self.node_dir(index), port=port, key_dir=self.key_dir,
+                                                           log_path=self.root / f"sshd-node{index}.log"))
         return self
 
     def signal_sshd(self, signum: int, index: int = 0) -> None:
@@ -125,8 +137,16 @@ class SimEnvironment:
 
     def restart_sshd(self, index: int = 0) -> None:
         """Start node ``index``'s SSH server again on its port, with the same host key."""
-        self._sshd[index] = sshd.start_sshd(self.node_dir(index), port=self.ssh_ports[index], key_dir=self.key_dir,
-                                            log_path=self.root / f"sshd-node{index}.log")
+        self._sshd[index] = SSH_SERVERS[self.ssh_server](self.node_dir(index), port=self.ssh_ports[index],
+                                                         key_dir=self.key_dir,
+                                                         log_path=self.root / f"sshd-node{index}.log")
+
+    @property
+    def ssh_user(self) -> str:
+        """The embedded server takes any login; OpenSSH only the user it runs as."""
+        from sglang_sim import openssh
+
+        return openssh.login_user() if self.ssh_server == "openssh" else "fleetgen"
 
     def settings_env(self) -> dict[str, str]:
         keys = sshd.ensure_keys(self.key_dir)
@@ -134,6 +154,7 @@ class SimEnvironment:
             "FLEETGEN_DEMO_DIR": str(self.root),
             "FLEETGEN_PYTHON": sys.executable,
             "FLEETGEN_SSH_PORT": str(self.ssh_ports[0]),
+            "FLEETGEN_SSH_USER": self.ssh_user,
             "FLEETGEN_SSH_HOST_KEY": keys.host_public_key,
             "FLEETGEN_API_KEY": (self.root / DEMO_API_KEY_FILE).read_text().strip(),
             "FLEETGEN_BASE_PORT": str(self.base_port),

@@ -22,15 +22,33 @@ def airflow_db():
     return home
 
 
+def _require_openssh() -> None:
+    from sglang_sim import openssh
+
+    if not openssh.available():
+        message = f"OpenSSH's sshd is not installed: {openssh.INSTALL_HINT}"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI must provide it: {message}", pytrace=False)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="module", params=["embedded", "openssh"])
+def ssh_server(request) -> str:
+    """Which SSH server the simulated nodes sit behind: the embedded asyncssh one or a real OpenSSH sshd."""
+    if request.param == "openssh":
+        _require_openssh()
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def sim_env(tmp_path_factory, airflow_db):
+def sim_env(tmp_path_factory, airflow_db, ssh_server):
     """One simulated 2 x B200 node reachable over SSH, with the settings of airflow_settings.yaml applied."""
     from fleetgen.airflow.apply_settings import apply_to_db
     from sglang_sim.demo import SimEnvironment
     from fleetgen.airflow.settings_file import load_settings
 
     environment = SimEnvironment(root=tmp_path_factory.mktemp("fleet"), gpus_per_node=2, prompts=120,
-                                 sim={"time_scale": 400.0, "load_seconds": 4.0}).prepare().start()
+                                 sim={"time_scale": 400.0, "load_seconds": 4.0}, ssh_server=ssh_server).prepare().start()
     settings = load_settings(PROJECT_ROOT / "airflow_settings.yaml", environment.settings_env())
     saved = {key: os.environ.get(key) for key in settings.environment()}
     os.environ.update(settings.environment())

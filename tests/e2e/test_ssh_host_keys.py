@@ -9,7 +9,7 @@ pytestmark = pytest.mark.slow
 
 
 def _connection(sim_env, host_key: str) -> str:
-    return json.dumps({"conn_type": "ssh", "host": "127.0.0.1", "port": sim_env.ssh_ports[0], "login": "fleetgen",
+    return json.dumps({"conn_type": "ssh", "host": "127.0.0.1", "port": sim_env.ssh_ports[0], "login": sim_env.ssh_user,
                        "extra": {"key_file": str(sim_env.key_dir / "id_ed25519"), "host_key": host_key,
                                  "look_for_keys": False}})
 

@@ -8,7 +8,7 @@ from fleetgen.nodes.fleet import load_fleet_text
 from fleetgen.airflow.settings_file import load_settings
 
 ROOT = Path(__file__).resolve().parents[3]
-ENV = {"FLEETGEN_SSH_PORT": "2222", "FLEETGEN_DEMO_DIR": "/d", "FLEETGEN_SSH_HOST_KEY": "ssh-ed25519 AAAAC3",
+ENV = {"FLEETGEN_SSH_PORT": "2222", "FLEETGEN_SSH_USER": "fleetgen", "FLEETGEN_DEMO_DIR": "/d", "FLEETGEN_SSH_HOST_KEY": "ssh-ed25519 AAAAC3",
        "FLEETGEN_API_KEY": "k", "FLEETGEN_PYTHON": "/venv/bin/python", "FLEETGEN_BASE_PORT": "30000"}
 
 
