@@ -73,8 +73,8 @@ PARAMS = {
                                     "exceed Airflow's [core] max_map_length."),
     "parallel_shards": Param(0, type="integer", minimum=0, maximum=16, title="Shards at once",
                              description="0 (auto): running shards split every server's limit between them, "
-                                         "recounted every 10 s. N: each shard always takes 1/N. How many run "
-                                         "at once is set by the slots of the fleetgen_fleet pool."),
+                                         "recounted every 2 s from their heartbeats. N: each shard always takes "
+                                         "1/N. How many run at once is set by the slots of the fleetgen_fleet pool."),
     "headroom": Param(1.25, type="number", minimum=1, maximum=4, title="Queue headroom",
                       description="In-flight per server = effective max_running_requests × this."),
     "ready_timeout_s": Param(1800, type="integer", minimum=10, maximum=7200, title="Readiness timeout (s)",

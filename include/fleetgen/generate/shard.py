@@ -13,7 +13,7 @@ import httpx
 from fleetgen.errors import ConfigError
 from fleetgen.generate.dispatch import Dispatcher, WorkQueue
 from fleetgen.generate.health import SharedHealth
-from fleetgen.generate.liveness import ShardHeartbeat
+from fleetgen.generate.liveness import HEARTBEAT_INTERVAL_S, ShardHeartbeat
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.store import ShardStore
@@ -21,6 +21,9 @@ from fleetgen.generate.transport import PooledTransport
 from fleetgen.outputs import RunLayout
 
 SHARD_KEYS = ("shard_id", "input_path", "start", "count")
+# How often a shard recounts the shards sharing the fleet: as often as they beat, so a shard that ends
+# (its heartbeat removed) hands its part of every server over within seconds, not at a 10 s recount.
+SHARING_INTERVAL_S = HEARTBEAT_INTERVAL_S
 _default_log = logging.getLogger("fleetgen.generate")
 # httpx logs every request at INFO: hundreds of thousands of lines and real CPU on the hot path.
 _httpx_log = logging.getLogger("httpx")
@@ -30,7 +33,8 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
                           settings: GenerationSettings, *, api_key: str | None = None,
                           log: logging.Logger | None = None, progress_interval_s: float = 5.0,
                           transport: httpx.AsyncBaseTransport | None = None,
-                          sharing: Callable[[], int] | None = None, sharing_interval_s: float = 10.0,
+                          sharing: Callable[[], int] | None = None,
+                          sharing_interval_s: float = SHARING_INTERVAL_S,
                           try_number: int | None = None) -> dict:
     """Generate every prompt of ``shard`` not already on disk under ``out_dir``; see ``run_shard``."""
     log = log or _default_log

@@ -1,0 +1,205 @@
+"""DAG-level utilisation: the whole sglang_generation DAG on Airflow standalone (LocalExecutor) against a
+simulated 7-GPU node, enough prompts for at least 8 shards generating at once under the fleetgen_fleet pool.
+
+Utilisation = the generation stage's output tokens/s (all completion tokens over first request start to last
+finish: shard boundaries, pool hand-overs and the tail included) / the fleet's simulated capacity for this
+workload (bench/utilization.py's ``capacity``: every server at full batch, less its prompts' prefill stalls),
+read from the servers' own /server_info after the run. Every server's requests in flight (running + queued,
+sampled from /metrics) are compared with its effective max_running_requests x headroom: the goal is a busy
+fleet without a deep queue.
+
+Usage: python bench/dag_utilization.py [--prompts 12000] [--shard-size 1500] [--pool 8] [--time-scale 10]
+Last line: dag_utilization fleet=<x.xxx> shards=<n>   (n: most shards generating at once)
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from utilization import capacity  # noqa: E402  (one capacity formula for both benchmarks)
+
+from fleetgen.outputs import RunLayout  # noqa: E402
+from sglang_sim.demo import PROJECT_ROOT, SimEnvironment, airflow_cli, airflow_env, free_port_block  # noqa: E402
+from sglang_sim.prod import settings_document  # noqa: E402
+
+DAG_ID = "sglang_generation"
+SHARD_TASK = "generate.generate_shard"
+HEADROOM = 1.25
+
+
+class ServerInfoFleet:
+    """What ``capacity`` reads of a fleet: each server's simulator figures, from its /server_info."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+
+    def capacity(self, index: int) -> dict:
+        return self.server_info(index)["sim"]
+
+    def server_info(self, index: int) -> dict:
+        return httpx.get(f"http://127.0.0.1:{self.ports[index]}/server_info", timeout=10).json()["internal_states"][0]
+
+
+class InFlightSampler(threading.Thread):
+    """Each server's running + queued requests, twice a second, while the run goes on."""
+
+    def __init__(self, ports: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.ports = ports
+        self.peak = {port: 0 for port in ports}
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.5):
+            for port in self.ports:
+                try:
+                    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                    connection.request("GET", "/metrics")
+                    text = connection.getresponse().read().decode()
+                    connection.close()
+                except OSError:
+                    continue  # not launched yet, or relaunching
+                values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                          if line and not line.startswith("#")}
+                in_flight = int(values.get("sglang:num_running_reqs", 0) + values.get("sglang:num_queue_reqs", 0))
+                self.peak[port] = max(self.peak[port], in_flight)
+
+
+def start_standalone(environment: SimEnvironment, pool: int, port: int) -> tuple[subprocess.Popen, dict]:
+    home = environment.root / "airflow"
+    env = airflow_env(home, environment.settings_env())
+    env.update({"AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+                "AIRFLOW__CORE__PARALLELISM": str(pool + 4), "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(pool + 4),
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+                "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False", "FLEETGEN_RETRY_DELAY_S": "1"})
+    home.mkdir(parents=True, exist_ok=True)
+    subprocess.run(airflow_cli() + ["db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+    settings = environment.airflow_settings(pool_slots=pool)
+    subprocess.run([sys.executable, "-m", "sglang_sim.prod", "apply-settings"], env=env, check=True,
+                   input=json.dumps(settings_document(settings)).encode())
+    (home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": "bench"}))
+    log = (environment.root / "standalone.log").open("wb")
+    process = subprocess.Popen(airflow_cli() + ["standalone"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    return process, env
+
+
+def api_client(port: int, timeout_s: float = 180) -> httpx.Client:
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            token = httpx.post(f"{base}/auth/token", json={"username": "admin", "password": "bench"}, timeout=10)
+            if token.status_code in (200, 201):
+                client = httpx.Client(base_url=f"{base}/api/v2", timeout=30,
+                                      headers={"Authorization": f"Bearer {token.json()['access_token']}"})
+                if client.get(f"/dags/{DAG_ID}").status_code == 200:
+                    return client
+                client.close()
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Airflow standalone did not serve the DAG on {base} within {timeout_s:.0f} s")
+        time.sleep(2)
+
+
+def peak_concurrent(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def generation_figures(run_dir: Path) -> tuple[float, float, float, int]:
+    """(output tokens/s over first start to last finish, mean prompt tokens, mean output tokens, completions)."""
+    rows = [json.loads(line) for path in RunLayout(run_dir).shard_files("stats") for line in path.open()]
+    start = min(row["finished_at"] - row["latency_s"] for row in rows)
+    last = max(row["finished_at"] for row in rows)
+    output = sum(row["completion_tokens"] for row in rows)
+    return (output / (last - start), sum(row["prompt_tokens"] for row in rows) / len(rows), output / len(rows),
+            len(rows))
+
+
+def _iso_seconds(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def run(args: argparse.Namespace, root: Path) -> int:
+    environment = SimEnvironment(root=root, prompts=args.prompts,
+                                 sim={"time_scale": args.time_scale, "load_seconds": 20.0}).prepare().start()
+    port = free_port_block(2)
+    standalone, _ = start_standalone(environment, args.pool, port)
+    ports = [environment.node_base_port(0) + gpu for gpu in range(environment.gpus_per_node)]
+    sampler = InFlightSampler(ports)
+    try:
+        api = api_client(port)
+        api.patch(f"/dags/{DAG_ID}", json={"is_paused": False}).raise_for_status()
+        conf = {"fleet_file": str(environment.fleet_file()), "prompts_path": str(environment.prompts_path),
+                "output_root": str(environment.output_root), "shard_size": args.shard_size, "parallel_shards": 0,
+                "max_tokens": 4096, "headroom": HEADROOM, "ready_timeout_s": 300}
+        run_id = api.post(f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf}).json()["dag_run_id"]
+        sampler.start()
+        started = time.monotonic()
+        while (state := api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]) not in ("success", "failed"):
+            time.sleep(5)
+        sampler.stopped.set()
+        print(f"run {run_id}: {state} in {time.monotonic() - started:.0f} s (log: {root / 'standalone.log'})")
+        if state != "success":
+            return 1
+        shards = [t for t in api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 200})
+                  .json()["task_instances"] if t["task_id"] == SHARD_TASK]
+        peak = peak_concurrent([(_iso_seconds(t["start_date"]), _iso_seconds(t["end_date"])) for t in shards])
+        rate, mean_prompt, mean_output, completions = generation_figures(RunLayout.for_run(environment.output_root,
+                                                                                           run_id).root)
+        fleet = ServerInfoFleet(ports)
+        workload, decode_only = capacity(fleet, mean_prompt, mean_output)
+        limits = {p: fleet.server_info(i)["effective_max_running_requests_per_dp"] for i, p in enumerate(ports)}
+        print(f"{completions} completions in {len(shards)} shards, at most {peak} generating at once (pool {args.pool})")
+        print(f"generation: {rate:.0f} output tokens/s; capacity {workload:.0f} (decode only {decode_only:.0f})")
+        print("in flight per server, peak / (effective max_running_requests x headroom): " + ", ".join(
+            f"{port}: {sampler.peak[port]}/{limits[port] * HEADROOM:.0f}" for port in ports))
+        print(f"dag_utilization fleet={rate / workload:.3f} shards={peak}")
+        return 0
+    finally:
+        sampler.stopped.set()
+        try:
+            os.killpg(standalone.pid, signal.SIGTERM)
+            standalone.wait(timeout=60)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        environment.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=12000)
+    parser.add_argument("--shard-size", type=int, default=1500)
+    parser.add_argument("--pool", type=int, default=8, help="slots of the fleetgen_fleet pool: shards at once")
+    parser.add_argument("--time-scale", type=float, default=10.0)
+    parser.add_argument("--dir", help="keep everything here (default: a temporary folder)")
+    args = parser.parse_args()
+    if args.dir:
+        return run(args, Path(args.dir).resolve())
+    with tempfile.TemporaryDirectory(prefix="dag-utilization-") as folder:
+        return run(args, Path(folder))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
