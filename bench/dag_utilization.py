@@ -4,9 +4,9 @@ simulated 7-GPU node, enough prompts for at least 8 shards generating at once un
 Utilisation = the generation stage's output tokens/s (all completion tokens over first request start to last
 finish: shard boundaries, pool hand-overs and the tail included) / the fleet's simulated capacity for this
 workload (bench/utilization.py's ``capacity``: every server at full batch, less its prompts' prefill stalls),
-read from the servers' own /server_info after the run. Every server's requests in flight (running + queued,
-sampled from /metrics) are compared with its effective max_running_requests x headroom: the goal is a busy
-fleet without a deep queue.
+read from the servers' own /server_info after the run. Every server's peak of requests in flight (from the
+stats rows: each request from its start to its finish) is compared with its effective max_running_requests x
+headroom: the goal is a busy fleet without a deep queue.
 
 Usage: python bench/dag_utilization.py [--prompts 12000] [--shard-size 1500] [--pool 8] [--time-scale 10]
 Last line: dag_utilization fleet=<x.xxx> shards=<n>   (n: most shards generating at once)
@@ -15,14 +15,12 @@ Last line: dag_utilization fleet=<x.xxx> shards=<n>   (n: most shards generating
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -32,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from utilization import capacity  # noqa: E402  (one capacity formula for both benchmarks)
 
 from fleetgen.outputs import RunLayout  # noqa: E402
-from sglang_sim.demo import PROJECT_ROOT, SimEnvironment, airflow_cli, airflow_env, free_port_block  # noqa: E402
+from sglang_sim.demo import DEMO_API_KEY_FILE, SimEnvironment, airflow_cli, airflow_env, free_port_block  # noqa: E402
 from sglang_sim.prod import settings_document  # noqa: E402
 
 DAG_ID = "sglang_generation"
@@ -43,39 +41,17 @@ HEADROOM = 1.25
 class ServerInfoFleet:
     """What ``capacity`` reads of a fleet: each server's simulator figures, from its /server_info."""
 
-    def __init__(self, ports: list[int]) -> None:
+    def __init__(self, ports: list[int], headers: dict[str, str]) -> None:
         self.ports = ports
+        self.headers = headers
 
     def capacity(self, index: int) -> dict:
         return self.server_info(index)["sim"]
 
     def server_info(self, index: int) -> dict:
-        return httpx.get(f"http://127.0.0.1:{self.ports[index]}/server_info", timeout=10).json()["internal_states"][0]
-
-
-class InFlightSampler(threading.Thread):
-    """Each server's running + queued requests, twice a second, while the run goes on."""
-
-    def __init__(self, ports: list[int]) -> None:
-        super().__init__(daemon=True)
-        self.ports = ports
-        self.peak = {port: 0 for port in ports}
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(0.5):
-            for port in self.ports:
-                try:
-                    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                    connection.request("GET", "/metrics")
-                    text = connection.getresponse().read().decode()
-                    connection.close()
-                except OSError:
-                    continue  # not launched yet, or relaunching
-                values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                          if line and not line.startswith("#")}
-                in_flight = int(values.get("sglang:num_running_reqs", 0) + values.get("sglang:num_queue_reqs", 0))
-                self.peak[port] = max(self.peak[port], in_flight)
+        response = httpx.get(f"http://127.0.0.1:{self.ports[index]}/server_info", headers=self.headers, timeout=10)
+        response.raise_for_status()
+        return response.json()["internal_states"][0]
 
 
 def start_standalone(environment: SimEnvironment, pool: int, port: int) -> tuple[subprocess.Popen, dict]:
@@ -125,14 +101,19 @@ def peak_concurrent(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
-def generation_figures(run_dir: Path) -> tuple[float, float, float, int]:
-    """(output tokens/s over first start to last finish, mean prompt tokens, mean output tokens, completions)."""
+def generation_figures(run_dir: Path) -> dict:
+    """Output tokens/s over first request start to last finish, mean prompt and output tokens, completions,
+    and each server's peak of requests in flight, all from the run's stats rows."""
     rows = [json.loads(line) for path in RunLayout(run_dir).shard_files("stats") for line in path.open()]
-    start = min(row["finished_at"] - row["latency_s"] for row in rows)
-    last = max(row["finished_at"] for row in rows)
+    intervals = [(row["finished_at"] - row["latency_s"], row["finished_at"]) for row in rows]
     output = sum(row["completion_tokens"] for row in rows)
-    return (output / (last - start), sum(row["prompt_tokens"] for row in rows) / len(rows), output / len(rows),
-            len(rows))
+    by_server: dict[str, list[tuple[float, float]]] = {}
+    for row, interval in zip(rows, intervals):
+        by_server.setdefault(row["server"], []).append(interval)
+    span = max(end for _, end in intervals) - min(start for start, _ in intervals)
+    return {"tokens_per_s": output / span, "mean_prompt": sum(row["prompt_tokens"] for row in rows) / len(rows),
+            "mean_output": output / len(rows), "completions": len(rows),
+            "peak_in_flight": {server: peak_concurrent(spans) for server, spans in sorted(by_server.items())}}
 
 
 def _iso_seconds(text: str) -> float:
@@ -147,7 +128,7 @@ def run(args: argparse.Namespace, root: Path) -> int:
     port = free_port_block(2)
     standalone, _ = start_standalone(environment, args.pool, port)
     ports = [environment.node_base_port(0) + gpu for gpu in range(environment.gpus_per_node)]
-    sampler = InFlightSampler(ports)
+    headers = {"Authorization": f"Bearer {(root / DEMO_API_KEY_FILE).read_text().strip()}"}  # the servers' --api-key
     try:
         api = api_client(port)
         api.patch(f"/dags/{DAG_ID}", json={"is_paused": False}).raise_for_status()
@@ -155,30 +136,30 @@ def run(args: argparse.Namespace, root: Path) -> int:
                 "output_root": str(environment.output_root), "shard_size": args.shard_size, "parallel_shards": 0,
                 "max_tokens": 4096, "headroom": HEADROOM, "ready_timeout_s": 300}
         run_id = api.post(f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf}).json()["dag_run_id"]
-        sampler.start()
         started = time.monotonic()
         while (state := api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]) not in ("success", "failed"):
             time.sleep(5)
-        sampler.stopped.set()
         print(f"run {run_id}: {state} in {time.monotonic() - started:.0f} s (log: {root / 'standalone.log'})")
         if state != "success":
             return 1
         shards = [t for t in api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 200})
                   .json()["task_instances"] if t["task_id"] == SHARD_TASK]
         peak = peak_concurrent([(_iso_seconds(t["start_date"]), _iso_seconds(t["end_date"])) for t in shards])
-        rate, mean_prompt, mean_output, completions = generation_figures(RunLayout.for_run(environment.output_root,
-                                                                                           run_id).root)
-        fleet = ServerInfoFleet(ports)
-        workload, decode_only = capacity(fleet, mean_prompt, mean_output)
-        limits = {p: fleet.server_info(i)["effective_max_running_requests_per_dp"] for i, p in enumerate(ports)}
-        print(f"{completions} completions in {len(shards)} shards, at most {peak} generating at once (pool {args.pool})")
+        figures = generation_figures(RunLayout.for_run(environment.output_root, run_id).root)
+        fleet = ServerInfoFleet(ports, headers)
+        workload, decode_only = capacity(fleet, figures["mean_prompt"], figures["mean_output"])
+        allowed = {str(port): fleet.server_info(index)["effective_max_running_requests_per_dp"] * HEADROOM
+                   for index, port in enumerate(ports)}
+        rate = figures["tokens_per_s"]
+        print(f"{figures['completions']} completions in {len(shards)} shards, at most {peak} generating at once "
+              f"(pool {args.pool})")
         print(f"generation: {rate:.0f} output tokens/s; capacity {workload:.0f} (decode only {decode_only:.0f})")
-        print("in flight per server, peak / (effective max_running_requests x headroom): " + ", ".join(
-            f"{port}: {sampler.peak[port]}/{limits[port] * HEADROOM:.0f}" for port in ports))
+        print("peak requests in flight per server / effective max_running_requests x headroom: " + ", ".join(
+            f"{server.rsplit(':', 1)[1]}: {count}/{allowed[server.rsplit(':', 1)[1]]:.0f}"
+            for server, count in figures["peak_in_flight"].items()))
         print(f"dag_utilization fleet={rate / workload:.3f} shards={peak}")
         return 0
     finally:
-        sampler.stopped.set()
         try:
             os.killpg(standalone.pid, signal.SIGTERM)
             standalone.wait(timeout=60)

@@ -219,7 +219,7 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
     parallel = config.generation.parallel_shards
     endpoints = shard_endpoints(mapped_values(readiness), headroom=config.generation.headroom, parallel_shards=parallel)
     # 0 (auto): start with the whole limit and follow how many shards of this run are generating.
-    sharing = running_shards_counter(context["ti"], layout) if parallel == 0 else None
+    sharing = running_shards_counter(context["ti"]) if parallel == 0 else None
     log.info("Generating shard %d (%d prompts from byte %d) on %d server(s), in-flight limits %s%s",
              shard["shard_id"], shard["count"], shard["start"], len(endpoints),
              {e.name: e.max_in_flight for e in endpoints},

@@ -38,6 +38,7 @@ import httpx
 from fleetgen.errors import AllServersDown, GenerationError
 from fleetgen.generate import jsonio
 from fleetgen.generate.health import DOWN, UP, HealthEntry, SharedHealth
+from fleetgen.generate.liveness import FleetShare
 from fleetgen.generate.chat import CHAT_PATH, HEALTH_PATH, BadResponse, error_message, parse_chat_response, request_body
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.queue import WorkQueue, _Item
@@ -357,26 +358,37 @@ class Dispatcher:
         return None if response.status_code == 200 else f"{HEALTH_PATH}: HTTP {response.status_code}"
 
     def _reshare(self) -> None:
-        """Ask how many shards share the fleet and resize every server's cap to this shard's part."""
+        """Ask how the shards share the fleet and resize every server's cap to this shard's part: 1/n of
+        its limit for a count n, or a ``FleetShare``'s part within the room the other shards leave."""
         if self.sharing is None:
             return
         try:
-            sharing = max(1, int(self.sharing()))
+            share = self.sharing()
+            if not isinstance(share, FleetShare):
+                share = FleetShare(active=max(1, int(share)))
         except Exception as exc:  # keep the last known share: a failed count must not stop generation
             self.log.warning("shard %d: could not count the shards sharing the fleet (%s); keeping 1/%d",
                              self.shard_id, exc, self.shards_sharing)
             return
-        if sharing == self.shards_sharing and all(s.cap for s in self.servers):
-            return
-        self.shards_sharing = sharing
+        caps = {server.endpoint.name: share.cap(server.endpoint.name, server.endpoint.max_in_flight)
+                for server in self.servers}
+        if not share.others_in_flight:  # counted only: at least one request per server
+            caps = {name: max(1, cap) for name, cap in caps.items()}
+        changed = share.active != self.shards_sharing
+        self.shards_sharing = share.active
         for server in self.servers:
-            cap = max(1, -(-server.endpoint.max_in_flight // sharing))
-            if cap != server.cap:
-                server.cap = cap
+            if caps[server.endpoint.name] != server.cap:
+                server.cap = caps[server.endpoint.name]
                 server.cap_changed.set()
                 server.cap_changed = asyncio.Event()
-        self.log.info("shard %d: %d shard(s) share the fleet; in-flight caps now %s", self.shard_id, sharing,
-                      ", ".join(f"{s.endpoint.name}={s.cap}" for s in self.servers))
+        if changed:
+            self.log.info("shard %d: %d shard(s) share the fleet; in-flight caps now %s", self.shard_id,
+                          share.active, ", ".join(f"{s.endpoint.name}={s.cap}" for s in self.servers))
+
+    def share_state(self) -> tuple[dict[str, int], bool]:
+        """What this shard publishes to the others: requests in flight per server, and whether it is
+        draining (no fresh prompts left to send)."""
+        return {s.endpoint.name: s.in_flight for s in self.servers}, self.queue.fresh_exhausted
 
     async def _probe_stalled(self, server: ServerState) -> None:
         """A silent server: busy (its /health answers) or hung (it does not, so abandon its requests)."""

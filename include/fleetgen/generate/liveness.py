@@ -8,6 +8,12 @@ So each try keeps ``shards/shard-NNNNN.alive``: written when it starts, its mtim
 try's silent interval (its last beat to the new try's start) to ``shards/shard-NNNNN.lost.jsonl``:
 the failure record of a killed try, and the dead time the report takes out of the throughput.
 
+The heartbeat also carries what the try is doing: its requests in flight per server and whether it is
+draining (no fresh prompts left). ``fleet_share`` reads them back for the other shards: a shard takes its
+fair part of each server among the shards still taking prompts, and never more than the room the others
+leave (their requests in flight), so a shard arriving does not stack on top of one that has not yet
+drained down to its new part, and a draining shard's requests are taken over as they finish.
+
 mtimes are compared with this machine's clock: workers sharing the storage must keep their clocks
 in sync (NTP) to well under ``STALE_AFTER_S``.
 """
@@ -21,6 +27,8 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetgen.generate import jsonio
@@ -76,16 +84,17 @@ class ShardHeartbeat:
                 "last_beat": _iso(last_beat), "resumed_at": _iso(now), "dead_since_s": last_beat,
                 "resumed_s": now, "dead_s": round(max(0.0, now - last_beat), 3)}
 
-    def beat(self) -> None:
-        try:
-            os.utime(self.path)
-        except FileNotFoundError:  # removed under us (a newer try ended): write it again, we still run
-            self.path.write_bytes(jsonio.dumps(self.owner))
+    def beat(self, in_flight: dict[str, int] | None = None, draining: bool = False) -> None:
+        """Advance the heartbeat, publishing this try's requests in flight per server."""
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_bytes(jsonio.dumps({**self.owner, "in_flight": in_flight or {}, "draining": draining}))
+        os.replace(partial, self.path)
 
-    async def run(self, interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
+    async def run(self, state: Callable[[], tuple[dict[str, int], bool]] | None = None,
+                  interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            self.beat()
+            self.beat(*(state() if state else ({}, False)))
 
     def stop(self) -> None:
         """Remove the heartbeat if it is still this try's (a newer try may have taken the shard over)."""
@@ -94,6 +103,48 @@ class ShardHeartbeat:
                 self.path.unlink()
         except (OSError, ValueError):
             pass
+
+
+@dataclass(frozen=True)
+class FleetShare:
+    """What a shard is told about the others: how many take a share of every server (it included), and
+    how many requests the others have in flight on each server."""
+
+    active: int
+    others_in_flight: dict[str, int] = field(default_factory=dict)
+
+    def cap(self, server: str, fleet_limit: int) -> int:
+        """This shard's in-flight limit on a server: its fair part, within the room the others leave."""
+        fair = -(-fleet_limit // self.active)
+        return max(0, min(fair, fleet_limit - self.others_in_flight.get(server, 0)))
+
+
+def _live_heartbeats(layout: RunLayout, now: float, stale_after_s: float) -> list[dict]:
+    beats = []
+    for path in layout.kind_dir("shards").glob(f"shard-*.{ALIVE_SUFFIX}"):
+        try:
+            if now - path.stat().st_mtime <= stale_after_s:
+                beats.append(jsonio.loads(path.read_bytes()))
+        except (OSError, ValueError):  # ended, or replaced, while we looked
+            continue
+    return beats
+
+
+def fleet_share(layout: RunLayout, heartbeat: ShardHeartbeat, *, running_in_airflow: int | None = None,
+                now: float | None = None, stale_after_s: float = STALE_AFTER_S) -> FleetShare:
+    """The share of ``heartbeat``'s shard, from the live heartbeats of the run (dead tries' stop counting
+    after ``stale_after_s``); ``running_in_airflow``, when known, bounds the count of active shards."""
+    now = time.time() if now is None else now
+    others = [beat for beat in _live_heartbeats(layout, now, stale_after_s)
+              if beat.get("token") != heartbeat.owner["token"]]
+    active = 1 + sum(1 for beat in others if not beat.get("draining"))
+    if running_in_airflow is not None:
+        active = min(active, max(1, running_in_airflow))
+    in_flight: dict[str, int] = {}
+    for beat in others:
+        for server, count in (beat.get("in_flight") or {}).items():
+            in_flight[server] = in_flight.get(server, 0) + int(count)
+    return FleetShare(active=active, others_in_flight=in_flight)
 
 
 def live_shards(layout: RunLayout, *, now: float | None = None, stale_after_s: float = STALE_AFTER_S) -> int:

@@ -62,6 +62,11 @@ class WorkQueue:
             self._finished_indexes.discard(self._taken.popleft()[0])
         self._check_finished()
 
+    @property
+    def fresh_exhausted(self) -> bool:
+        """Every prompt of the shard has been handed out once (only retries may follow)."""
+        return self._fresh is None
+
     def low_water(self) -> tuple[int, int]:
         return self._taken[0] if self._taken else self._after_taken
 

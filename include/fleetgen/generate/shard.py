@@ -13,7 +13,7 @@ import httpx
 from fleetgen.errors import ConfigError
 from fleetgen.generate.dispatch import Dispatcher, WorkQueue
 from fleetgen.generate.health import SharedHealth
-from fleetgen.generate.liveness import HEARTBEAT_INTERVAL_S, ShardHeartbeat
+from fleetgen.generate.liveness import HEARTBEAT_INTERVAL_S, FleetShare, ShardHeartbeat, fleet_share
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.store import ShardStore
@@ -46,9 +46,10 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
                                     lease_wait_s=settings.lease_wait_s)
     # After the store is open, so a try that may still write the output is over: a heartbeat left then
     # belongs to a try that died.
-    heartbeat = ShardHeartbeat(RunLayout(Path(out_dir)), shard_id, try_number=try_number)
+    layout = RunLayout(Path(out_dir))
+    heartbeat = ShardHeartbeat(layout, shard_id, try_number=try_number)
     lost = heartbeat.start(log=log)
-    beating = asyncio.create_task(heartbeat.run())
+    beating = None
     try:
         already = resume.finished + resume.failed
         log.info("shard %d: %d prompts, %d already done (%d completed, %d failed earlier); servers and "
@@ -67,7 +68,9 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         dispatcher = Dispatcher(shard_id=shard_id, servers=servers, queue=queue, store=store, settings=settings,
                                 transport=pooled, headers=headers, progress=progress, log=log,
                                 progress_interval_s=progress_interval_s, finished_before=resume.finished,
-                                sharing=sharing, sharing_interval_s=sharing_interval_s, health=health)
+                                sharing=_shared_by_heartbeats(sharing, layout, heartbeat),
+                                sharing_interval_s=sharing_interval_s, health=health)
+        beating = asyncio.create_task(heartbeat.run(dispatcher.share_state))
         try:
             await dispatcher.run()
         finally:
@@ -75,7 +78,8 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
             if transport is None:
                 await pooled.aclose()
     finally:
-        beating.cancel()
+        if beating is not None:
+            beating.cancel()
         heartbeat.stop()
         store.close()
     summary = {"shard_id": shard_id, "lost_try": lost, "done": progress.done, "failed": progress.failed,
@@ -118,6 +122,15 @@ def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.Path
         return asyncio.run(coroutine)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(coroutine)
+
+
+def _shared_by_heartbeats(running_in_airflow: Callable[[], int] | None, layout: RunLayout,
+                          heartbeat: ShardHeartbeat) -> Callable[[], FleetShare] | None:
+    """The shards' own heartbeats decide the share (a dead try stops counting at once, a draining one
+    hands its part over as it drains); Airflow's count of running tries, when given, bounds it."""
+    if running_in_airflow is None:
+        return None
+    return lambda: fleet_share(layout, heartbeat, running_in_airflow=running_in_airflow())
 
 
 def _check_inputs(shard: dict, servers: list[ServerEndpoint], progress_interval_s: float) -> None:

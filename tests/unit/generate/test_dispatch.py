@@ -249,7 +249,12 @@ async def test_a_prompts_file_cut_short_mid_run_stops_the_shard_with_progress_sa
 
 
 async def test_concurrent_shards_split_each_servers_limit_and_a_lone_shard_takes_it_all(tmp_path):
-    # Two shards running together each keep at most half of every server's limit...
+    # Two shards running together (the other one's heartbeat is live) each keep at most half of every
+    # server's limit...
+    from fleetgen.generate.liveness import ShardHeartbeat
+    from fleetgen.outputs import RunLayout
+
+    ShardHeartbeat(RunLayout(tmp_path / "out-a"), 1).start()
     fleet = FakeFleet(2, limit=8)
     shard = write_prompts(tmp_path / "a.jsonl", 120)
     await run_shard_async(shard, fleet.endpoints(), tmp_path / "out-a", fast_settings(), transport=fleet.transport(),

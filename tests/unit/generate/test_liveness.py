@@ -8,22 +8,10 @@ import time
 import pytest
 from generate_fakes import FakeFleet, fast_settings, write_prompts
 
-from fleetgen.airflow.sharing import running_shards_counter
 from fleetgen.generate import run_shard_async
-from fleetgen.generate.liveness import STALE_AFTER_S, ShardHeartbeat, dead_seconds, live_shards, lost_tries
+from fleetgen.generate.liveness import (STALE_AFTER_S, FleetShare, ShardHeartbeat, dead_seconds, fleet_share,
+                                       live_shards, lost_tries)
 from fleetgen.outputs import RunLayout
-
-
-class FakeTaskInstance:
-    """What the sharing counter asks of Airflow: it still counts a try whose worker died as running."""
-
-    dag_id, task_id, run_id = "sglang_generation", "generate.generate_shard", "run-1"
-
-    def __init__(self, running: int) -> None:
-        self.running = running
-
-    def get_ti_count(self, **_filters) -> int:
-        return self.running
 
 
 def _die(heartbeat: ShardHeartbeat, seconds_ago: float) -> None:
@@ -48,11 +36,26 @@ def test_a_dead_try_stops_counting_and_no_longer_halves_the_live_shard(tmp_path)
     dead, live = ShardHeartbeat(layout, 0), ShardHeartbeat(layout, 1)
     dead.start()
     live.start()
-    count = running_shards_counter(FakeTaskInstance(running=2), layout)
-    assert count() == 2  # both beating: each takes half of every server
+    # both beating: each takes half of every server
+    assert fleet_share(layout, live, running_in_airflow=2).active == 2
     _die(dead, seconds_ago=STALE_AFTER_S + 5)
     # Airflow still says 2 running (until its heartbeat timeout); the dead try's heartbeat says otherwise.
-    assert count() == 1
+    assert fleet_share(layout, live, running_in_airflow=2).active == 1
+
+
+def test_a_new_shard_takes_only_the_room_the_others_leave_and_a_draining_one_hands_its_part_over(tmp_path):
+    layout = RunLayout(tmp_path)
+    first, second = ShardHeartbeat(layout, 0), ShardHeartbeat(layout, 1)
+    first.start()
+    second.start()
+    first.beat({"s0:1": 100, "s1:1": 30}, draining=False)  # it had the whole fleet until now
+    share = fleet_share(layout, second)
+    assert share == FleetShare(active=2, others_in_flight={"s0:1": 100, "s1:1": 30})
+    # fleet limit 111 per server: half is 56, but on s0 the first shard leaves only 11 for now
+    assert (share.cap("s0:1", 111), share.cap("s1:1", 111)) == (11, 56)
+    first.beat({"s0:1": 20, "s1:1": 5}, draining=True)  # no fresh prompts left: it no longer takes a share
+    share = fleet_share(layout, second)
+    assert share.active == 1 and (share.cap("s0:1", 111), share.cap("s1:1", 111)) == (91, 106)
 
 
 def test_the_next_try_records_the_dead_one_and_its_dead_time(tmp_path):
