@@ -364,7 +364,8 @@ class Dispatcher:
             return
         try:
             share = self.sharing()
-            if not isinstance(share, FleetShare):
+            counted_only = not isinstance(share, FleetShare)
+            if counted_only:
                 share = FleetShare(active=max(1, int(share)))
         except Exception as exc:  # keep the last known share: a failed count must not stop generation
             self.log.warning("shard %d: could not count the shards sharing the fleet (%s); keeping 1/%d",
@@ -372,7 +373,7 @@ class Dispatcher:
             return
         caps = {server.endpoint.name: share.cap(server.endpoint.name, server.endpoint.max_in_flight)
                 for server in self.servers}
-        if not share.others_in_flight:  # counted only: at least one request per server
+        if counted_only:  # a count alone: at least one request per server
             caps = {name: max(1, cap) for name, cap in caps.items()}
         changed = share.active != self.shards_sharing
         self.shards_sharing = share.active

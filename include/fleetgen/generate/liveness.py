@@ -36,6 +36,7 @@ from fleetgen.outputs import RunLayout
 
 HEARTBEAT_INTERVAL_S = 2.0
 STALE_AFTER_S = 15.0
+FIRST_BEAT_S = 0.5
 ALIVE_SUFFIX = "alive"
 LOST_SUFFIX = "lost.jsonl"
 
@@ -91,10 +92,12 @@ class ShardHeartbeat:
         os.replace(partial, self.path)
 
     async def run(self, state: Callable[[], tuple[dict[str, int], bool]] | None = None,
-                  interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
+                  interval_s: float = HEARTBEAT_INTERVAL_S, first_s: float = FIRST_BEAT_S) -> None:
+        """Beat soon after the shard starts sending (the others wait for its word), then every interval."""
+        await asyncio.sleep(first_s)
         while True:
-            await asyncio.sleep(interval_s)
             self.beat(*(state() if state else ({}, False)))
+            await asyncio.sleep(interval_s)
 
     def stop(self) -> None:
         """Remove the heartbeat if it is still this try's (a newer try may have taken the shard over)."""
@@ -112,9 +115,13 @@ class FleetShare:
 
     active: int
     others_in_flight: dict[str, int] = field(default_factory=dict)
+    others_unpublished: int = 0  # shards that started but have not said yet what they hold
 
     def cap(self, server: str, fleet_limit: int) -> int:
-        """This shard's in-flight limit on a server: its fair part, within the room the others leave."""
+        """This shard's in-flight limit on a server: its fair part, within the room the others leave. A
+        shard that has not published yet may hold the whole limit (it started alone): wait for its word."""
+        if self.others_unpublished:
+            return 0
         fair = -(-fleet_limit // self.active)
         return max(0, min(fair, fleet_limit - self.others_in_flight.get(server, 0)))
 
@@ -144,7 +151,8 @@ def fleet_share(layout: RunLayout, heartbeat: ShardHeartbeat, *, running_in_airf
     for beat in others:
         for server, count in (beat.get("in_flight") or {}).items():
             in_flight[server] = in_flight.get(server, 0) + int(count)
-    return FleetShare(active=active, others_in_flight=in_flight)
+    unpublished = sum(1 for beat in others if "in_flight" not in beat)
+    return FleetShare(active=active, others_in_flight=in_flight, others_unpublished=unpublished)
 
 
 def live_shards(layout: RunLayout, *, now: float | None = None, stale_after_s: float = STALE_AFTER_S) -> int:

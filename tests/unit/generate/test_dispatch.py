@@ -254,7 +254,9 @@ async def test_concurrent_shards_split_each_servers_limit_and_a_lone_shard_takes
     from fleetgen.generate.liveness import ShardHeartbeat
     from fleetgen.outputs import RunLayout
 
-    ShardHeartbeat(RunLayout(tmp_path / "out-a"), 1).start()
+    other = ShardHeartbeat(RunLayout(tmp_path / "out-a"), 1)
+    other.start()
+    other.beat({}, draining=False)  # taking prompts, nothing in flight yet
     fleet = FakeFleet(2, limit=8)
     shard = write_prompts(tmp_path / "a.jsonl", 120)
     await run_shard_async(shard, fleet.endpoints(), tmp_path / "out-a", fast_settings(), transport=fleet.transport(),

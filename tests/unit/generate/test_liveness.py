@@ -48,6 +48,8 @@ def test_a_new_shard_takes_only_the_room_the_others_leave_and_a_draining_one_han
     first, second = ShardHeartbeat(layout, 0), ShardHeartbeat(layout, 1)
     first.start()
     second.start()
+    # the first has not said what it holds yet: it may hold the whole fleet, the second waits for its word
+    assert fleet_share(layout, second).cap("s0:1", 111) == 0
     first.beat({"s0:1": 100, "s1:1": 30}, draining=False)  # it had the whole fleet until now
     share = fleet_share(layout, second)
     assert share == FleetShare(active=2, others_in_flight={"s0:1": 100, "s1:1": 30})
