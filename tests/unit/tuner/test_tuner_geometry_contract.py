@@ -98,6 +98,7 @@ def test_vision_tower_shape_and_qwen35_default_tower():
 
 
 def test_mtp_keys_are_read_from_the_text_config():
-    geometry = model_geometry(_dense(num_nextn_predict_layers="1", mtp_num_hidden_layers=2,
-                                     mamba_ssm_dtype="float32"))
+    geometry = model_geometry(_falcon(num_nextn_predict_layers="1", mtp_num_hidden_layers=2,
+                                      mamba_ssm_dtype="float32"))
     assert (geometry.nextn_predict_layers, geometry.mtp_hidden_layers, geometry.config_ssm_dtype) == (1, 2, "float32")
+    assert model_geometry(_dense()).nextn_predict_layers is None
