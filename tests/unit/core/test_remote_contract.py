@@ -155,3 +155,12 @@ def test_split_sections_ignores_text_outside_sections():
     assert remote.split_sections(output) == {"a": (0, "")}
     both = _bash(remote.sections_command({"first $(x)": "echo 1", "second": "echo 2; exit 7"})).stdout
     assert remote.split_sections(both) == {"first $(x)": (0, "1"), "second": (7, "2")}
+
+
+def test_parse_records_keeps_only_the_asked_tags_in_order():
+    output = ("noise port=1\nstopped port=31000 pid=7 signal=TERM\n\nabsent port=31001\n"
+              "ours port=2 pid=3 note=a=b bare\nstale port=31002 pid=9\n")
+    assert remote.parse_records(output, ("stopped", "absent", "stale")) == [
+        ("stopped", {"port": "31000", "pid": "7", "signal": "TERM"}), ("absent", {"port": "31001"}),
+        ("stale", {"port": "31002", "pid": "9"})]
+    assert remote.parse_records(output, ["ours"]) == [("ours", {"port": "2", "pid": "3", "note": "a=b"})]
