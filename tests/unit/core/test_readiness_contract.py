@@ -67,8 +67,10 @@ def test_data_parallel_limits_sum_every_rank():
             limits.context_length, limits.version, len(limits.ranks)) == (72, 1000, 360, 8192, "0.5.23", 3)
     assert limits.ranks[1] == readiness.RankLimits(24, None, 120)
     data = limits.to_dict()
-    assert (data["dp_ranks"], data["top_level_total_tokens"], data["ranks"][2]) == (
-        3, 1000, {"max_running_requests": 8, "max_total_num_tokens": None, "max_mamba_cache_size": 40})
+    assert {key: value for key, value in data.items() if key != "ranks"} == {
+        "effective_max_running_requests": 72, "max_total_num_tokens": 1000, "max_mamba_cache_size": 360,
+        "context_length": 8192, "version": "0.5.23", "dp_ranks": 3, "top_level_total_tokens": 1000}
+    assert data["ranks"][2] == {"max_running_requests": 8, "max_total_num_tokens": None, "max_mamba_cache_size": 40}
 
 
 def test_tokens_and_context_fall_back_to_the_ranks():
@@ -90,6 +92,9 @@ def test_tokens_and_context_fall_back_to_the_ranks():
      "internal_states[0].effective_max_running_requests_per_dp is not a number: 'many'"),
     ({"internal_states": [_state(4, max_total_num_tokens=[1])]},
      "internal_states[0].max_total_num_tokens is not a number: [1]"),
+    ({"internal_states": [_state(4, max_total_num_tokens=5, max_mamba_cache_size="k")]},
+     "internal_states[0].max_mamba_cache_size is not a number: 'k'"),
+    ({"internal_states": [_state(4)], "max_total_num_tokens": "lots"}, "max_total_num_tokens is not a number: 'lots'"),
     ({"internal_states": [_state(4, max_total_num_tokens=5)], "context_length": "long"},
      "context_length is not a number: 'long'"),
     ({"internal_states": [_state(4)]}, "has no max_total_num_tokens"),

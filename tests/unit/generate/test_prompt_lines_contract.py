@@ -99,6 +99,7 @@ def test_structural_problems(raw, structural):
 def test_malformed_json_quotes_the_parser_shortly():
     prompt, structural, problem, prompt_id = parse_line(b'{"id": "a", ' + b"x" * 200)
     assert structural.startswith("malformed JSON (") and len(structural) <= len("malformed JSON ()") + 80
+    assert "line 1 column" in structural  # the parser's own words say where
     assert (prompt, problem, prompt_id) == (None, None, None)
 
 
