@@ -90,7 +90,8 @@ def _functions(name: str, module: dict) -> dict[str, str]:
     """Every function's source in mutmut's mutated copy: the original and each mutant are defined there."""
     path = WORK_DIR / name / "mutants" / "src" / module["source"]
     text = path.read_text()
-    return {node.name: ast.get_source_segment(text, node) or "" for node in ast.walk(ast.parse(text))
+    lines = text.splitlines()
+    return {node.name: "\n".join(lines[node.lineno - 1:node.end_lineno]) for node in ast.walk(ast.parse(text))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
