@@ -143,3 +143,74 @@ def test_shard_reads_refuse_ranges_that_do_not_fit(tmp_path):
     _write(path, [_line("a"), "[1]\n"])
     with pytest.raises(PromptsError, match=f"line at byte {len(lines[0])}: expected a JSON object, got list"):
         list(iter_shard(path, 0, 2))
+
+
+def test_shard_boundaries_are_found_from_the_index_or_the_cursor_not_from_the_top(tmp_path, monkeypatch):
+    monkeypatch.setattr(scan_module, "INDEX_STRIDE", 4)
+    path = _write(tmp_path / "p.jsonl", [_line(f"p{n}") for n in range(12)])
+    scan = scan_prompts(path)
+    parsed = []
+    real_parse = scan_module.parse_line
+    monkeypatch.setattr(scan_module, "parse_line", lambda raw: parsed.append(raw) or real_parse(raw))
+    starts = [s["start"] for s in plan_shards(path, shard_size=4, scan=scan)]
+    assert len(parsed) == 3  # one line read per boundary: each sits on an index entry
+    parsed.clear()
+    assert [s["start"] for s in plan_shards(path, shard_size=2, scan=scan)][::2] == starts
+    assert len(parsed) == 12  # 1 + 3 per pair: a boundary between index entries reads on from the entry
+
+
+def test_errors_carry_the_file_and_what_to_do(tmp_path):
+    path = _write(tmp_path / "p.jsonl", [_line("a"), _line("b")])
+    scan = scan_prompts(path)
+    failures = []
+    for attempt in (lambda: list(iter_shard(path, 1, 1)), lambda: list(iter_shard(path, 0, 3)),
+                    lambda: plan_shards(path, shard_size=0), lambda: scan_module._find_valid(
+                        path.open("rb"), scan, 5, (0, 0))):
+        with pytest.raises(PromptsError) as caught:
+            attempt()
+        failures.append(caught.value)
+    assert [f.path for f in failures] == [str(path)] * 4
+    assert [f.hint for f in failures] == [scan_module._CHANGED, scan_module._CHANGED,
+                                          "set shard_size to the number of prompts one task should generate",
+                                          scan_module._CHANGED]
+    assert failures[3].message == "the file ends before valid prompt 5"
+    path.write_text(_line("a") + "[1]\n")
+    with pytest.raises(PromptsError) as bad_line:
+        list(iter_shard(path, 0, 2))
+    assert (bad_line.value.path, bad_line.value.hint) == (str(path), scan_module._CHANGED)
+    path.write_text(_line("a") + _line("bb"))
+    with pytest.raises(PromptsError) as changed:
+        plan_shards(path, shard_size=1, scan=scan)
+    assert (changed.value.message, changed.value.path, changed.value.hint) == (
+        "the prompts file changed after it was scanned", str(path), scan_module._CHANGED)
+    with pytest.raises(PromptsError) as missing:
+        scan_prompts(tmp_path / "none.jsonl")
+    assert missing.value.path == str(tmp_path / "none.jsonl")
+    assert missing.value.hint == "check the prompts_path parameter and that the file is readable from the worker"
+
+
+def test_problem_listing_edges(tmp_path):
+    path = _write(tmp_path / "p.jsonl", ["[1]\n"] * 25)
+    with pytest.raises(PromptsError) as caught:
+        scan_prompts(path)
+    assert len(caught.value.problems) == 20 and caught.value.message.endswith("\n  ... and 5 more")
+    assert caught.value.path == str(path)
+    assert caught.value.hint == "fix these lines (each needs valid JSON and a unique string id) and start the run again"
+    _write(path, ["[1]\n", "[2]\n", _line("a")])
+    with pytest.raises(PromptsError) as exact:
+        scan_prompts(path, max_listed=2)
+    assert exact.value.message.endswith("line 2: expected a JSON object, got list")
+    with pytest.raises(PromptsError) as none_valid:
+        scan_prompts(_write(path, [_line("x", "")]))
+    assert none_valid.value.path == str(path)
+
+
+def test_a_single_prompt_with_rejects_in_a_new_folder(tmp_path):
+    path = _write(tmp_path / "p.jsonl", [_line("r1", ""), _line("a"), _line("r2", " ")])
+    rejects = tmp_path / "a" / "b" / "rejects.jsonl"
+    scan = scan_prompts(path, rejects_path=rejects)
+    assert (scan.count, scan.rejected, scan.path, scan.rejects_path) == (1, 2, str(path), str(rejects))
+    assert [json.loads(x)["id"] for x in rejects.read_text().splitlines()] == ["r1", "r2"]
+    assert scan_prompts(path).rejects_path is None
+    assert PromptScan.from_dict({k: v for k, v in scan.to_dict().items() if k != "index"}).index == ()
+    assert [i for i, _, _, _ in iter_shard_positions(path, 0, 1)] == [0]
