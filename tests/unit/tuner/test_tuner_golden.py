@@ -40,6 +40,14 @@ SCENARIOS = [
     ("nemotron-h", "nemotron-h-8b-style.json", 16 * 10**9, [], 1, {}),
     ("falcon-h1-tp2", "falcon-h1-7b-style.json", 15 * 10**9, ["--tp-size", "2"], 2, {}),
     ("too-big", "llama-3.1-8b-style.json", 190 * 10**9, [], 1, {}),
+    ("no-fit", "llama-3.1-8b-style.json", 188 * 10**9, [], 1, {}),
+    ("pinned-too-many", "llama-3.1-8b-style.json", 16 * 10**9, ["--max-running-requests", "100000"], 1, {}),
+    ("tp-mismatch", "llama-3.1-8b-style.json", 16 * 10**9, ["--tp-size", "2"], 1, {}),
+    ("hybrid-pinned", "qwen3-next-80b-a3b.json", 160 * 10**9,
+     ["--tp-size", "2", "--max-running-requests", "64", "--max-mamba-cache-size", "400"], 2, {}),
+    ("hybrid-defaults-spec", "qwen3-next-80b-a3b.json", 160 * 10**9,
+     ["--tp-size", "2", "--speculative-algorithm", "NEXTN", "--cuda-graph-max-bs-decode", "32"], 2,
+     {"mode": "sglang_defaults"}),
 ]
 
 
@@ -74,6 +82,15 @@ def _scenario(cases, config_name, weights, args, gpu_count, bounds):
         except FleetgenError as exc:
             backed[kind] = {"error": str(exc)}
     result["backoff"] = backed
+    chain, current = [], plan
+    for _ in range(12):  # until the back-off gives up
+        try:
+            current = backoff(current, "oom_kv" if len(chain) % 2 else "oom_cuda_graph")
+        except FleetgenError as exc:
+            chain.append(str(exc))
+            break
+        chain.append([current.attempt, current.expected, current.flags])
+    result["backoff_chain"] = chain
     return result
 
 
