@@ -54,7 +54,8 @@ def _stage(name: str, module: dict) -> pathlib.Path:
     config = {
         "source_paths": ["src"],
         "only_mutate": [f"src/{module['source']}"],
-        "pytest_add_cli_args_test_selection": [*module["tests"], "-m", "not slow"],
+        "pytest_add_cli_args_test_selection": [*module["tests"], "-m", "not slow",
+                                               *(arg for test in module.get("deselect", ()) for arg in ("--deselect", test))],
         "pytest_add_cli_args": ["-q", "--hypothesis-profile=mutation"],
         "use_git_change_detection": False,
         "track_dependencies": False,
