@@ -82,10 +82,10 @@ def test_a_port_that_prefixes_another_does_not_match_its_server(tmp_path):
         # Port 3101's pid file names the server of port 31010: " --port 3101" is a prefix of its command line.
         (tmp_path / "run" / "sglang-3101.pid").write_text(f"{pid}\n")
         ours = _bash(remote.our_pids_command(run_dir=str(tmp_path / "run"), module="fakeserver", ports=[3101, 31010]))
-        assert ours.stdout == f"ours port=31010 pid={pid}\n"
+        assert (ours.stdout, ours.stderr) == (f"ours port=31010 pid={pid}\n", "")
         out = _bash(remote.stop_command(run_dir=str(tmp_path / "run"), module="fakeserver", ports=[3101],
-                                        grace_s=1)).stdout
-        assert out == f"stale port=3101 pid={pid}\n" and _alive(pid)
+                                        grace_s=1))
+        assert (out.stdout, out.stderr) == (f"stale port=3101 pid={pid}\n", "") and _alive(pid)
     finally:
         _bash(remote.stop_command(run_dir=str(tmp_path / "run"), module="fakeserver", ports=[31010], grace_s=1))
 
@@ -144,9 +144,11 @@ def test_paths_and_helpers():
     assert remote.quote(3) == "3"
     assert remote.pid_file("/run/", 7) == "/run/sglang-7.pid"
     assert remote.log_file("/logs//", 7) == "/logs/sglang-7.log"
+    assert remote.pid_file("/runX/", 7) == "/runX/sglang-7.pid" and remote.log_file("/lX", 7) == "/lX/sglang-7.log"
     with pytest.raises(ValueError, match="flag names start with '--': 'mem'"):
         remote.flags_to_args({"mem": 1})
     assert remote.flags_to_args({"--a": 0, "--b": "x"}) == ["--a", "0", "--b", "x"]
+    assert remote.flags_to_args({"--off": False, "--none": None, "--on": True, "--n": 2}) == ["--on", "--n", "2"]
 
 
 def test_split_sections_ignores_text_outside_sections():
