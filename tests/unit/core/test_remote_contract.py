@@ -166,3 +166,15 @@ def test_parse_records_keeps_only_the_asked_tags_in_order():
         ("stopped", {"port": "31000", "pid": "7", "signal": "TERM"}), ("absent", {"port": "31001"}),
         ("stale", {"port": "31002", "pid": "9"})]
     assert remote.parse_records(output, ["ours"]) == [("ours", {"port": "2", "pid": "3", "note": "a=b"})]
+
+
+def test_watch_reads_the_log_tail_then_whether_the_pid_lives(tmp_path, processes):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    processes.append(sleeper)
+    log = tmp_path / "s.log"
+    log.write_text("".join(f"line {i}\n" for i in range(60)))
+    alive, lines = remote.parse_watch(_bash(remote.watch_command(str(log), sleeper.pid)).stdout)
+    assert alive is True and lines == [f"line {i}" for i in range(10, 60)]
+    assert remote.parse_watch(_bash(remote.watch_command(str(log), 2**22 + 1, lines=2)).stdout) == (
+        False, ["line 58", "line 59"])
+    assert remote.parse_watch("a\nb\n") == (None, ["a", "b"])  # cut short: no mark
