@@ -155,3 +155,85 @@ def test_a_different_plan_names_both(tmp_path):
         ShardStore.open(tmp_path, {**SHARD, "start": 0})
     assert caught.value.message.startswith("this shard's output was written for a different plan")
     assert "'start': 100" in caught.value.message and caught.value.path.endswith("shard-00007.json")
+
+
+def test_fresh_files_are_created_private_to_the_user_and_nothing_is_reported_torn(tmp_path):
+    store, report = ShardStore.open(tmp_path, SHARD)
+    assert (report.finished, report.failed, report.torn_bytes, report.restored_stats) == (0, 0, {}, 0)
+    for path in (store.completions_path, store.stats_path, store.errors_path):
+        assert path.stat().st_mode & 0o777 == 0o644 & ~_umask()
+    record(store, "a")
+    store.record_failure(b'{"id":"e1"}\n', "e1")
+    store.record_failure(b'{"id":"e2"}\n', "e2")
+    assert store.done_ids == {b"a", b"e1", b"e2"}
+    store.close()
+    store, report = ShardStore.open(tmp_path, SHARD)
+    store.close()
+    assert (report.finished, report.failed) == (1, 2)
+
+
+def _umask():
+    import os
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def test_a_one_byte_torn_stats_file_is_cut_and_logged(tmp_path, caplog):
+    store = _written(tmp_path, [])
+    store.stats_path.write_bytes(b"x")
+    with caplog.at_level(logging.WARNING):
+        store, report = ShardStore.open(tmp_path, SHARD, log=logging.getLogger("t"))
+    store.close()
+    assert report.torn_bytes == {"stats": 1} and store.stats_path.read_bytes() == b""
+    assert "cut torn last lines {'stats': 1}, rebuilt 0 stats rows" in caplog.text
+
+
+def test_errors_say_what_to_do(tmp_path):
+    store = _written(tmp_path, ["a"])
+    long_line = b"y" * 300 + b"\n"
+    with store.errors_path.open("ab") as handle:
+        handle.write(long_line)
+    with pytest.raises(GenerationError) as unreadable:
+        ShardStore.open(tmp_path, SHARD)
+    assert unreadable.value.message == f"unreadable line in the shard's output: {long_line[:120]!r}"
+    assert unreadable.value.hint == ("this file is written only by fleetgen; restore it or remove the shard's output "
+                                     "files to regenerate the shard")
+    store.errors_path.write_bytes(b"")
+    with store.completions_path.open("ab") as handle:
+        handle.write(b"garbage\n")
+    with pytest.raises(GenerationError) as orphan:
+        ShardStore.open(tmp_path, SHARD)
+    assert (orphan.value.path, orphan.value.line) == (str(store.completions_path), None)
+    with pytest.raises(GenerationError) as plan:
+        ShardStore.open(tmp_path, {**SHARD, "count": 1})
+    assert (plan.value.shard, plan.value.hint) == (7, "shards must not be re-planned within a run; use a new run id "
+                                                      "(output root) or the same shard_size and prompts file")
+
+
+def test_mismatch_errors_carry_the_completions_file_and_a_hint(tmp_path):
+    store = _written(tmp_path, ["a", "b"])
+    with store.completions_path.open("ab") as handle:
+        handle.write(jsonio.dumps(completion("a")) + b"\n")
+    with pytest.raises(GenerationError) as again:
+        ShardStore.open(tmp_path, SHARD)
+    assert again.value.hint == "restore both files from the same run, or remove the shard's output to regenerate it"
+    store.completions_path.write_bytes(jsonio.dumps(completion("z")) + b"\n")
+    with pytest.raises(GenerationError) as gone:
+        ShardStore.open(tmp_path, SHARD)
+    assert gone.value.path == str(store.completions_path)
+    assert gone.value.hint == ("the completions file was truncated or replaced; restore it, or remove the shard's "
+                               "output files to regenerate the shard")
+
+
+def test_mark_warnings_name_the_mark_file(tmp_path, caplog):
+    store = _written(tmp_path, ["a"])
+    store.mark_path.write_text("{broken")
+    with caplog.at_level(logging.WARNING):
+        ShardStore.open(tmp_path, SHARD, log=logging.getLogger("t"))[0].close()
+    assert f"shard 7: ignoring an unreadable {store.mark_path}; reading the whole shard instead" in caplog.text
+    store.mark_path.write_text(json.dumps({"valid_before": 5, "offset": 100}))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        ShardStore.open(tmp_path, SHARD, log=logging.getLogger("t"))[0].close()
+    assert f"shard 7: {store.mark_path} does not match the output on disk; reading the whole shard" in caplog.text
