@@ -11,13 +11,14 @@ def _plan(cases, profile, options, bounds):
                        options=options, workload=cases.SEED_WORKLOAD, bounds=bounds)
 
 
-@pytest.mark.parametrize("bound, mamba_cache, requests", [(24, 100, 20), (24, 200, 24), (18, 500, 18)])
+@pytest.mark.parametrize("bound, mamba_cache, requests", [(24, 100, 20), (24, 102, 20), (24, 200, 24), (18, 500, 18)])
 def test_the_tightest_of_several_caps_binds(cases, seed_profile, seed_options, bound, mamba_cache, requests):
     # The seed model keeps 5 state slots per request: --max-mamba-cache-size K caps requests at K // 5.
     options = seed_options.replace(max_mamba_cache_size=mamba_cache)
     plan = _plan(cases, seed_profile, options, TunerBounds(max_running_requests=bound))
     assert plan.expected["max_running_requests"] == requests
     assert plan.flags["--max-running-requests"] == requests
+    assert type(plan.expected["max_running_requests"]) is int
 
 
 def _agreeing(plan):

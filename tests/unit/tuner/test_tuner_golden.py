@@ -48,6 +48,17 @@ SCENARIOS = [
     ("hybrid-defaults-spec", "qwen3-next-80b-a3b.json", 160 * 10**9,
      ["--tp-size", "2", "--speculative-algorithm", "NEXTN", "--cuda-graph-max-bs-decode", "32"], 2,
      {"mode": "sglang_defaults"}),
+    ("seed-defaults-pinned", "seed-qwen3.6-27b.json", 54 * 10**9, ["--max-running-requests", "40"], 1,
+     {"mode": "sglang_defaults"}),
+    ("defaults-fail", "llama-3.1-8b-style.json", 188 * 10**9, [], 1, {"mode": "sglang_defaults"}),
+    ("hybrid-pinned-too-many", "qwen3-next-80b-a3b.json", 160 * 10**9,
+     ["--tp-size", "2", "--max-running-requests", "5000", "--max-mamba-cache-size", "25000"], 2, {}),
+    ("seed-no-fit", "seed-qwen3.6-27b.json", 186 * 10**9, None, 1, {}),
+    ("seed-one-request", "seed-qwen3.6-27b.json", 54 * 10**9, None, 1, {"max_running_requests": 1}),
+    ("seed-two-requests", "seed-qwen3.6-27b.json", 54 * 10**9, None, 1, {"max_running_requests": 2}),
+    ("llama-page-64-long-prompts", "llama-3.1-8b-style.json", 16 * 10**9, ["--page-size", "64"], 1,
+     {"workload": {"prompt_tokens_max": 5000}}),
+    ("llama-no-graphs", "llama-3.1-8b-style.json", 16 * 10**9, ["--disable-cuda-graph"], 1, {}),
 ]
 
 
@@ -63,11 +74,13 @@ def _scenario(cases, config_name, weights, args, gpu_count, bounds):
                           processes=[{"pid": 7, "used_mib": 2000, "ours": False}] if index == 0 else [])
             for index in range(gpu_count)]
     result = {}
+    bounds = dict(bounds)
+    workload = Workload(**{**WORKLOAD_KEYS, **bounds.pop("workload", {})})
     try:
         profile = profile_model(config, weights, options, draft_config=draft, draft_weights_bytes=10**9 if draft else 0)
         result["profile"] = profile.to_dict()
         plan = plan_server(host="gpu-node-1", gpu_ids=list(range(gpu_count)), port=30000, gpus=gpus, profile=profile,
-                           options=options, workload=Workload(**WORKLOAD_KEYS), bounds=TunerBounds(**bounds))
+                           options=options, workload=workload, bounds=TunerBounds(**bounds))
     except FleetgenError as exc:
         result["error"] = str(exc)
         return result
@@ -85,7 +98,7 @@ def _scenario(cases, config_name, weights, args, gpu_count, bounds):
     chain, current = [], plan
     for _ in range(12):  # until the back-off gives up
         try:
-            current = backoff(current, "oom_kv" if len(chain) % 2 else "oom_cuda_graph")
+            current = backoff(current, ("oom_cuda_graph", "oom_kv", "oom_weights")[len(chain) % 3])
         except FleetgenError as exc:
             chain.append(str(exc))
             break
