@@ -116,3 +116,46 @@ async def test_a_hung_server_is_marked_down_and_its_requests_go_elsewhere(tmp_pa
         p for p, servers in fleet.by_prompt.items() if len(servers) == 2)
     mark = json.loads((tmp_path / "out" / "shards" / "shard-00000.mark.json").read_text())
     assert mark["valid_before"] == 10
+
+
+@pytest.mark.parametrize("status, words", [(404, "HTTP 404: nope for /v1/chat/completions"), (403, "HTTP 403: nope")])
+async def test_a_wrong_url_or_key_stops_the_shard_at_once_naming_the_server(tmp_path, status, words):
+    shard = write_prompts(tmp_path / "p.jsonl", 30)
+    fleet = FakeFleet(1, limit=1)
+    fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(status, json={"error": {"message": "nope"}})
+    with pytest.raises(GenerationError) as caught:
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
+    assert caught.value.message == words and (caught.value.shard, caught.value.server) == (0, "s0:1")
+    assert fleet.requests["s0:1"] == 1 and shard_output(tmp_path / "out")["errors"] == []
+
+
+async def test_a_200_that_is_not_a_completion_marks_the_server_down_and_a_failing_trial_keeps_it_down(tmp_path,
+                                                                                                      caplog):
+    shard = write_prompts(tmp_path / "p.jsonl", 40)
+    fleet = FakeFleet(2, limit=1, delay_s={"s0:1": 0.02, "s1:1": 0.002})
+    fleet.behaviour["s1:1"] = lambda pid, n: httpx.Response(200, text="<html>proxy</html>") if n <= 2 else None
+    with caplog.at_level("INFO"):
+        summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                                        transport=fleet.transport())
+    out = shard_output(tmp_path / "out")
+    assert summary["done"] == 40 and not out["errors"]
+    server = summary["servers"]["s1:1"]
+    assert server["marked_down"][0]["reason"].startswith("bad_response: ")
+    assert "server s1:1 still down (trial request failed: bad_response: " in caplog.text
+    assert len(server["recovered"]) == 1 and server["recovered"][0]["down_s"] >= 0
+
+
+async def test_every_server_down_names_each_with_its_reason(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 10)
+    fleet = FakeFleet(2, limit=1)
+    for name in fleet.names:
+        fleet.behaviour[name] = lambda pid, n: httpx.Response(502, text="bad gateway")
+        fleet.health[name] = lambda name: httpx.Response(503)
+    with pytest.raises(AllServersDown) as caught:
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(all_down_timeout_s=0.2),
+                              transport=fleet.transport())
+    message = caught.value.message
+    assert re.match(r"every server has been down for \d+ s; progress is saved \(0 done, 10 left\):\n", message)
+    assert "  s0:1: down since " in message and "(http_502: HTTP 502: bad gateway)" in message
+    assert "  s1:1: down since " in message and caught.value.shard == 0
+    assert caught.value.hint == "check the servers' logs and GPUs; a retry of this task resumes where it stopped"
