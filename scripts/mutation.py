@@ -178,9 +178,9 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown modules {unknown}; known: {sorted(modules)}")
     if not args.summary_only:
-        for name in chosen:
-            run_module(name, modules[name], args.workers)
-    return 0 if write_summary(summarize(modules)) else 1
+        for name in chosen:  # re-read per module: a long run picks up test lists edited meanwhile
+            run_module(name, load_modules()[name], args.workers)
+    return 0 if write_summary(summarize(load_modules())) else 1
 
 
 if __name__ == "__main__":
