@@ -120,9 +120,11 @@ def summarize(modules: dict[str, dict]) -> dict:
             continue
         killed = sum(code in KILLED_CODES for code in verdicts.values())
         skipped = sum(code in SKIPPED_CODES for code in verdicts.values())
+        # An interrupted run leaves mutants unchecked: the score is over the checked ones, marked partial.
+        unchecked = sum(code is None for code in verdicts.values())
         alive = sorted(key for key, code in verdicts.items()
-                       if code not in KILLED_CODES and code not in SKIPPED_CODES)
-        counted = len(verdicts) - skipped
+                       if code not in KILLED_CODES and code not in SKIPPED_CODES and code is not None)
+        counted = len(verdicts) - skipped - unchecked
         survivors = []
         functions = _functions(name, module)
         for mutant in alive:
@@ -132,7 +134,7 @@ def summarize(modules: dict[str, dict]) -> dict:
             survivors.append({"mutant": mutant, "status": status, "change": _mutant_diff(functions, mutant),
                               "reason": reasons.get(mutant, "")})
         out[name] = {"source": module["source"], "tests": module["tests"], "mutants": counted,
-                     "killed": killed, "alive": len(alive),
+                     "unchecked": unchecked, "killed": killed, "alive": len(alive),
                      "score": round(killed / counted, 4) if counted else None,
                      "survivors": survivors}
     return out
@@ -141,7 +143,8 @@ def summarize(modules: dict[str, dict]) -> dict:
 def write_summary(results: dict) -> bool:
     total = sum(r["mutants"] for r in results.values())
     killed = sum(r["killed"] for r in results.values())
-    below = [name for name, r in results.items() if r["score"] is not None and r["score"] < GOAL]
+    below = [name for name, r in results.items()
+             if r.get("unchecked") or (r["score"] is not None and r["score"] < GOAL)]
     (MUTATION_DIR / "summary.json").write_text(json.dumps(
         {"goal": GOAL, "total_mutants": total, "total_killed": killed, "modules": results}, indent=1) + "\n")
     md = ["# Mutation score per critical module", "",
@@ -149,6 +152,8 @@ def write_summary(results: dict) -> bool:
           "| module | source | mutants | killed | alive | score |", "| --- | --- | --- | --- | --- | --- |"]
     for name, r in results.items():
         score = f"{r['score']:.1%}" if r["score"] is not None else "n/a"
+        if r.get("unchecked"):
+            score += f" (partial: {r['unchecked']} not checked)"
         md.append(f"| {name} | {r['source']} | {r['mutants']} | {r['killed']} | {r['alive']} | {score} |")
     md += ["", f"Total: {killed}/{total} killed" + (f" ({killed / total:.1%})." if total else "."), ""]
     for name, r in results.items():
