@@ -16,7 +16,7 @@ SHARD = {"shard_id": 7, "input_path": "/data/prompts.jsonl", "start": 100, "coun
 
 def completion(prompt_id):
     return {"id": prompt_id, "messages": [{"role": "user", "content": "q"}], "reasoning_content": "r",
-            "content": "answer", "finish_reason": "stop", "usage": {"prompt_tokens": 3, "completion_tokens": 9},
+            "content": "an answer in words", "finish_reason": "stop", "usage": {"prompt_tokens": 3, "completion_tokens": 9},
             "server": "h:1", "latency_s": 1.5, "model": "m", "sampling": {}, "finished_at": 1.0}
 
 
@@ -231,9 +231,37 @@ def test_mark_warnings_name_the_mark_file(tmp_path, caplog):
     store.mark_path.write_text("{broken")
     with caplog.at_level(logging.WARNING):
         ShardStore.open(tmp_path, SHARD, log=logging.getLogger("t"))[0].close()
-    assert f"shard 7: ignoring an unreadable {store.mark_path}; reading the whole shard instead" in caplog.text
+    assert caplog.records[-1].getMessage() == (f"shard 7: ignoring an unreadable {store.mark_path}; reading the whole "
+                                               "shard instead")
     store.mark_path.write_text(json.dumps({"valid_before": 5, "offset": 100}))
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         ShardStore.open(tmp_path, SHARD, log=logging.getLogger("t"))[0].close()
-    assert f"shard 7: {store.mark_path} does not match the output on disk; reading the whole shard" in caplog.text
+    assert caplog.records[-1].getMessage() == (f"shard 7: {store.mark_path} does not match the output on disk; "
+                                               "reading the whole shard")
+
+
+def test_only_the_torn_bytes_are_cut_whatever_the_chunk_boundaries(tmp_path, monkeypatch):
+    store = _written(tmp_path, ["a", "b", "c"])
+    whole = store.completions_path.read_bytes()
+    torn = b'{"id":"d","content":"half'
+    store.completions_path.write_bytes(whole + torn)
+    store, report = ShardStore.open(tmp_path, SHARD)  # one chunk holding several newlines
+    store.close()
+    assert report.torn_bytes == {"completions": len(torn)} and store.completions_path.read_bytes() == whole
+    monkeypatch.setattr("fleetgen.generate.store.TAIL_CHUNK", len(torn) + 1)  # the newline opens the last chunk
+    store.completions_path.write_bytes(whole + torn)
+    store, report = ShardStore.open(tmp_path, SHARD)
+    store.close()
+    assert report.torn_bytes == {"completions": len(torn)} and store.completions_path.read_bytes() == whole
+
+
+@pytest.mark.parametrize("chunk", [7, 8, 14])
+def test_lines_read_backwards_whatever_the_file_size_modulo_the_chunk(tmp_path, monkeypatch, chunk):
+    from fleetgen.generate.store import _lines_backwards
+
+    monkeypatch.setattr("fleetgen.generate.store.TAIL_CHUNK", chunk)
+    lines = [b"a b\n", b"cd e\n", b"f\n", b"ghij k\n"]  # 15 bytes: 1 more than 2 x 7, 1 less than 2 x 8
+    path = tmp_path / "f"
+    path.write_bytes(b"".join(lines))
+    assert list(_lines_backwards(path)) == lines[::-1]

@@ -60,11 +60,13 @@ def _falcon(**extra):
     ({}, 2048, 128),
     ({"mamba_d_head": None, "mamba_d_ssm": 3072}, 3072, 192),
     ({"mamba_d_head": 64, "mamba_d_ssm": 3072}, 3072, 64),
+    ({"mamba_d_ssm": 3000}, 3000, 187),
 ])
 def test_falcon_h1_mamba_head_dim_auto_is_intermediate_over_heads(extra, intermediate, head_dim):
     geometry = model_geometry(_falcon(**extra))
     assert (geometry.layout, geometry.state_intermediate, geometry.state_head_dim) == ("falcon_h1", intermediate,
                                                                                         head_dim)
+    assert type(geometry.state_head_dim) is int
     assert (geometry.state_layers, geometry.attention_layers, geometry.state_heads, geometry.state_groups,
             geometry.state_size, geometry.conv_kernel) == (2, 2, 16, 1, 128, 4)
 
@@ -102,3 +104,23 @@ def test_mtp_keys_are_read_from_the_text_config():
                                       mamba_ssm_dtype="float32"))
     assert (geometry.nextn_predict_layers, geometry.mtp_hidden_layers, geometry.config_ssm_dtype) == (1, 2, "float32")
     assert model_geometry(_dense()).nextn_predict_layers is None
+
+
+def test_hybrid_full_attention_every_interval_th_layer():
+    config = {"architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 7, "full_attention_interval": 4,
+              "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+              "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+              "linear_conv_kernel_dim": 4, "max_position_embeddings": 4096}
+    geometry = model_geometry(config)
+    assert (geometry.attention_layers, geometry.state_layers) == (1, 6)
+
+
+def test_errors_name_config_json_by_default_and_every_missing_key():
+    with pytest.raises(ModelConfigError) as not_object:
+        model_geometry([1])
+    assert not_object.value.path == "config.json"
+    with pytest.raises(ModelConfigError) as two_missing:
+        model_geometry({"architectures": ["X"], "head_dim": 8})
+    assert two_missing.value.message.endswith("missing: num_hidden_layers, num_attention_heads")
+    full_only = _dense(layer_types=["full_attention", "full_attention"])
+    assert model_geometry(full_only).layout == "dense"

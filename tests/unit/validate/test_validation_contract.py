@@ -177,3 +177,27 @@ def test_summary_counts_missing_duplicate_unknown_and_repeated_expected_ids(tmp_
     assert caught.value.message.startswith("validation failed: 3 of ")
     assert "(8 completion rows, 9 prompts)\n- no_missing_ids: observed 2, expected 0 prompts" in caught.value.message
     assert json.loads((out / "validation" / "summary.json").read_text()) == summary
+
+
+def test_errors_tables_from_several_files_with_a_torn_last_line(tmp_path):
+    folder = tmp_path / "errors"
+    folder.mkdir()
+    (folder / "shard-00000.jsonl").write_text(json.dumps(error_row("p1")) + "\n")
+    (folder / "shard-00001.jsonl").write_text(json.dumps(error_row("p2")) + "\n" + '{"id": "p3", "err')
+    errors = load_errors(tmp_path)
+    assert errors["id"].tolist() == ["p1", "p2"] and errors.index.tolist() == [0, 1]
+
+
+def test_empty_stats_keep_their_column_types_and_warn(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        stats = load_stats(tmp_path)
+    assert {c: str(t) for c, t in stats.dtypes.items()} == {
+        "id": "object", "prompt_tokens": "float64", "completion_tokens": "float64", "finish_reason": "object",
+        "reasoning_chars": "float64", "content_chars": "float64", "server": "object", "latency_s": "float64",
+        "finished_at": "float64"}
+    assert f"no stats files under {tmp_path / 'stats'}" in caplog.text
+    caplog.clear()
+    _stats_file(tmp_path, _rows(0))
+    with caplog.at_level(logging.WARNING):
+        load_stats(tmp_path)
+    assert "no stats files" not in caplog.text
