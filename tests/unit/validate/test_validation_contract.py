@@ -201,3 +201,19 @@ def test_empty_stats_keep_their_column_types_and_warn(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         load_stats(tmp_path)
     assert "no stats files" not in caplog.text
+
+
+def test_the_line_by_line_path_keeps_lines_after_a_blank_one_and_names_everything(tmp_path, caplog):
+    path = _stats_file(tmp_path, _rows(0, 1) + b"\n" + _rows(2) + b'{"id": "torn')
+    with caplog.at_level(logging.WARNING):
+        stats, info = load_stats(tmp_path, with_info=True)
+    assert list(stats["id"]) == ["p00000", "p00001", "p00002"] and info["torn_lines"] == [f"{path}:5"]
+    assert [r.getMessage() for r in caplog.records] == [f"skipping torn last line {path}:5"]
+    _stats_file(tmp_path, _rows(0) + b'{"id": "bad\n' + _rows(2))
+    with pytest.raises(ValidationFailed) as malformed:
+        load_stats(tmp_path)
+    assert malformed.value.hint == "the file was edited or corrupted; regenerate this shard"
+    _stats_file(tmp_path, _rows(0) + b"[1]\n")
+    with pytest.raises(ValidationFailed) as not_object:
+        load_stats(tmp_path)
+    assert (not_object.value.path, not_object.value.line) == (str(path), 2)
