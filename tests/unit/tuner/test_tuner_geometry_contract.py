@@ -124,3 +124,13 @@ def test_errors_name_config_json_by_default_and_every_missing_key():
     assert two_missing.value.message.endswith("missing: num_hidden_layers, num_attention_heads")
     full_only = _dense(layer_types=["full_attention", "full_attention"])
     assert model_geometry(full_only).layout == "dense"
+
+
+def test_dtype_falls_back_to_the_outer_config_and_a_non_object_vision_config_is_ignored():
+    inner = _dense()
+    del inner["torch_dtype"]
+    assert model_geometry({"text_config": inner, "torch_dtype": "float16"}).model_dtype == "float16"
+    assert model_geometry({"text_config": inner, "dtype": "float32"}).model_dtype == "float32"
+    assert model_geometry({"text_config": dict(inner, dtype="bfloat16"), "torch_dtype": "x"}).model_dtype == "bfloat16"
+    odd = model_geometry({**_dense(), "vision_config": "none"})
+    assert (odd.is_multimodal, odd.vision_layers) == (False, None)
