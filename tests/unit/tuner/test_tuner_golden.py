@@ -88,7 +88,8 @@ def _scenario(cases, config_name, weights, args, gpu_count, bounds):
     result["command_args"] = plan.command_args()
     result["table"] = render_budget_table(plan).splitlines()
     backed = {}
-    for kind in ("oom_kv", "oom_mamba", "oom_cuda_graph", "oom_runtime", "oom_weights"):
+    for kind in ("oom_kv", "oom_mamba", "oom_cuda_graph", "oom_runtime", "oom_weights", "bad_args", "exited",
+                 "no_such_kind"):
         try:
             smaller = backoff(plan, kind)
             backed[kind] = {"flags": smaller.flags, "expected": smaller.expected, "notes": smaller.notes}
