@@ -49,6 +49,7 @@ async def test_requests_failing_on_a_server_already_down_do_not_count_against_th
     assert written_off["error"]["message"].startswith("1 attempts failed; the last: ConnectError: refused")
     assert fleet.requests["s1:1"] == 4 and summary["servers"]["s1:1"]["retried"] == 4
     assert len(summary["servers"]["s1:1"]["marked_down"]) == 1 and summary["failed"] == 1
+    assert summary["servers"]["s1:1"]["failed"] == 1 and summary["servers"]["s0:1"]["failed"] == 0
 
 
 async def test_client_errors_after_a_success_do_not_stop_the_shard(tmp_path):
