@@ -79,18 +79,20 @@ def test_falcon_h1_without_ssm_width_names_what_it_needs():
         model_geometry(config)
 
 
-def test_text_config_without_a_vision_tower_is_multimodal_with_no_vision_shape():
-    config = {"architectures": ["SomeVLForConditionalGeneration"], "text_config": _dense(max_position_embeddings=99)}
+def test_text_config_without_a_vision_tower_reads_the_text_config_and_has_no_vision_shape():
+    config = {"architectures": ["Qwen2VLForConditionalGeneration"], "text_config": _dense(max_position_embeddings=99)}
     geometry = model_geometry(config)
-    assert geometry.is_multimodal and geometry.context_length == 99
+    assert geometry.is_multimodal and geometry.context_length == 99  # SGLang's list of multimodal architectures
     assert (geometry.vision_layers, geometry.vision_hidden_size) == (None, None)
+    other = model_geometry({"architectures": ["SomeForCausalLM"], "text_config": _dense()})
+    assert not other.is_multimodal
     assert text_config_of(config) is config["text_config"]
     assert text_config_of({"llm_config": [1]}) == {"llm_config": [1]}
 
 
 def test_vision_tower_shape_and_qwen35_default_tower():
     tower = model_geometry({**_dense(), "vision_config": {"num_hidden_layers": 32, "hidden_size": 1280}})
-    assert tower.is_multimodal and (tower.vision_layers, tower.vision_hidden_size) == (32, 1280)
+    assert (tower.vision_layers, tower.vision_hidden_size) == (32, 1280)
     layers_only = model_geometry({**_dense(), "vision_config": {"num_hidden_layers": 12}})
     assert (layers_only.vision_layers, layers_only.vision_hidden_size) == (12, 1024)
     width_only = model_geometry({**_dense(), "vision_config": {"hidden_size": 640}})
