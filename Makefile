@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SGLANG_STAMP := .sglang-venv/.built
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench ui prod-up prod-down openssh clean
+.PHONY: setup demo test test-fast bench mutation ui prod-up prod-down openssh clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,19 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
 
+# Mutation testing of the critical modules (mutation/modules.toml), not part of `make test`: about
+# 20 minutes on 2 cores. MODULES=remote,store picks some; MUTATION_WORKERS caps the parallel mutants.
+MUTATION_STAMP := $(VENV)/.mutation-installed
+MODULES ?=
+MUTATION_WORKERS ?= 2
+
+$(MUTATION_STAMP): $(STAMP) requirements-mutation.txt
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -r requirements-mutation.txt -c constraints.txt
+	touch $(MUTATION_STAMP)
+
+mutation: $(MUTATION_STAMP)
+	$(BIN)/python scripts/mutation.py --workers $(MUTATION_WORKERS) $(if $(MODULES),--modules $(MODULES))
+
 ui: $(STAMP)
 	$(BIN)/python -m sglang_sim.ui
 
@@ -56,4 +69,4 @@ prod-down: $(STAMP)
 	$(BIN)/python -m sglang_sim.prod down
 
 clean:
-	rm -rf .demo .prod .pytest_cache
+	rm -rf .demo .prod .pytest_cache mutation/.work

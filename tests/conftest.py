@@ -12,3 +12,9 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(PROJECT_ROOT / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__DAG_RUN_CONF_OVERRIDES_PARAMS", "True")
 os.environ.setdefault("FLEETGEN_RETRY_DELAY_S", "1")
+
+from hypothesis import Phase, settings  # noqa: E402
+
+# `make mutation` runs each test against hundreds of mutants: finding one failing example is the
+# verdict there; shrinking it (minutes for the launch tests, which wait on a server's log) is not.
+settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate], database=None)

@@ -128,4 +128,8 @@ def test_page_size_floors_the_token_count(cases):
     profile = profile_model(cases.load_config("llama-3.1-8b-style.json"), 16 * 10**9, LaunchOptions(page_size=64))
     sizing = size_pools(profile, pre_load_free_bytes=80 * GIB, mem_fraction_static=0.85, max_running_requests=8,
                         max_mamba_cache_size=None, context_length=8192, page_size=64)
-    assert sizing.max_total_num_tokens % 64 == 0
+    unpaged = size_pools(profile, pre_load_free_bytes=80 * GIB, mem_fraction_static=0.85, max_running_requests=8,
+                         max_mamba_cache_size=None, context_length=8192)
+    assert sizing.ok and unpaged.ok and unpaged.max_total_num_tokens % 64
+    assert sizing.max_total_num_tokens == unpaged.max_total_num_tokens // 64 * 64 > 0
+    assert sizing.kv_bytes == sizing.max_total_num_tokens * profile.kv_bytes_per_token

@@ -1,0 +1,192 @@
+"""Mutation testing of the critical modules: mutmut over each module against its own fast tests.
+
+Usage: python scripts/mutation.py [--modules a,b] [--workers N] [--summary-only]
+
+mutmut derives module names from file paths and only knows the `src/` layout, so each module runs in
+a staging folder (mutation/.work/<name>/) whose `src` and `tests` point at this checkout; the
+mutants are generated there, never in include/. The per-module results are merged into
+mutation/summary.json and mutation/summary.md with the survivors' reasons from mutation/reasons.toml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MUTATION_DIR = ROOT / "mutation"
+WORK_DIR = MUTATION_DIR / ".work"
+GOAL = 0.90
+
+# mutmut's exit-code verdicts (mutmut/stats.py); a timeout or a type-check catch is a kill too.
+KILLED_CODES = {1, 3, 24, -24, 36, 37, 152, 255}
+SURVIVED_CODES = {0}
+NO_TESTS_CODES = {5, 33}
+SKIPPED_CODES = {34}
+
+
+def load_modules() -> dict[str, dict]:
+    return tomllib.loads((MUTATION_DIR / "modules.toml").read_text())
+
+
+def load_reasons() -> dict[str, str]:
+    path = MUTATION_DIR / "reasons.toml"
+    return tomllib.loads(path.read_text()).get("reasons", {}) if path.exists() else {}
+
+
+def _stage(name: str, module: dict) -> pathlib.Path:
+    """A staging folder: src -> include/, tests -> tests/, and a pyproject naming what to mutate."""
+    stage = WORK_DIR / name
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    (stage / "src").symlink_to(ROOT / "include")
+    (stage / "tests").symlink_to(ROOT / "tests")
+    pytest_options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    config = {
+        "source_paths": ["src"],
+        "only_mutate": [f"src/{module['source']}"],
+        "pytest_add_cli_args_test_selection": [*module["tests"], "-m", "not slow",
+                                               *(arg for test in module.get("deselect", ()) for arg in ("--deselect", test))],
+        "pytest_add_cli_args": ["-q", "--hypothesis-profile=mutation"],
+        "use_git_change_detection": False,
+        "track_dependencies": False,
+    }
+    lines = ["[tool.pytest.ini_options]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in pytest_options.items() if key != "testpaths"]
+    lines += ["", "[tool.mutmut]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in config.items()]
+    (stage / "pyproject.toml").write_text("\n".join(lines) + "\n")
+    return stage
+
+
+def run_module(name: str, module: dict, workers: int) -> None:
+    stage = _stage(name, module)
+    mutmut = pathlib.Path(sys.executable).with_name("mutmut")
+    started = time.monotonic()
+    print(f"== {name}: {module['source']} against {' '.join(module['tests'])}", flush=True)
+    result = subprocess.run(["nice", "-n", "10", str(mutmut), "run", "--max-children", str(workers)],
+                            cwd=stage, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    (stage / "run.log").write_text(result.stdout)
+    print(f"   mutmut exited {result.returncode} after {time.monotonic() - started:.0f} s "
+          f"(log: {stage.relative_to(ROOT)}/run.log)", flush=True)
+
+
+def _verdicts(name: str, module: dict) -> dict[str, int | None] | None:
+    meta = WORK_DIR / name / "mutants" / "src" / (module["source"] + ".meta")
+    if not meta.exists():
+        return None
+    return json.loads(meta.read_text())["exit_code_by_key"]
+
+
+def _functions(name: str, module: dict) -> dict[str, str]:
+    """Every function's source in mutmut's mutated copy: the original and each mutant are defined there."""
+    path = WORK_DIR / name / "mutants" / "src" / module["source"]
+    text = path.read_text()
+    lines = text.splitlines()
+    return {node.name: "\n".join(lines[node.lineno - 1:node.end_lineno]) for node in ast.walk(ast.parse(text))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _mutant_diff(functions: dict[str, str], mutant: str) -> str:
+    local = mutant.rsplit(".", 1)[-1]
+    original = functions.get(local.rpartition("__mutmut_")[0] + "__mutmut_orig", "").splitlines()
+    mutated = functions.get(local, "").splitlines()
+    changed = [line for line in difflib.unified_diff(original[1:], mutated[1:], lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    return " | ".join(line[0] + " " + line[1:].strip() for line in changed)[:300]
+
+
+def summarize(modules: dict[str, dict]) -> dict:
+    reasons = load_reasons()
+    previous = {}
+    summary_path = MUTATION_DIR / "summary.json"
+    if summary_path.exists():
+        previous = json.loads(summary_path.read_text()).get("modules", {})
+    out = {}
+    for name, module in modules.items():
+        verdicts = _verdicts(name, module)
+        if verdicts is None:
+            if name in previous:
+                out[name] = previous[name]
+            continue
+        killed = sum(code in KILLED_CODES for code in verdicts.values())
+        skipped = sum(code in SKIPPED_CODES for code in verdicts.values())
+        # An interrupted run leaves mutants unchecked: the score is over the checked ones, marked partial.
+        unchecked = sum(code is None for code in verdicts.values())
+        alive = sorted(key for key, code in verdicts.items()
+                       if code not in KILLED_CODES and code not in SKIPPED_CODES and code is not None)
+        counted = len(verdicts) - skipped - unchecked
+        survivors = []
+        functions = _functions(name, module)
+        for mutant in alive:
+            code = verdicts[mutant]
+            status = ("survived" if code in SURVIVED_CODES else "no tests" if code in NO_TESTS_CODES
+                      else "not checked" if code is None else f"exit {code}")
+            survivors.append({"mutant": mutant, "status": status, "change": _mutant_diff(functions, mutant),
+                              "reason": reasons.get(mutant, "")})
+        out[name] = {"source": module["source"], "tests": module["tests"], "mutants": counted,
+                     "unchecked": unchecked, "killed": killed, "alive": len(alive),
+                     "score": round(killed / counted, 4) if counted else None,
+                     "survivors": survivors}
+    return out
+
+
+def write_summary(results: dict) -> bool:
+    total = sum(r["mutants"] for r in results.values())
+    killed = sum(r["killed"] for r in results.values())
+    below = [name for name, r in results.items()
+             if r.get("unchecked") or (r["score"] is not None and r["score"] < GOAL)]
+    (MUTATION_DIR / "summary.json").write_text(json.dumps(
+        {"goal": GOAL, "total_mutants": total, "total_killed": killed, "modules": results}, indent=1) + "\n")
+    md = ["# Mutation score per critical module", "",
+          f"mutmut, each module against its fast tests (mutation/modules.toml); goal >= {GOAL:.0%} killed.", "",
+          "| module | source | mutants | killed | alive | score |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, r in results.items():
+        score = f"{r['score']:.1%}" if r["score"] is not None else "n/a"
+        if r.get("unchecked"):
+            score += f" (partial: {r['unchecked']} not checked)"
+        md.append(f"| {name} | {r['source']} | {r['mutants']} | {r['killed']} | {r['alive']} | {score} |")
+    md += ["", f"Total: {killed}/{total} killed" + (f" ({killed / total:.1%})." if total else "."), ""]
+    for name, r in results.items():
+        if not r["survivors"]:
+            continue
+        md += [f"## Alive in {name}", ""]
+        for s in r["survivors"]:
+            reason = s["reason"] or "NO REASON RECORDED (add one to mutation/reasons.toml or a test)"
+            md.append(f"- `{s['mutant']}` ({s['status']}): `{s['change']}`: {reason}")
+        md.append("")
+    (MUTATION_DIR / "summary.md").write_text("\n".join(md))
+    print("\n".join(md[:len(results) + 8]))
+    print(json.dumps({"mutation_total": total, "killed": killed, "modules_below_goal": below}))
+    return not below
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modules", default=os.environ.get("MODULES", ""),
+                        help="comma-separated names from mutation/modules.toml (default: all)")
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("MUTATION_WORKERS", "2")))
+    parser.add_argument("--summary-only", action="store_true", help="rebuild the summary from the last runs")
+    args = parser.parse_args()
+    modules = load_modules()
+    chosen = [m for m in args.modules.split(",") if m] or list(modules)
+    unknown = sorted(set(chosen) - set(modules))
+    if unknown:
+        parser.error(f"unknown modules {unknown}; known: {sorted(modules)}")
+    if not args.summary_only:
+        for name in chosen:  # re-read per module: a long run picks up test lists edited meanwhile
+            run_module(name, load_modules()[name], args.workers)
+    return 0 if write_summary(summarize(load_modules())) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Validation pieces a user relies on: the stats reader's errors and line numbers, the coverage table,
+threshold checks, and the summary's counts (duplicate expected ids included)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from validate_fixtures import MAX_TOKENS, error_row, good_row, write_run
+
+from fleetgen.errors import ConfigError, ValidationFailed
+from fleetgen.validation import stats_table, suite
+from fleetgen.validation.suite import ValidationThresholds, json_safe, load_errors, load_stats, validate_run
+
+
+def _stats_file(tmp_path, raw: bytes, name="shard-00000.jsonl"):
+    path = tmp_path / "stats" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(raw)
+    return path
+
+
+def _rows(*indexes):
+    return b"".join(json.dumps(good_row(i)).encode() + b"\n" for i in indexes)
+
+
+def test_a_malformed_complete_last_line_is_an_error_not_a_torn_write(tmp_path):
+    path = _stats_file(tmp_path, _rows(0, 1) + b'{"id": "p2", "prompt_tok\n')
+    with pytest.raises(ValidationFailed) as caught:
+        load_stats(tmp_path)
+    assert (caught.value.path, caught.value.line) == (str(path), 3)
+    assert caught.value.message.startswith("malformed JSON line (")
+
+
+def test_line_numbers_count_across_read_chunks(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(stats_table, "_CHUNK_LINES", 2)
+    path = _stats_file(tmp_path, _rows(0, 1, 2, 3) + b"[1]\n" + _rows(5))
+    with pytest.raises(ValidationFailed) as caught:
+        load_stats(tmp_path)
+    assert (caught.value.message, caught.value.line) == ("line is not a JSON object", 5)
+    _stats_file(tmp_path, _rows(0, 1, 2) + b"\n" + _rows(4) + b'{"id": "torn')
+    with caplog.at_level(logging.WARNING):
+        stats, info = load_stats(tmp_path, with_info=True)
+    assert list(stats["id"]) == ["p00000", "p00001", "p00002", "p00004"]
+    assert info == {"files": 1, "torn_lines": [f"{path}:6"]} and f"skipping torn last line {path}:6" in caplog.text
+
+
+def test_a_torn_line_inside_a_file_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(stats_table, "_CHUNK_LINES", 2)
+    _stats_file(tmp_path, _rows(0) + b'{"id": "x"' + b"\n" + _rows(2, 3))
+    with pytest.raises(ValidationFailed) as caught:
+        load_stats(tmp_path)
+    assert caught.value.line == 2
+
+
+def test_stats_types_ids_and_shard_order(tmp_path):
+    _stats_file(tmp_path, _rows(3) + json.dumps({"id": 17, "completion_tokens": "many"}).encode() + b"\n",
+                "shard-00001.jsonl")
+    _stats_file(tmp_path, json.dumps({"id": None, "server": "s"}).encode() + b"\n" + _rows(1))
+    stats = load_stats(tmp_path)
+    assert list(stats.columns) == list(suite.STATS_COLUMNS)
+    assert list(stats["id"]) == [None, "p00001", "p00003", "17"]
+    assert stats["completion_tokens"].isna().tolist() == [True, False, False, True]
+    assert str(stats["server"].dtype) == "category" and str(stats["finish_reason"].dtype) == "category"
+    assert stats["latency_s"].dtype == np.float64
+
+
+def test_errors_table_flattens_code_and_message(tmp_path):
+    write_run(tmp_path, [good_row(0)], errors=[error_row("p1"), {"id": "p2", "error": "text", "server": "s"}])
+    errors = load_errors(tmp_path)
+    assert list(errors.columns) == ["id", "code", "message", "server", "at"]
+    assert errors.iloc[0].tolist()[:3] == ["p1", 500, "internal error"]
+    assert errors["id"][1] == "p2" and errors["server"][1] == "s"
+    assert pd.isna(errors["code"][1]) and pd.isna(errors["message"][1])
+    empty = load_errors(tmp_path / "nothing")
+    assert list(empty.columns) == ["id", "code", "message", "server", "at"] and len(empty) == 0
+
+
+def test_coverage_table_outcomes_and_duplicate_expected_ids():
+    stats_ids = pd.Series(["b", "a", "b", "zz", None], dtype=object)
+    failed_ids = pd.Series(["c", "a", None], dtype=object)
+    table, duplicates = suite._coverage(stats_ids, failed_ids, ["a", "b", "c", "d", "a", "c"])
+    assert duplicates == 2
+    assert table["id"].tolist() == ["a", "b", "c", "d", "zz"]
+    assert table["completions"].tolist() == [1, 2, 0, 0, 1]
+    assert table["outcome"].tolist() == ["completed", "completed", "failed", "missing", "completed"]
+    assert table["expected"].tolist() == [True, True, True, True, False]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"max_tokens": 0}, "max_tokens must be an integer >= 1, got 0"),
+    ({"max_tokens": True}, "max_tokens must be an integer >= 1, got True"),
+    ({"allowed_finish_reasons": []}, "allowed_finish_reasons must be non-empty strings, got ()"),
+    ({"allowed_finish_reasons": ["stop", ""]}, "allowed_finish_reasons must be non-empty strings"),
+    ({"min_mean_completion_tokens": -1}, "min_mean_completion_tokens must be a number >= 0, got -1"),
+    ({"min_mean_completion_tokens": float("nan")}, "min_mean_completion_tokens must be a number >= 0"),
+    ({"min_mean_completion_tokens": 5, "max_mean_completion_tokens": 4},
+     "max_mean_completion_tokens must be None or >= min_mean_completion_tokens (5), got 4"),
+    ({"max_mean_completion_tokens": float("inf")}, "max_mean_completion_tokens must be None or"),
+    ({"max_length_share": 1.5}, "max_length_share must be a fraction in [0, 1], got 1.5"),
+    ({"min_reasoning_share": -0.1}, "min_reasoning_share must be a fraction in [0, 1]"),
+    ({"max_empty_answer_share": "0.1"}, "max_empty_answer_share must be a fraction in [0, 1]"),
+    ({"max_error_share": 2}, "max_error_share must be a fraction in [0, 1], got 2"),
+])
+def test_each_threshold_is_checked(changes, message):
+    with pytest.raises(ConfigError) as caught:
+        ValidationThresholds(**{"max_tokens": 10, **changes})
+    assert caught.value.message.startswith(message)
+
+
+def test_threshold_edges_are_allowed_and_params_map_back():
+    edge = ValidationThresholds(max_tokens=1, min_mean_completion_tokens=0, max_mean_completion_tokens=0,
+                                max_length_share=0, min_reasoning_share=1, max_empty_answer_share=1,
+                                max_error_share=0)
+    assert edge.to_dict()["allowed_finish_reasons"] == ["stop", "length"]
+    assert ValidationThresholds.from_mapping({"max_tokens": 5, "max_error_share": None}).max_error_share == 0.01
+    with pytest.raises(ConfigError, match="unknown validation threshold\\(s\\): a, b"):
+        ValidationThresholds.from_mapping({"max_tokens": 5, "b": 1, "a": 2})
+    with pytest.raises(ConfigError, match="validation thresholds need max_tokens"):
+        ValidationThresholds.from_mapping({"max_tokens": None})
+
+
+def test_json_safe_and_mostly():
+    value = {1: [np.int64(3), (np.float64("nan"), float("-inf"), 0.5)], "b": np.bool_(True)}
+    assert json_safe(value) == {"1": [3, [None, None, 0.5]], "b": True}
+    assert suite._mostly(0.9) == pytest.approx(0.9 - 1e-9, abs=0) and suite._mostly(0.0) == 0.0
+
+
+def _gx_result(kind_body, success=False, exception=None, column="completion_tokens"):
+    config = SimpleNamespace(type="expect_x", kwargs={"column": column})
+    return SimpleNamespace(result=kind_body, expectation_config=config, success=success,
+                           exception_info=exception or {})
+
+
+def test_reading_a_result_back_per_kind():
+    check = suite._Check("empty_answer_share", "completions", "bad_share", "share <= 0.1", None)
+    body = {"unexpected_count": 3, "unexpected_percent": 30.0,
+            "partial_unexpected_index_list": [{"id": f"p{i}"} for i in range(12)]}
+    entry = suite._read_result(check, _gx_result(body))
+    assert entry == {"name": "empty_answer_share", "table": "completions", "expectation": "expect_x",
+                     "column": "completion_tokens", "success": False, "bound": "share <= 0.1",
+                     "unexpected_count": 3, "observed": 0.3, "sample_ids": [f"p{i}" for i in range(10)]}
+    assert suite._describe(entry) == ("- empty_answer_share: observed 0.3 (3 rows), expected share <= 0.1; "
+                                      "sample ids: " + ", ".join(f"p{i}" for i in range(10)))
+    good = suite._read_result(suite._Check("r", "completions", "good_share", "b", None), _gx_result(body))
+    assert good["observed"] == 0.7
+    count = suite._read_result(suite._Check("c", "coverage", "count", "0 rows", None), _gx_result({}, success=True))
+    assert (count["observed"], count["unexpected_count"], count["sample_ids"], count["success"]) == (0, 0, [], True)
+    assert suite._describe(count) == "- c: observed 0, expected 0 rows"
+    mean = suite._read_result(suite._Check("m", "completions", "mean", "mean in [1, inf]", None),
+                              _gx_result({"observed_value": 2.123456}, success=True,
+                                         exception={"raised_exception": True, "exception_message": "boom"}))
+    assert (mean["observed"], mean["success"], mean["error"], mean["sample_ids"]) == (2.1235, False, "boom", [])
+    assert suite._describe(mean) == "- m: observed 2.1235, expected mean in [1, inf]; error: boom"
+    assert suite._read_result(suite._Check("m", "completions", "mean", "b", None),
+                              _gx_result(None))["observed"] is None
+
+
+def test_summary_counts_missing_duplicate_unknown_and_repeated_expected_ids(tmp_path):
+    rows = [good_row(i) for i in range(6)] + [good_row(2), good_row(9)]
+    out = write_run(tmp_path / "run", rows, errors=[error_row("p00007")])
+    expected = [f"p{i:05d}" for i in range(9)] + ["p00001"]
+    with pytest.raises(ValidationFailed) as caught:
+        validate_run(out, expected, ValidationThresholds(max_tokens=MAX_TOKENS, max_error_share=1),
+                     build_docs=False)
+    summary = caught.value.summary
+    assert summary["expected_duplicate_ids"] == 1 and summary["expected"] == 9
+    assert (summary["rows"], summary["completed"], summary["failed_prompts"], summary["error_records"]) == (8, 7, 1, 1)
+    assert summary["missing"] == {"count": 2, "first_ids": ["p00006", "p00008"]}
+    assert summary["duplicates"] == {"count": 1, "extra_rows": 1, "first_ids": ["p00002"]}
+    assert summary["unknown_ids"] == {"count": 1, "first_ids": ["p00009"]}
+    assert summary["failed_expectations"] == ["no_missing_ids", "no_duplicate_ids", "no_unknown_ids"]
+    assert caught.value.message.startswith("validation failed: 3 of ")
+    assert "(8 completion rows, 9 prompts)\n- no_missing_ids: observed 2, expected 0 prompts" in caught.value.message
+    assert json.loads((out / "validation" / "summary.json").read_text()) == summary
+
+
+def test_errors_tables_from_several_files_with_a_torn_last_line(tmp_path):
+    folder = tmp_path / "errors"
+    folder.mkdir()
+    (folder / "shard-00000.jsonl").write_text(json.dumps(error_row("p1")) + "\n")
+    (folder / "shard-00001.jsonl").write_text(json.dumps(error_row("p2")) + "\n" + '{"id": "p3", "err')
+    errors = load_errors(tmp_path)
+    assert errors["id"].tolist() == ["p1", "p2"] and errors.index.tolist() == [0, 1]
+
+
+def test_empty_stats_keep_their_column_types_and_warn(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        stats = load_stats(tmp_path)
+    assert {c: str(t) for c, t in stats.dtypes.items()} == {
+        "id": "object", "prompt_tokens": "float64", "completion_tokens": "float64", "finish_reason": "object",
+        "reasoning_chars": "float64", "content_chars": "float64", "server": "object", "latency_s": "float64",
+        "finished_at": "float64"}
+    assert f"no stats files under {tmp_path / 'stats'}" in caplog.text
+    caplog.clear()
+    _stats_file(tmp_path, _rows(0))
+    with caplog.at_level(logging.WARNING):
+        load_stats(tmp_path)
+    assert "no stats files" not in caplog.text
+
+
+def test_the_line_by_line_path_keeps_lines_after_a_blank_one_and_names_everything(tmp_path, caplog):
+    path = _stats_file(tmp_path, _rows(0, 1) + b"\n" + _rows(2) + b'{"id": "torn')
+    with caplog.at_level(logging.WARNING):
+        stats, info = load_stats(tmp_path, with_info=True)
+    assert list(stats["id"]) == ["p00000", "p00001", "p00002"] and info["torn_lines"] == [f"{path}:5"]
+    assert [r.getMessage() for r in caplog.records] == [f"skipping torn last line {path}:5"]
+    _stats_file(tmp_path, _rows(0) + b'{"id": "bad\n' + _rows(2))
+    with pytest.raises(ValidationFailed) as malformed:
+        load_stats(tmp_path)
+    assert malformed.value.hint == "the file was edited or corrupted; regenerate this shard"
+    _stats_file(tmp_path, _rows(0) + b"[1]\n")
+    with pytest.raises(ValidationFailed) as not_object:
+        load_stats(tmp_path)
+    assert (not_object.value.path, not_object.value.line) == (str(path), 2)
