@@ -44,8 +44,8 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
 
-# Mutation testing of the critical modules (mutation/modules.toml), not part of `make test`: about
-# 20 minutes on 2 cores. MODULES=remote,store picks some; MUTATION_WORKERS caps the parallel mutants.
+# Mutation testing of the critical modules (mutation/modules.toml), not part of `make test`: 3-15 minutes
+# a module on 2 cores, over an hour for all. MODULES=remote,store picks some; MUTATION_WORKERS caps the workers.
 MUTATION_STAMP := $(VENV)/.mutation-installed
 MODULES ?=
 MUTATION_WORKERS ?= 2
