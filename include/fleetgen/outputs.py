@@ -9,6 +9,8 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       completions/shard-NNNNN.jsonl  one finished prompt a line (append-only)
       stats/shard-NNNNN.jsonl      one compact row per completion (STATS_COLUMNS): the checkpoint of record
       errors/shard-NNNNN.jsonl     prompts that failed permanently
+      metrics/shard-NNNNN.jsonl    the servers' /metrics sampled by the shard (running, queue, KV use...)
+      events/shard-NNNNN.jsonl     servers marked down / recovered, prompts retried / failed, per shard
       shards/shard-NNNNN.json      the shard's byte range; ``.mark.json`` its resume mark; ``.lock`` and
                                    ``.lease.json`` the one try that may write it (generate/lease.py);
                                    ``.alive`` the live try's heartbeat, ``.lost.jsonl`` tries that died
@@ -38,7 +40,7 @@ CATEGORY_COLUMNS = ("finish_reason", "server")
 # An error record is {"id", "status", "error": {"code", "message"}, "server", "at"}; read flat as these.
 ERROR_COLUMNS = ("id", "code", "message", "server", "at")
 
-SHARD_KINDS = ("completions", "stats", "errors", "shards")
+SHARD_KINDS = ("completions", "stats", "errors", "shards", "metrics", "events")
 
 
 def run_folder_name(run_id: str) -> str:

@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -45,6 +46,7 @@ from fleetgen.generate.queue import WorkQueue, _Item
 from fleetgen.generate.records import completion_record, error_record, stats_record, utc_now
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.store import ShardStore
+from fleetgen.generate.watch import EventJournal, MetricsScraper
 
 MONITOR_TICK_S = 0.25
 MARK_INTERVAL_S = 1.0
@@ -84,8 +86,10 @@ class Dispatcher:
                  headers: list[tuple[bytes, bytes]], progress: Progress, log: logging.Logger,
                  progress_interval_s: float, finished_before: int = 0,
                  sharing: Callable[[], int] | None = None, sharing_interval_s: float = 10.0,
-                 health: SharedHealth | None = None) -> None:
+                 health: SharedHealth | None = None, events: EventJournal | None = None,
+                 metrics_path: Path | None = None) -> None:
         self.shard_id = shard_id
+        self.events = events  # server events (down, recovered, retried, failed) for the report
         self.health = health  # the run's shared server health; None: this shard's own view only
         self._rechecks: list[asyncio.Task] = []  # every re-check started (one may outlive its down period)
         # URLs and headers are parsed once: httpx would parse them again for every request.
@@ -117,6 +121,14 @@ class Dispatcher:
         self._health_extensions = {"timeout": {
             "connect": settings.connect_timeout_s, "read": settings.health_timeout_s,
             "write": settings.connect_timeout_s, "pool": settings.connect_timeout_s}}
+        self.scraper = None
+        if metrics_path is not None and settings.metrics_interval_s > 0:
+            in_flight = {s.endpoint.name: s for s in self.servers}
+            self.scraper = MetricsScraper(servers=list(servers), send=self._send, headers=self.headers,
+                                          interval_s=settings.metrics_interval_s, path=metrics_path,
+                                          in_flight=lambda name: in_flight[name].in_flight, log=log,
+                                          shard_id=shard_id,
+                                          is_down=lambda name: in_flight[name].down_since is not None)
 
     async def run(self) -> None:
         self._reshare()
@@ -124,6 +136,8 @@ class Dispatcher:
         tasks = [self._spawn(self._worker(server, slot)) for server in self.servers
                  for slot in range(server.endpoint.max_in_flight)]
         tasks.append(self._spawn(self._monitor()))
+        if self.scraper is not None:
+            tasks.append(self._spawn(self.scraper.run()))
         try:
             await self.queue.finished.wait()
         finally:
@@ -245,6 +259,7 @@ class Dispatcher:
         record = error_record(item.prompt.id, code=code, message=message, server=server.endpoint.name)
         self.store.record_failure(jsonio.dumps(record) + b"\n", item.prompt.id)
         server.failed += 1
+        self._event("failed", server, prompt=item.prompt.id, code=code, reason=message[:500])
         self.progress.add_failure()
         self.queue.finish(item)
 
@@ -261,6 +276,7 @@ class Dispatcher:
 
     def _retry(self, server: ServerState, item: _Item, message: str, *, blame: bool = True) -> None:
         server.retried += 1
+        self._event("retried", server, prompt=item.prompt.id, reason=message[:500])
         if blame:
             item.attempts += 1
             if item.attempts >= self.settings.max_attempts:
@@ -288,6 +304,7 @@ class Dispatcher:
         elif self.health is not None:
             server.health_at = self.health.publish(server.endpoint.name, DOWN, reason)
         server.marked_down.append({"at": at, "reason": reason})
+        self._event("down", server, reason=reason[:500])
         self.log.warning("shard %d: server %s marked down at %s (%s); its prompts go to the other servers; "
                          "re-checking %s%s", self.shard_id, server.endpoint.name, at, reason,
                          server.endpoint.url, HEALTH_PATH)
@@ -299,6 +316,7 @@ class Dispatcher:
         server.down_since = None
         at = utc_now()
         server.recovered.append({"at": at, "down_s": round(down_s, 1)})
+        self._event("recovered", server, down_s=round(down_s, 1), **({"by": by} if by else {}))
         self.log.warning("shard %d: server %s is back up at %s after %.1f s down%s", self.shard_id,
                          server.endpoint.name, at, down_s, f" (re-checked by {by})" if by else "")
         server.up.set()
@@ -356,6 +374,10 @@ class Dispatcher:
         except httpx.TransportError as exc:
             return f"{HEALTH_PATH}: {type(exc).__name__}: {exc}"
         return None if response.status_code == 200 else f"{HEALTH_PATH}: HTTP {response.status_code}"
+
+    def _event(self, kind: str, server: ServerState, **fields) -> None:
+        if self.events is not None:
+            self.events.record(kind, server.endpoint.name, **fields)
 
     def _reshare(self) -> None:
         """Ask how the shards share the fleet and resize every server's cap to this shard's part: 1/n of

@@ -24,6 +24,7 @@ class ServerEndpoint:
     max_in_flight: int
     host: str = ""
     gpu_ids: tuple[int, ...] = ()
+    effective_max_running_requests: int = 0  # the server's own cap (/server_info), for the occupancy series
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -81,6 +82,7 @@ class GenerationSettings:
     # Share server health with the other shards of the run through a file in the run's output folder
     # (generate/health.py): a server one shard found down is skipped by all until re-checked.
     share_server_health: bool = True
+    metrics_interval_s: float = 5.0  # scrape every server's /metrics this often (0: no occupancy series)
 
     def __post_init__(self) -> None:
         problems = []
@@ -104,6 +106,8 @@ class GenerationSettings:
                      "health_timeout_s", "all_down_timeout_s", "stall_check_s", "lease_wait_s"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.metrics_interval_s >= 0:
+            problems.append(f"metrics_interval_s must be >= 0, got {self.metrics_interval_s}")
         if problems:
             raise ConfigError("invalid generation settings: " + "; ".join(problems),
                               hint="check the generation parameters of the run")
@@ -170,4 +174,6 @@ def shard_endpoints(readiness: list[dict], *, headroom: float, parallel_shards: 
     limits = server_limits({ready["server"]: ready["effective_max_running_requests"] for ready in readiness},
                            headroom=headroom, parallel_shards=parallel_shards or 1)
     return [ServerEndpoint(name=ready["server"], url=ready["url"], max_in_flight=limits[ready["server"]],
-                           host=ready["host"], gpu_ids=tuple(ready["gpu_ids"])) for ready in readiness]
+                           host=ready["host"], gpu_ids=tuple(ready["gpu_ids"]),
+                           effective_max_running_requests=ready["effective_max_running_requests"])
+            for ready in readiness]

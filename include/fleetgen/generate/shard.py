@@ -18,6 +18,7 @@ from fleetgen.generate.progress import Progress
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.store import ShardStore
 from fleetgen.generate.transport import PooledTransport
+from fleetgen.generate.watch import EventJournal
 from fleetgen.outputs import RunLayout
 
 SHARD_KEYS = ("shard_id", "input_path", "start", "count")
@@ -65,15 +66,19 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         pooled = transport or PooledTransport()
         who = f"shard {shard_id}" + (f" (try {try_number})" if try_number is not None else "")
         health = SharedHealth(out_dir, who=who, log=log) if settings.share_server_health else None
+        layout = RunLayout(Path(out_dir))
+        events = EventJournal(layout.shard_file("events", shard_id), shard_id)
         dispatcher = Dispatcher(shard_id=shard_id, servers=servers, queue=queue, store=store, settings=settings,
                                 transport=pooled, headers=headers, progress=progress, log=log,
                                 progress_interval_s=progress_interval_s, finished_before=resume.finished,
                                 sharing=_shared_by_heartbeats(sharing, layout, heartbeat),
-                                sharing_interval_s=sharing_interval_s, health=health)
+                                sharing_interval_s=sharing_interval_s, health=health, events=events,
+                                metrics_path=layout.shard_file("metrics", shard_id))
         beating = asyncio.create_task(heartbeat.run(dispatcher.share_state))
         try:
             await dispatcher.run()
         finally:
+            events.close()
             log.info("shard %d: %s", shard_id, dispatcher.progress_line())
             if transport is None:
                 await pooled.aclose()

@@ -53,6 +53,7 @@ class FakeFleet:
         self.by_prompt: dict[str, list[str]] = defaultdict(list)  # prompt id -> servers asked
         self.bodies: dict[str, dict] = {}
         self.headers: list[httpx.Headers] = []
+        self.scrapes: Counter = Counter()  # /metrics requests per server
 
     def endpoints(self, limit: int | None = None) -> list[ServerEndpoint]:
         return [ServerEndpoint(name=name, url=f"http://{name}", max_in_flight=limit or self.limit)
@@ -67,6 +68,9 @@ class FakeFleet:
         if request.url.path == "/health":
             answer = self.health.get(name)
             return answer(name) if answer else httpx.Response(200)
+        if request.url.path == "/metrics":
+            self.scrapes[name] += 1
+            return httpx.Response(200, text=metrics_page(self.in_flight[name]))
         body = json.loads(request.content)
         prompt_id = body["messages"][-1]["content"].split()[-1]
         prompt_id = f"p{int(prompt_id):04d}" if prompt_id.isdigit() else prompt_id
@@ -86,6 +90,17 @@ class FakeFleet:
             return httpx.Response(200, json=completion_body(prompt_id))
         finally:
             self.in_flight[name] -= 1
+
+
+def metrics_page(running: int, queue: int = 0) -> str:
+    """A /metrics page as SGLang's scheduler writes it (Prometheus text, its labels)."""
+    labels = 'engine_type="unified",model_name="test-model",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+    return (f"# HELP sglang:num_running_reqs The number of running requests.\n"
+            f"# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{{{labels}}} {float(running)}\n"
+            f"# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"
+            f"# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{{{labels}}} {float(queue)}\n"
+            f"# HELP sglang:token_usage The token usage.\n"
+            f"# TYPE sglang:token_usage gauge\nsglang:token_usage{{{labels}}} {running / 100}\n")
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -1,0 +1,94 @@
+"""The simulator's /metrics: SGLang 0.5.23's names, types and labels, in the Prometheus text format,
+and values that follow the load; read back by fleetgen's parser."""
+
+import asyncio
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetgen.generate.server_metrics import parse_metrics
+from sglang_sim.http_app import build_app
+SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
+TOKENIZER_LABELS = ("model_name", "engine_type", "is_streaming")
+
+SGLANG_METRICS = (Path(__file__).resolve().parents[3] / ".sglang-venv" / "lib" / "python3.11" / "site-packages"
+                  / "sglang" / "srt" / "observability" / "metrics_collector.py")
+CHAT = {"messages": [{"role": "user", "content": "Why is the sky blue?"}], "max_tokens": 4096}
+
+
+def _scrape_while_busy(service, requests: int) -> tuple[str, str]:
+    """/metrics while ``requests`` chats run, then once they are done."""
+    async def main():
+        service.start_engines(asyncio.get_running_loop())
+        service.ready = True
+        transport = httpx.ASGITransport(app=build_app(service))
+        async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
+            chats = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT)) for _ in range(requests)]
+            await asyncio.sleep(0)
+            while sum(e.running + e.waiting for e in service.engines) < requests:
+                await asyncio.sleep(0.001)
+            busy = (await client.get("/metrics")).text
+            await asyncio.gather(*chats)
+            return busy, (await client.get("/metrics")).text
+
+    return asyncio.run(main())
+
+
+def _families(text: str) -> dict:
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def test_metrics_follow_the_load_in_prometheus_text(tools):
+    service = tools.make_service(tools.AFTER + ["--enable-metrics"], time_scale=50.0)
+    cap = service.plan.max_running_requests  # the effective cap (the seed's mamba pool binds it)
+    busy, idle = _scrape_while_busy(service, cap + 6)
+    families = _families(busy)
+    running = families["sglang:num_running_reqs"].samples[0]
+    assert families["sglang:num_running_reqs"].type == "gauge"
+    assert running.value == cap  # the rest wait
+    assert families["sglang:num_queue_reqs"].samples[0].value == 6
+    assert 0 < families["sglang:full_token_usage"].samples[0].value < 1  # KV
+    assert families["sglang:token_usage"].samples[0].value == families["sglang:mamba_usage"].samples[0].value == 1
+    assert families["sglang:spec_accept_length"].samples[0].value > 1  # NEXTN in the seed's flags
+    # a hybrid model at its cap: the Mamba slots bind, and token_usage is the larger of the two usages
+    assert set(running.labels) == set(SCHEDULER_LABELS)
+    assert running.labels["model_name"] == "/models/qwen3.6-27b" and running.labels["tp_rank"] == "0"
+    done = _families(idle)
+    assert done["sglang:num_running_reqs"].samples[0].value == 0
+    requests = [s for s in done["sglang:num_requests"].samples if s.name == "sglang:num_requests_total"]
+    assert done["sglang:num_requests"].type == "counter" and requests[0].value == cap + 6
+    assert set(requests[0].labels) == set(TOKENIZER_LABELS)
+    sample = parse_metrics(busy, server="sim:30000")
+    assert (sample.running, sample.queue) == (cap, 6)
+    assert sample.accept_length == families["sglang:spec_accept_length"].samples[0].value
+
+
+def test_metrics_are_off_without_the_flag(tools):
+    async def scenario():
+        service = tools.make_service(tools.AFTER)
+        service.start_engines(asyncio.get_running_loop())
+        transport = httpx.ASGITransport(app=build_app(service))
+        async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
+            return (await client.get("/metrics")).status_code
+
+    assert asyncio.run(scenario()) == 404
+
+
+@pytest.mark.skipif(not SGLANG_METRICS.exists(), reason="SGLang 0.5.23's source (.sglang-venv) is not built")
+def test_every_served_metric_has_sglangs_name_type_and_labels(tools):
+    source = SGLANG_METRICS.read_text()
+    declared = {name: kind for kind, name in re.findall(r'=\s*(Gauge|Counter|Histogram)\(\s*(?:#[^\n]*\n\s*)*name="(sglang:[^"]+)"',
+                                                        source)}
+    service = tools.make_service(tools.AFTER + ["--enable-metrics"])
+    _, idle = _scrape_while_busy(service, 1)
+    for family in text_string_to_metric_families(idle):
+        served = family.samples[0].name if family.type == "counter" else family.name
+        assert served in declared, f"{served} is not one of SGLang's metrics"
+        assert declared[served].lower() == family.type, served
+    # the scheduler's label set as SGLang builds it (SchedulerMetricsCollector's labels dict)
+    for label in SCHEDULER_LABELS:
+        assert f'"{label}":' in source
+    assert re.search(r'labelnames=list\(labels.keys\(\)\) \+ \["is_streaming"\]', source)
