@@ -69,8 +69,13 @@ def wait_memory_released(shell: NodeShell, fleet: FleetSpec, node_name: str, pid
         time.sleep(1.0)
 
 
+# Every server exposes SGLang's Prometheus metrics: the shards sample them for the occupancy report.
+ALWAYS_ARGS = ("--enable-metrics",)
+
+
 def launch_spec(fleet: FleetSpec, slot: ServerSlot, plan: dict, *, with_api_key: bool) -> remote.LaunchSpec:
-    args = remote.flags_to_args(plan["flags"]) + list(fleet.server.extra_args)
+    extra = list(fleet.server.extra_args)
+    args = remote.flags_to_args(plan["flags"]) + [arg for arg in ALWAYS_ARGS if arg not in extra] + extra
     return remote.LaunchSpec(
         python=fleet.server.python, module=fleet.server.module, model_path=fleet.model.path,
         served_name=fleet.model.served_name, port=slot.port, gpu_ids=slot.gpu_ids,

@@ -28,6 +28,7 @@ import pandas as pd
 
 from fleetgen.generate.liveness import dead_seconds, lost_tries
 from fleetgen.report.markdown import render_markdown
+from fleetgen.report.occupancy import failures, occupancy
 from fleetgen.report.plots import write_plots
 from fleetgen.nodes.readiness import ServerInfo
 from fleetgen.outputs import RunLayout
@@ -285,6 +286,11 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
                                        errors["server"].astype(object).fillna("unknown").value_counts().items()}}
     _net_of_dead_tries(report, lost_tries(RunLayout(out)))
     report["tuning"] = _tuning(plan, readiness)
+    report["failures"] = failures(RunLayout(out))
+    timing = report["timing"]
+    span = (timing["first_start"], timing["last_finish"]) if timing["first_start"] is not None else None
+    report["occupancy"] = occupancy(RunLayout(out), span=span, down_seconds={
+        server: row["down_seconds"] for server, row in report["failures"]["per_server"].items()})
     report["shards"] = _shards(shard_results)
     report["validation"] = validation
     previous, unusable = _load_previous(previous_report)

@@ -28,6 +28,46 @@ def _expected_vs_effective(row: dict, key: str) -> str:
     return f"{_number(expected)} / {_number(effective)}{mark}"
 
 
+def _occupancy_section(occupancy: dict | None, plots: dict) -> list[str]:
+    lines = ["## Occupancy", ""]
+    if not occupancy:
+        return lines + ["No metrics samples (the servers' /metrics was not sampled).", ""]
+    fleet = occupancy["fleet_occupancy"]
+    lines += [f"Fleet occupancy (mean running requests / effective cap over the generation span): "
+              f"**{_number(fleet * 100 if fleet is not None else None)} %**", ""]
+    lines += _table(["server", "cap", "mean running", "occupancy", "mean queue", "KV use mean / max",
+                     "accept length", "in flight from shards"],
+                    [[name, row["cap"], row["running_mean"],
+                      f"{row['occupancy']:.0%}" if row["occupancy"] is not None else "-", row["queue_mean"],
+                      f"{_number(row['token_usage_mean'], 2)} / {_number(row['token_usage_max'], 2)}",
+                      _number(row["accept_length_mean"], 2), row["sent_mean"]]
+                     for name, row in occupancy["per_server"].items()])
+    low = {name: row["low"] for name, row in occupancy["per_server"].items() if row.get("low")}
+    if low:
+        lines += [f"Below {occupancy['low_threshold']:.0%} of the cap:", ""]
+        lines += [f"- **{name}**: {reason}" for name, reason in low.items()] + [""]
+    if "occupancy" in plots:
+        lines += [f"![Occupancy]({plots['occupancy']})", ""]
+    return lines
+
+
+def _failures_section(failures: dict | None) -> list[str]:
+    lines = ["## Failures", ""]
+    if not failures or not failures["per_server"]:
+        return lines + ["No server was marked down; no prompt was retried or written off.", ""]
+    lines += [f"{failures['down_events']} time(s) a server was marked down; {failures['retried']} request(s) "
+              f"retried; {failures['failed']} prompt(s) written off.", ""]
+    lines += _table(["server", "marked down", "seconds down", "retried", "failed"],
+                    [[name, len(row["down"]), row["down_seconds"], row["retried"], row["failed"]]
+                     for name, row in failures["per_server"].items()])
+    periods = [(name, period) for name, row in failures["per_server"].items() for period in row["down"]]
+    if periods:
+        lines += _table(["server", "down at", "seen by shard", "back at", "down for s", "reason"],
+                        [[name, p["at"], p["shard"], p["recovered_at"] or "not recovered", p["down_s"],
+                          (p["reason"] or "-").replace("|", "/")[:160]] for name, p in periods[:50]])
+    return lines
+
+
 def render_markdown(report: dict) -> str:
     """The human page of ``report.json``: headline, tables, plots, validation and comparison."""
     throughput, timing, tokens = report["throughput"], report["timing"], report["completion_tokens"]
@@ -58,6 +98,8 @@ def render_markdown(report: dict) -> str:
     for key, title in (("per_server", "Throughput per server"), ("throughput_over_time", "Throughput over time")):
         if key in plots:
             lines += [f"![{title}]({plots[key]})", ""]
+    lines += _occupancy_section(report.get("occupancy"), plots)
+    lines += _failures_section(report.get("failures"))
     lines += ["## Output tokens", ""]
     lines += _table(["mean", "min", "p50", "p90", "p99", "max"],
                     [[tokens["mean"], tokens["min"], tokens["p50"], tokens["p90"], tokens["p99"], tokens["max"]]])

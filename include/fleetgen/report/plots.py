@@ -14,7 +14,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 __all__ = ["plot_throughput_over_time", "plot_output_tokens", "plot_finish_reasons", "plot_per_server",
-           "write_plots"]
+           "plot_occupancy", "write_plots"]
 
 _SIZE = (9, 4.5)
 _DPI = 100
@@ -86,6 +86,33 @@ def plot_per_server(per_server: dict[str, dict], path: Path) -> str:
     return _save(figure, path)
 
 
+def plot_occupancy(occupancy: dict, path: Path) -> str:
+    """Per server over time: running requests / effective cap (top), KV pool use (bottom)."""
+    figure = Figure(figsize=(9, 7))
+    top, bottom = figure.subplots(2, 1, sharex=True)
+    width = occupancy["bucket_seconds"]
+    for server, row in sorted(occupancy["per_server"].items()):
+        series = row["series"]
+        minutes = [bucket * width / 60 for bucket in series["bucket"]]
+        top.plot(minutes, [value / row["cap"] for value in series["running"]] if row["cap"] else series["running"],
+                 linewidth=1, label=f"{server} (cap {row['cap']})")
+        if series["token_usage"]:
+            bottom.plot(minutes, series["token_usage"], linewidth=1, label=server)
+    top.axhline(1.0, color="black", linestyle="--", linewidth=1, label="effective cap")
+    top.axhline(occupancy["low_threshold"], color="#c00000", linestyle=":", linewidth=1, label="called out below")
+    top.set_ylabel("running / effective cap")
+    top.set_ylim(0, 1.1)
+    fleet = occupancy["fleet_occupancy"]
+    top.set_title(f"Occupancy (fleet {fleet:.0%})" if fleet is not None else "Occupancy")
+    top.grid(alpha=0.3)
+    top.legend(fontsize="x-small", ncol=2)
+    bottom.set_ylabel("KV token usage")
+    bottom.set_ylim(0, 1.05)
+    bottom.set_xlabel(f"minutes since the first sample ({width:g} s buckets)")
+    bottom.grid(alpha=0.3)
+    return _save(figure, path)
+
+
 def write_plots(report: dict, folder: Path) -> dict[str, str]:
     """Draw every plot the report has data for; return {plot name: file name in ``folder``}."""
     written: dict[str, str] = {}
@@ -97,6 +124,8 @@ def write_plots(report: dict, folder: Path) -> dict[str, str]:
             report["completion_tokens"]["histogram"], folder / "output_tokens.png")
     if report["finish_reasons"]:
         written["finish_reasons"] = plot_finish_reasons(report["finish_reasons"], folder / "finish_reasons.png")
+    if report.get("occupancy"):
+        written["occupancy"] = plot_occupancy(report["occupancy"], folder / "occupancy.png")
     if report["per_server"]:
         written["per_server"] = plot_per_server(report["per_server"], folder / "per_server.png")
     return written
