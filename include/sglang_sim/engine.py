@@ -176,6 +176,10 @@ class BatchEngine:
         """Prompt tokens of the waiting requests (SGLang's num_total_tokens adds them to the used ones)."""
         return sum(job.prompt_tokens for job in self._waiting)
 
+    def prefilling(self) -> bool:
+        """True while a prefill holds the GPU (decoding waits for it)."""
+        return self.clock.now() < self._stall_until
+
     def rate(self, batch: int) -> float:
         return self._rates[min(batch, self.capacity)]
 

@@ -3,6 +3,7 @@
 Supported: no arguments (a compact memory/process table), ``--query-gpu=FIELDS``, ``--query-compute-apps=FIELDS``, ``--format=csv[,noheader][,nounits]``,
 ``-i/--id=0,1`` (index or UUID), ``-L/--list-gpus``. Fields are separated by ", "; with units, MiB
 values read ``183359 MiB`` and headers carry ``[MiB]`` (also with ``nounits``, as nvidia-smi does).
+``utilization.gpu`` and ``power.draw`` follow the load the node's servers report (``sglang_sim.gpu_load``).
 An unknown field prints ``Field "x" is not a valid field to query.`` and exits 2.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
+from sglang_sim.gpu_load import gpu_loads, gpu_power
 from sglang_sim.node import NODE_ENV, SimNode
 
 DRIVER_VERSION = "570.133.20"
@@ -24,6 +26,8 @@ _GPU_FIELDS = {
     "memory.free": ("memory.free", "MiB"),
     "pci.bus_id": ("pci.bus_id", None), "gpu_bus_id": ("pci.bus_id", None),
     "driver_version": ("driver_version", None), "count": ("count", None),
+    "utilization.gpu": ("utilization.gpu", "%"), "power.draw": ("power.draw", "W"),
+    "power.limit": ("power.limit", "W"),
 }
 _APP_FIELDS = {
     "gpu_uuid": ("gpu_uuid", None), "gpu_bus_id": ("gpu_bus_id", None), "gpu_name": ("gpu_name", None),
@@ -141,12 +145,18 @@ def _summary(node: SimNode, gpus: list) -> str:
 
 def _gpu_rows(node: SimNode, gpus: list) -> list[dict]:
     rows = []
+    loads = gpu_loads(node)
     for gpu in gpus:
         used = node.used_mib(gpu.index)
+        utilization, power_share = loads.get(gpu.index, (0.0, 0.0))
+        idle_w, limit_w = gpu_power(gpu.name)
         rows.append({"index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
                      "memory.total": gpu.total_mib, "memory.used": used,
                      "memory.free": max(0, gpu.total_mib - used), "pci.bus_id": _bus_id(gpu.index),
-                     "driver_version": DRIVER_VERSION, "count": len(node.gpus)})
+                     "driver_version": DRIVER_VERSION, "count": len(node.gpus),
+                     "utilization.gpu": int(round(utilization)),
+                     "power.draw": f"{idle_w + (limit_w - idle_w) * power_share:.2f}",
+                     "power.limit": f"{limit_w:.2f}"})
     return rows
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import uvicorn
 
+from sglang_sim.gpu_load import WRITE_INTERVAL_S, current_load, write_load
 from sglang_sim.http_app import build_app
 from sglang_sim.service import Service
 from sglang_sim.simlog import log
@@ -57,15 +59,27 @@ async def _warmup(server: uvicorn.Server, service: Service) -> None:
     log("The server is fired up and ready to roll!")
 
 
+async def _report_load(service: Service) -> None:
+    """Keep the node's view of this server's GPU load fresh, for the fake nvidia-smi."""
+    node, gpus = service.gpu_load_target
+    while True:
+        utilization, power_share = current_load(service)
+        write_load(node, os.getpid(), gpus, utilization, power_share)
+        await asyncio.sleep(WRITE_INTERVAL_S)
+
+
 async def _serve(service: Service) -> int:
     args = service.args
     service.start_engines(asyncio.get_running_loop())
+    reporter = asyncio.create_task(_report_load(service)) if service.gpu_load_target else None
     config = uvicorn.Config(build_app(service), host=args.host, port=args.port, log_level="warning",
                             access_log=False, lifespan="off", http="httptools", timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     warmup = asyncio.create_task(_warmup(server, service))
     await server.serve()
     warmup.cancel()
+    if reporter is not None:
+        reporter.cancel()
     return 1 if service.warmup_failed or not server.started else 0
 
 

@@ -27,6 +27,7 @@ from sglang_sim.perf import derive_timing
 from sglang_sim.pools import (GB, PoolPlan, cuda_oom_error, kv_oom_error, mamba_oom_error, size_pools,
                                 weights_oom_error)
 from sglang_sim.resolve import Launch, LaunchError, resolve_launch
+from sglang_sim.gpu_load import remove_load
 from sglang_sim.simlog import log
 
 MIB = 1 << 20
@@ -106,6 +107,7 @@ class Startup:
     def release(self) -> None:
         for index in self.gpus:
             self.node.remove_holder(index, self.pid)
+        remove_load(self.node, self.pid)
 
 
 def _visible_gpus(node: SimNode, launch: Launch, base: int, step: int) -> list[int]:
@@ -184,6 +186,7 @@ def run(argv: list[str]) -> int:
             startup = Startup(node, _visible_gpus(node, launch, args.base_gpu_id, args.gpu_id_step))
             service = _start_scheduler(args, argv, node, startup, model, config, launch, weights, draft_model,
                                        draft_weights, faults, started)
+            service.gpu_load_target = (node, list(startup.gpus))
         except LaunchError as err:
             return _die_in_scheduler(err)
         from sglang_sim.serve import serve

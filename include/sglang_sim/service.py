@@ -62,6 +62,7 @@ class Service:
         self.requests_received = 0
         self.finished_after_ready = 0
         self.engines: list[BatchEngine] = []
+        self.gpu_load_target = None  # (SimNode, GPU indices): where the load for nvidia-smi is written
         ids = random.Random(model.vocab_size)
         self._output_ids = [ids.randrange(model.vocab_size) for _ in range(4096)]
 

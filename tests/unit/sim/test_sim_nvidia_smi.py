@@ -88,3 +88,42 @@ def test_bare_call_prints_a_memory_table(node):
     text, _ = render(node, ["-i", "0"])
     assert "No running processes found" in text and "70512MiB" not in text
     assert render(node, ["--bogus"]) == ("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n", 2)
+
+
+def test_utilization_and_power_follow_the_servers_load(node, tools):
+    from sglang_sim.gpu_load import current_load, write_load
+
+    query = ["--query-gpu=index,utilization.gpu,power.draw,memory.used", "--format=csv,noheader,nounits"]
+    idle, _ = render(node, query)
+    assert idle.splitlines() == ["0, 0, 140.00, 512", "1, 0, 140.00, 70512"]  # B200 idle draw, no server
+    text, _ = render(node, ["--query-gpu=utilization.gpu,power.draw", "--format=csv", "-i", "0"])
+    assert text.splitlines() == ["utilization.gpu [%], power.draw [W]", "0 %, 140.00 W"]
+
+    service = tools.make_service(tools.AFTER)
+    loads = {}
+
+    async def measure():
+        import asyncio
+
+        service.start_engines(asyncio.get_running_loop())
+        loads["idle"] = current_load(service)
+        for batch in (1, service.plan.max_running_requests):
+            engine = service.engines[0]
+            jobs = [engine.submit(10, 100_000) for _ in range(batch - engine.running)]
+            while engine.prefilling():
+                await asyncio.sleep(0.0005)
+            loads[batch] = current_load(service)
+        for job in jobs:
+            job.cancel()
+
+    import asyncio
+    asyncio.run(measure())
+    full = service.plan.max_running_requests
+    assert loads["idle"] == (0.0, 0.0)
+    assert 50 < loads[1][0] < loads[full][0] < 100  # the per-step launch gap weighs less in a big batch
+    assert loads[1][1] < loads[full][1] < 1
+    write_load(node, os.getpid(), [1], *loads[full])
+    busy, _ = render(node, query)
+    utilization, power = busy.splitlines()[1].split(", ")[1:3]
+    assert int(utilization) == round(loads[full][0]) and 140 < float(power) < 1000
+    assert busy.splitlines()[0] == idle.splitlines()[0]  # the other GPU stays idle
