@@ -11,6 +11,7 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       errors/shard-NNNNN.jsonl     prompts that failed permanently
       metrics/shard-NNNNN.jsonl    the servers' /metrics sampled by the shard (running, queue, KV use...)
       events/shard-NNNNN.jsonl     servers marked down / recovered, prompts retried / failed, per shard
+      gpu/shard-NNNNN.jsonl        nvidia-smi utilisation, power, memory per GPU (one sampling shard per node)
       shards/shard-NNNNN.json      the shard's byte range; ``.mark.json`` its resume mark; ``.lock`` and
                                    ``.lease.json`` the one try that may write it (generate/lease.py);
                                    ``.alive`` the live try's heartbeat, ``.lost.jsonl`` tries that died
@@ -40,7 +41,7 @@ CATEGORY_COLUMNS = ("finish_reason", "server")
 # An error record is {"id", "status", "error": {"code", "message"}, "server", "at"}; read flat as these.
 ERROR_COLUMNS = ("id", "code", "message", "server", "at")
 
-SHARD_KINDS = ("completions", "stats", "errors", "shards", "metrics", "events")
+SHARD_KINDS = ("completions", "stats", "errors", "shards", "metrics", "events", "gpu")
 
 
 def run_folder_name(run_id: str) -> str:

@@ -8,7 +8,7 @@ every ``WRITE_INTERVAL_S``; ``nvidia-smi`` reads the files of live pids:
   a prefill; while decoding, the share of a decode step that is GPU work, ``1 - overhead / step(batch)``,
   where ``overhead`` is the per-step CPU launch gap (``perf.STEP_OVERHEAD_S``) and ``step(batch)`` the
   step time of the current batch (``perf.Timing``);
-- ``power_share`` (0-1 of the GPU's range from idle to its power limit): ``utilization x (0.7 + 0.3 x
+- ``power_share`` (0-1 of the GPU's range from idle to its power limit): ``utilization x (0.85 + 0.15 x
   compute share)``, the compute share being the per-request (compute and KV-read) part of the step: a
   decode step streams the weights whatever the batch, so power tracks utilization first and batch second.
 """
@@ -63,7 +63,7 @@ def current_load(service: Service) -> tuple[float, float]:
         busy = max(0.0, 1.0 - overhead / step) if step > 0 else 0.0
         compute = timing.step_per_request_s * batch / step if step > 0 else 0.0
         utilizations.append(100.0 * busy)
-        powers.append(busy * (0.7 + 0.3 * compute))
+        powers.append(busy * (0.85 + 0.15 * compute))
     if not utilizations:
         return 0.0, 0.0
     return sum(utilizations) / len(utilizations), sum(powers) / len(powers)

@@ -91,6 +91,17 @@ class NodeShell:
                               host=self.node)
         return status, out, err
 
+    def stream(self, command: str, *, describe: str = "command") -> "RemoteLines":
+        """Start ``command`` under bash on the node and read its stdout line by line as it comes;
+        ``close()`` on the result ends the session (the remote command sees its output closed) and this
+        shell's connection: open a NodeShell of its own for each stream."""
+        client = self._connect()
+        try:
+            _, channel_out, _ = client.exec_command("bash -c " + quote(command))
+        except OSError as exc:
+            raise HostUnreachable(f"connection lost starting {describe}: {exc}", host=self.node) from None
+        return RemoteLines(channel_out, self)
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
@@ -102,3 +113,19 @@ class NodeShell:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+
+
+class RemoteLines:
+    """A running remote command's stdout as text lines (see ``NodeShell.stream``)."""
+
+    def __init__(self, channel_file, shell: NodeShell) -> None:
+        self._file = channel_file
+        self._shell = shell
+
+    def __iter__(self):
+        for line in self._file:
+            yield (line.decode("utf-8", "replace") if isinstance(line, bytes) else line).rstrip("\n")
+
+    def close(self) -> None:
+        self._file.channel.close()
+        self._shell.close()

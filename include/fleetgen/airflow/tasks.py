@@ -3,6 +3,7 @@ one line before and one after, and returns small JSON for XCom (data goes to fil
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -213,6 +214,7 @@ def plan_shards(prompt_scan: dict) -> list[dict]:
 def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
     from fleetgen.airflow.sharing import running_shards_counter
     from fleetgen.generate import GenerationSettings, run_shard, shard_endpoints
+    from fleetgen.nodes.gpu_sampling import GpuSampling
 
     context, config, layout = run_context()
     spec = fleet_from_json(fleet)
@@ -227,8 +229,16 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
     generation = config.generation
     settings = GenerationSettings(model=spec.model.served_name, max_tokens=generation.max_tokens,
                                   temperature=generation.temperature, top_p=generation.top_p)
-    result = run_shard(shard, endpoints, layout.root, settings, api_key=lifecycle.api_key(spec), log=log,
-                       sharing=sharing, try_number=context["ti"].try_number)
+
+    def open_stream(node: str, command: str):  # one SSH session per node for the whole shard
+        return NodeShell(node, spec.node(node).ssh_conn_id).stream(command, describe=f"GPU sampling on {node}")
+
+    sampling = GpuSampling(nodes=[node.name for node in spec.nodes], open_stream=open_stream, layout=layout,
+                           shard_id=int(shard["shard_id"]), interval_s=settings.metrics_interval_s, log=log) \
+        if settings.metrics_interval_s > 0 else contextlib.nullcontext()
+    with sampling:
+        result = run_shard(shard, endpoints, layout.root, settings, api_key=lifecycle.api_key(spec), log=log,
+                           sharing=sharing, try_number=context["ti"].try_number)
     if result["lost_try"]:
         failures.record_lost_try(layout, context["ti"].task_id, result["lost_try"])
     log.info("Shard %d done: %d completed, %d failed, %d already done before; %d output tokens in %.1f s",

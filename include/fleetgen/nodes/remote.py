@@ -307,3 +307,33 @@ def split_sections(output: str) -> dict[str, tuple[int, str]]:
         elif current is not None:
             buffer.append(line)
     return result
+
+
+def sampling_loop_command(query: str, *, interval_s: float, max_seconds: int) -> str:
+    """Run ``query`` every ``interval_s`` for at most ``max_seconds`` in ONE remote shell, each output
+    preceded by ``@@fleetgen:t=<epoch seconds>`` (read by :func:`timed_sample_time`).
+
+    The loop ends when the SSH channel closes (the next write fails) or after ``max_seconds``, so a
+    sampler that dies leaves nothing running on the node. A failing query ends it with its exit status.
+    """
+    interval = quote(f"{float(interval_s):g}")
+    return "\n".join([
+        "set -u",
+        f"fleetgen_end=$(( $(date +%s) + {int(max_seconds)} ))",
+        'while [ "$(date +%s)" -lt "$fleetgen_end" ]; do',
+        f'  echo "{SECTION_MARKER}t=$(date +%s.%N)" || exit 0',
+        f"  {query} || exit $?",
+        f"  sleep {interval}",
+        "done",
+    ])
+
+
+def timed_sample_time(line: str) -> float | None:
+    """The epoch seconds of a ``@@fleetgen:t=`` line of :func:`sampling_loop_command`, else None."""
+    prefix = SECTION_MARKER + "t="
+    if not line.startswith(prefix):
+        return None
+    try:
+        return float(line[len(prefix):].strip())
+    except ValueError:
+        return None

@@ -28,7 +28,7 @@ import pandas as pd
 
 from fleetgen.generate.liveness import dead_seconds, lost_tries
 from fleetgen.report.markdown import render_markdown
-from fleetgen.report.occupancy import failures, occupancy
+from fleetgen.report.occupancy import failures, gpu_usage, occupancy
 from fleetgen.report.plots import write_plots
 from fleetgen.nodes.readiness import ServerInfo
 from fleetgen.outputs import RunLayout
@@ -291,6 +291,7 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
     span = (timing["first_start"], timing["last_finish"]) if timing["first_start"] is not None else None
     report["occupancy"] = occupancy(RunLayout(out), span=span, down_seconds={
         server: row["down_seconds"] for server, row in report["failures"]["per_server"].items()})
+    report["gpus"] = gpu_usage(RunLayout(out), span=span, completion_tokens=report["totals"]["completion_tokens"])
     report["shards"] = _shards(shard_results)
     report["validation"] = validation
     previous, unusable = _load_previous(previous_report)

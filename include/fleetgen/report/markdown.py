@@ -51,6 +51,22 @@ def _occupancy_section(occupancy: dict | None, plots: dict) -> list[str]:
     return lines
 
 
+def _gpus_section(gpus: dict | None, plots: dict) -> list[str]:
+    lines = ["## GPUs", ""]
+    if not gpus:
+        return lines + ["No nvidia-smi samples.", ""]
+    lines += [f"Energy over the {_number(gpus['seconds'])} s of generation: {_number(gpus['energy_kwh'], 3)} kWh; "
+              f"**{_number(gpus['kwh_per_million_tokens'], 3)} kWh per million output tokens** "
+              f"({_number(gpus['joules_per_million_tokens'], 0)} J).", ""]
+    lines += _table(["GPU", "samples", "utilisation mean / min %", "power mean / max W", "memory max MiB"],
+                    [[name, row["samples"], f"{_number(row['util_mean'])} / {_number(row['util_min'])}",
+                      f"{_number(row['power_mean_w'])} / {_number(row['power_max_w'])}", row["mem_max_mib"]]
+                     for name, row in gpus["per_gpu"].items()])
+    if "gpus" in plots:
+        lines += [f"![GPUs]({plots['gpus']})", ""]
+    return lines
+
+
 def _failures_section(failures: dict | None) -> list[str]:
     lines = ["## Failures", ""]
     if not failures or not failures["per_server"]:
@@ -99,6 +115,7 @@ def render_markdown(report: dict) -> str:
         if key in plots:
             lines += [f"![{title}]({plots[key]})", ""]
     lines += _occupancy_section(report.get("occupancy"), plots)
+    lines += _gpus_section(report.get("gpus"), plots)
     lines += _failures_section(report.get("failures"))
     lines += ["## Output tokens", ""]
     lines += _table(["mean", "min", "p50", "p90", "p99", "max"],

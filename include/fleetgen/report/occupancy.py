@@ -124,3 +124,44 @@ def failures(layout: RunLayout) -> dict:
     return {"down_events": sum(len(row["down"]) for row in per_server.values()),
             "retried": sum(row["retried"] for row in per_server.values()),
             "failed": sum(row["failed"] for row in per_server.values()), "per_server": per_server}
+
+
+def gpu_usage(layout: RunLayout, *, span: tuple[float, float] | None, completion_tokens: int) -> dict | None:
+    """Per GPU: utilisation and power over time (``gpu/*.jsonl``), and the energy of the generation.
+
+    A GPU's energy is its mean power over the samples inside the generation span times the span, so
+    a sampling gap (a lease handed over, a lost session) does not count as zero watts. The fleet's
+    energy per million output tokens divides the sum over every sampled GPU by the run's completion tokens.
+    """
+    frame = read_rows(layout.shard_files("gpu"))
+    if frame.empty:
+        return None
+    if span is not None:
+        inside = frame[(frame["t"] >= span[0]) & (frame["t"] <= span[1])]
+        frame = inside if not inside.empty else frame
+    start, end = float(frame["t"].min()), float(frame["t"].max())
+    seconds = (span[1] - span[0]) if span is not None else end - start
+    width = max(1.0, math.ceil((end - start) / MAX_SERIES_POINTS)) if end > start else 1.0
+    frame = frame.assign(bucket=((frame["t"] - start) // width).astype(int))
+    per_gpu: dict[str, dict] = {}
+    for (node, gpu), rows in frame.groupby(["node", "gpu"], sort=True):
+        power = rows["power_w"].dropna()
+        by_bucket = rows.groupby("bucket")
+        per_gpu[f"{node}:gpu{int(gpu)}"] = {
+            "samples": len(rows), "util_mean": _mean(rows, "util"),
+            "util_min": float(rows["util"].min()) if rows["util"].notna().any() else None,
+            "power_mean_w": round(float(power.mean()), 1) if len(power) else None,
+            "power_max_w": round(float(power.max()), 1) if len(power) else None,
+            "mem_max_mib": float(rows["mem_mib"].max()) if rows["mem_mib"].notna().any() else None,
+            "energy_j": round(float(power.mean()) * seconds, 1) if len(power) else None,
+            "series": {"bucket": [int(b) for b in by_bucket.groups],
+                       "util": [None if pd.isna(v) else round(float(v), 1) for v in by_bucket["util"].mean()],
+                       "power_w": [None if pd.isna(v) else round(float(v), 1) for v in by_bucket["power_w"].mean()]}}
+    energies = [row["energy_j"] for row in per_gpu.values() if row["energy_j"] is not None]
+    energy = sum(energies) if energies else None
+    per_million = energy / completion_tokens * 1e6 if energy is not None and completion_tokens else None
+    return {"start": start, "bucket_seconds": width, "seconds": round(seconds, 3), "per_gpu": per_gpu,
+            "energy_j": round(energy, 1) if energy is not None else None,
+            "energy_kwh": round(energy / 3.6e6, 4) if energy is not None else None,
+            "joules_per_million_tokens": round(per_million, 1) if per_million is not None else None,
+            "kwh_per_million_tokens": round(per_million / 3.6e6, 4) if per_million is not None else None}

@@ -14,7 +14,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 __all__ = ["plot_throughput_over_time", "plot_output_tokens", "plot_finish_reasons", "plot_per_server",
-           "plot_occupancy", "write_plots"]
+           "plot_occupancy", "plot_gpus", "write_plots"]
 
 _SIZE = (9, 4.5)
 _DPI = 100
@@ -113,6 +113,26 @@ def plot_occupancy(occupancy: dict, path: Path) -> str:
     return _save(figure, path)
 
 
+def plot_gpus(gpus: dict, path: Path) -> str:
+    """Per GPU over time: nvidia-smi utilisation (top) and power draw (bottom)."""
+    figure = Figure(figsize=(9, 7))
+    top, bottom = figure.subplots(2, 1, sharex=True)
+    width = gpus["bucket_seconds"]
+    for name, row in sorted(gpus["per_gpu"].items()):
+        minutes = [bucket * width / 60 for bucket in row["series"]["bucket"]]
+        top.plot(minutes, row["series"]["util"], linewidth=1, label=name)
+        bottom.plot(minutes, row["series"]["power_w"], linewidth=1, label=name)
+    top.set_ylabel("utilization.gpu %")
+    top.set_ylim(0, 105)
+    top.set_title("GPUs (nvidia-smi)")
+    top.grid(alpha=0.3)
+    top.legend(fontsize="x-small", ncol=2)
+    bottom.set_ylabel("power.draw W")
+    bottom.set_xlabel(f"minutes since the first sample ({width:g} s buckets)")
+    bottom.grid(alpha=0.3)
+    return _save(figure, path)
+
+
 def write_plots(report: dict, folder: Path) -> dict[str, str]:
     """Draw every plot the report has data for; return {plot name: file name in ``folder``}."""
     written: dict[str, str] = {}
@@ -126,6 +146,8 @@ def write_plots(report: dict, folder: Path) -> dict[str, str]:
         written["finish_reasons"] = plot_finish_reasons(report["finish_reasons"], folder / "finish_reasons.png")
     if report.get("occupancy"):
         written["occupancy"] = plot_occupancy(report["occupancy"], folder / "occupancy.png")
+    if report.get("gpus"):
+        written["gpus"] = plot_gpus(report["gpus"], folder / "gpus.png")
     if report["per_server"]:
         written["per_server"] = plot_per_server(report["per_server"], folder / "per_server.png")
     return written

@@ -83,3 +83,21 @@ def test_a_run_without_series_says_so(tmp_path):
     assert report["occupancy"] is None and report["failures"]["down_events"] == 0
     markdown = (out / "report" / "report.md").read_text()
     assert "No metrics samples" in markdown and "No server was marked down" in markdown
+
+
+def test_gpu_utilisation_power_and_energy_per_million_tokens(tmp_path):
+    out = run_with_series(tmp_path, {})
+    layout = RunLayout(out)
+    rows = [{"t": T0 + 2 + 2 * n, "node": "node-a", "gpu": gpu, "util": 90.0 + gpu, "power_w": 800.0 + 100 * gpu,
+             "mem_mib": 170_000.0} for n in range(15) for gpu in (0, 1)]
+    write_jsonl(layout.shard_file("gpu", 0), rows)
+    _, report = report_of(out, "run")
+    gpus = report["gpus"]
+    span = report["timing"]["generation_seconds"]
+    assert gpus["per_gpu"]["node-a:gpu1"]["power_mean_w"] == 900.0 and gpus["per_gpu"]["node-a:gpu0"]["util_mean"] == 90
+    assert gpus["energy_j"] == round((800 + 900) * span, 1)
+    tokens = report["totals"]["completion_tokens"]
+    assert gpus["joules_per_million_tokens"] == round((800 + 900) * span / tokens * 1e6, 1)
+    markdown = (out / "report" / "report.md").read_text()
+    assert "## GPUs" in markdown and "kWh per million output tokens" in markdown
+    assert (out / "report" / report["plots"]["gpus"]).read_bytes().startswith(PNG_MAGIC)
