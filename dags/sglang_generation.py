@@ -22,8 +22,9 @@ DOC_MD = """
    `derive_plan` sizes `--mem-fraction-static`,
    `--max-mamba-cache-size`, `--max-running-requests`… from the memory budget and logs the budget table.
    With **dry_run** the run stops here.
-2. **servers**: stop only our servers (pid file + command line check), verify the memory came back, launch one
-   server per GPU/TP group under `setsid`, then wait (deferred) until each is ready and read back the
+2. **servers**: keep our servers already running tonight's plan (their `/server_info` flags, model path and SGLang
+   version equal it, `/health` is 200; **relaunch_servers** forces a full relaunch); stop the others (pid file +
+   command line check), verify the memory came back, launch one server per GPU/TP group under `setsid`, then wait (deferred) until each is ready and read back the
    *effective* limits from `/server_info`. A memory error re-plans that server one step smaller (3 times at most).
 3. **generate**: one mapped task per shard; each keeps every server at its effective limit × headroom and resumes
    from its checkpoint when retried.
@@ -79,6 +80,9 @@ PARAMS = {
                       description="In-flight per server = effective max_running_requests × this."),
     "ready_timeout_s": Param(1800, type="integer", minimum=10, maximum=7200, title="Readiness timeout (s)",
                              description="How long a server may take to load before its wait fails."),
+    "relaunch_servers": Param(False, type="boolean", title="Relaunch every server",
+                              description="Stop and relaunch every server, even one already running tonight's "
+                                          "plan (flags, model, SGLang version) that would otherwise be kept."),
     "keep_servers_up": Param(True, type="boolean", title="Keep servers up",
                              description="Leave the servers running after the run (a nightly job reuses them). "
                                          "Off: stop them at the end, whether the run succeeded or not."),
@@ -135,10 +139,10 @@ with DAG(
         plans >> live
 
     with TaskGroup("servers") as servers:
-        stopped = task(server_tasks.stop_servers, task_id="stop_servers").partial(fleet=fleet).expand(
-            node=nodes)
-        launched = task(server_tasks.launch_servers, task_id="launch_servers", retries=0).partial(
+        stopped = task(server_tasks.stop_servers, task_id="stop_servers").partial(
             fleet=fleet, plans=plans).expand(node=nodes)
+        launched = task(server_tasks.launch_servers, task_id="launch_servers", retries=0).partial(
+            fleet=fleet, plans=plans, stopped=stopped).expand(node=nodes)
         to_wait = task(server_tasks.flatten, task_id="servers_to_wait")(launched)
         readiness = WaitReadyOperator.partial(
             task_id="wait_ready", fleet=fleet, timeout_s="{{ params.ready_timeout_s }}", retries=0,

@@ -12,3 +12,5 @@ cli.py       ``fleetgen-sim`` subcommands
 sshd.py      SSH endpoint running commands "on" a node
 local_fleet  servers launched directly on loopback (no SSH, no Airflow), for benchmarks
 """
+
+__version__ = "0.5.23"  # the SGLang release it stands in for; /server_info reports it

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 
+from sglang_sim import __version__
 from sglang_sim import observability
 from sglang_sim.engine import BatchEngine, JobResult, SimClock
 from sglang_sim.faults import Faults
@@ -26,7 +27,7 @@ from sglang_sim.pools import PoolPlan
 from sglang_sim.resolve import Launch
 from sglang_sim.simlog import log
 
-VERSION = "0.5.23"
+VERSION = __version__
 GB = 1 << 30
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from fleetgen.nodes import probe
+from fleetgen.nodes import probe, readiness
 from fleetgen.nodes import remote
 from fleetgen.airflow.hooks import NodeShell
 from fleetgen.errors import RemoteError, ServerStartupError
@@ -99,4 +99,72 @@ def launch_server(shell: NodeShell, fleet: FleetSpec, slot: ServerSlot, plan: di
     log_path = remote.log_file(fleet.server.log_dir, slot.port)
     log.info("launched %s on GPU(s) %s: pid %s, log %s", slot.name, list(slot.gpu_ids), fields["pid"], log_path)
     return {**slot.to_dict(), "pid": int(fields["pid"]), "log_path": log_path, "plan": plan,
-            "command": " ".join(spec.argv())}
+            "command": " ".join(spec.argv()), "kept": False}
+
+
+def kept_server(fleet: FleetSpec, slot: ServerSlot, plan: dict, pid: int) -> dict:
+    """The launch record of a server kept running (same shape as ``launch_server``'s, ``kept`` true)."""
+    spec = launch_spec(fleet, slot, plan, with_api_key=False)
+    return {**slot.to_dict(), "pid": int(pid), "log_path": remote.log_file(fleet.server.log_dir, slot.port),
+            "plan": plan, "command": " ".join(spec.argv()), "kept": True}
+
+
+def installed_version(shell: NodeShell, fleet: FleetSpec) -> tuple[str | None, str | None]:
+    """(SGLang version installed for the fleet's python on the node, None) or (None, why it is unknown)."""
+    status, out, err = shell.run(remote.package_version_command(fleet.server.python, fleet.server.module),
+                                 describe="SGLang version", check=False, timeout_s=60)
+    version = out.strip().splitlines()[-1] if status == 0 and out.strip() else None
+    return (version, None) if version else (None, (err or out).strip()[-300:] or f"exit {status}")
+
+
+def running_server_info(slot: ServerSlot, key: str | None, timeout_s: float = 10.0) -> tuple[dict | None, str | None]:
+    """(``/server_info`` of the server on the slot, None) when ``/health`` is 200, else (None, why not)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with httpx.Client(base_url=slot.url, timeout=timeout_s, headers=headers) as http:
+            health = http.get("/health")
+            if health.status_code != 200:
+                return None, f"/health answered HTTP {health.status_code}"
+            info = http.get("/server_info")
+            if info.status_code != 200:
+                return None, f"/server_info answered HTTP {info.status_code}"
+            return info.json(), None
+    except (httpx.HTTPError, ValueError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def keep_or_relaunch(shell: NodeShell, fleet: FleetSpec, node: str, plans: list[dict], *, force: bool,
+                     key: str | None) -> list[dict]:
+    """Per server of the node: keep the one of ours already running tonight's plan, else relaunch.
+
+    Returns ``{"server", "port", "decision": "keep"|"relaunch", "reasons", "pid"}`` per slot; a kept
+    server's pid is the running one. Nothing is stopped here (see ``stop_ports``).
+    """
+    slots = [slot for slot in fleet.servers() if slot.node == node]
+    _, out, _ = shell.run(remote.our_pids_command(run_dir=fleet.server.run_dir, module=fleet.server.module,
+                                                  ports=[slot.port for slot in slots]), describe="our servers")
+    ours = {port: pid for pid, port in probe.parse_our_pids(out).items()}
+    version, version_unknown = (None, "not needed") if force or not ours else installed_version(shell, fleet)
+    plan_by_port = {(p["host"], p["port"]): p for p in plans}
+    decisions = []
+    for slot in slots:
+        decision = {"server": slot.name, "port": slot.port, "pid": ours.get(slot.port)}
+        if slot.port not in ours:
+            reasons = ["no server of ours runs on the port"]
+        elif force:
+            reasons = ["relaunch_servers is set"]
+        else:
+            info, why = running_server_info(slot, key)
+            if info is None:
+                reasons = [f"not healthy: {why}"]
+            else:
+                spec = launch_spec(fleet, slot, plan_by_port[(slot.node, slot.port)], with_api_key=False)
+                reasons = readiness.launch_differences(info, readiness.args_as_flags(spec.argv()[3:]),
+                                                       expected_version=version)
+                if version is None:
+                    log.warning("%s: installed SGLang version unknown (%s); compared flags and model only",
+                                slot.name, version_unknown)
+        decisions.append({**decision, "decision": "relaunch" if reasons else "keep", "reasons": reasons})
+    return decisions

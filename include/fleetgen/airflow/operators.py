@@ -110,7 +110,7 @@ class WaitReadyOperator(BaseOperator):
                 "url": launched["url"], "gpu_ids": launched["gpu_ids"], "pid": launched["pid"],
                 **limits.to_dict(), "expected": plan.expected, "mismatches": mismatches, "relaunches": attempt,
                 "flags": plan.flags, "model": (info.get("_model_info") or {}).get("served_model_name"),
-                "waited_s": event["waited_s"],
+                "kept": bool(launched.get("kept")), "waited_s": event["waited_s"],
                 "calibration": self._calibrate(launched, plan, limits, event.get("log_tail") or [])}
 
     def _calibrate(self, launched: dict, plan, limits, log_lines: list[str]) -> dict | None:

@@ -61,13 +61,15 @@ class Inputs:
     output_root: Path
     dry_run: bool
     keep_servers_up: bool
+    relaunch_servers: bool      # stop and relaunch even servers already running tonight's plan
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Inputs:
         return cls(fleet_file=_text(params, "fleet_file", required=False),
                    prompts_path=Path(_text(params, "prompts_path", required=True)).expanduser(),
                    output_root=Path(_text(params, "output_root", required=True)).expanduser(),
-                   dry_run=_flag(params, "dry_run"), keep_servers_up=_flag(params, "keep_servers_up"))
+                   dry_run=_flag(params, "dry_run"), keep_servers_up=_flag(params, "keep_servers_up"),
+                   relaunch_servers=_flag(params, "relaunch_servers"))
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,27 @@ log = logging.getLogger("fleetgen")
 
 
 @fail_fast
-def stop_servers(node: str, fleet: dict) -> dict:
+def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dict:
+    """Keep our servers that already run tonight's plan; stop the others (all of them without ``plans``)."""
+    _, config, _ = run_context()
     spec = fleet_from_json(fleet)
     ports = list(spec.node(node).ports)
-    log.info("Stopping our servers on %s ports %s (only pids from our pid files whose command line matches)",
-             node, ports)
     with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
-        records = lifecycle.stop_ports(shell, spec, ports)
+        decisions = []
+        if plans is not None:
+            decisions = lifecycle.keep_or_relaunch(shell, spec, node, list(plans),
+                                                   force=config.inputs.relaunch_servers, key=lifecycle.api_key(spec))
+            for decision in decisions:
+                if decision["decision"] == "keep":
+                    log.info("%s: kept (pid %s): it runs tonight's plan, model and version", decision["server"],
+                             decision["pid"])
+                else:
+                    log.info("%s: relaunched: %s", decision["server"], "; ".join(decision["reasons"]))
+            kept = {d["port"] for d in decisions if d["decision"] == "keep"}
+            ports = [port for port in ports if port not in kept]
+        log.info("Stopping our servers on %s ports %s (only pids from our pid files whose command line matches)",
+                 node, ports)
+        records = lifecycle.stop_ports(shell, spec, ports) if ports else []
         stopped = {r["pid"] for r in records if r["outcome"] == "stopped"}
         inventory = lifecycle.wait_memory_released(shell, spec, node, stopped)
     for record in records:
@@ -28,7 +42,7 @@ def stop_servers(node: str, fleet: dict) -> dict:
             log.warning("port %s: pid file named pid %s, which is not our server any more; left it alone",
                         record["port"], record["pid"])
     log.info("Stopped %d server(s) on %s; memory released:\n%s", len(stopped), node, probe.format_inventory(inventory))
-    return {"node": node, "records": records}
+    return {"node": node, "records": records, "decisions": decisions}
 
 
 @fail_fast
@@ -38,20 +52,27 @@ def release_servers(node: str, fleet: dict) -> dict:
     if config.inputs.keep_servers_up:
         log.info("keep_servers_up is set: servers on %s stay up for the next run", node)
         return {"node": node, "records": []}
-    return stop_servers(node, fleet)
+    return stop_servers(node, fleet, None)
 
 
 @fail_fast
-def launch_servers(node: str, fleet: dict, plans: list[dict]) -> list[dict]:
+def launch_servers(node: str, fleet: dict, plans: list[dict], stopped: list[dict] | None = None) -> list[dict]:
+    """Launch the node's servers that ``stop_servers`` did not keep; a kept one is passed on as running."""
     spec = fleet_from_json(fleet)
     slots = [slot for slot in spec.servers() if slot.node == node]
     plan_by_port = {(p["host"], p["port"]): p for p in plans}
-    log.info("Launching %d server(s) on %s", len(slots), node)
+    kept = {d["port"]: d["pid"] for result in mapped_values(stopped or []) if result["node"] == node
+            for d in result.get("decisions", []) if d["decision"] == "keep"}
     key = lifecycle.api_key(spec)
-    with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
-        launched = [lifecycle.launch_server(shell, spec, slot, plan_by_port[(slot.node, slot.port)], key)
-                    for slot in slots]
-    log.info("Launched %d server(s) on %s: pids %s", len(launched), node, [s["pid"] for s in launched])
+    launched = [lifecycle.kept_server(spec, slot, plan_by_port[(slot.node, slot.port)], kept[slot.port])
+                for slot in slots if slot.port in kept]
+    to_launch = [slot for slot in slots if slot.port not in kept]
+    log.info("Launching %d server(s) on %s; %d kept running", len(to_launch), node, len(launched))
+    if to_launch:
+        with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
+            launched += [lifecycle.launch_server(shell, spec, slot, plan_by_port[(slot.node, slot.port)], key)
+                         for slot in to_launch]
+    log.info("Servers on %s: pids %s", node, [s["pid"] for s in launched])
     return launched
 
 

@@ -6,6 +6,7 @@ of each); a line that matches fails the wait at once with that line, instead of 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -165,3 +166,56 @@ def parse_server_info(info: dict, *, server: str) -> ServerInfo:
 def format_log_excerpt(lines: list[str], limit: int = 50) -> str:
     tail = lines[-limit:]
     return "\n".join(f"    | {line}" for line in tail)
+
+
+# Values SGLang rewrites while resolving its arguments: (server_args field, value given) -> value reported.
+# NEXTN is run as EAGLE (sglang/srt/arg_groups/speculative_hook.py).
+_REPORTED_AS = {("speculative_algorithm", "NEXTN"): "EAGLE"}
+
+
+def args_as_flags(args: list[str] | tuple[str, ...]) -> dict[str, object]:
+    """``["--tp-size", "2", "--enable-metrics"]`` -> ``{"--tp-size": "2", "--enable-metrics": True}``."""
+    flags: dict[str, object] = {}
+    index = 0
+    while index < len(args):
+        word = args[index]
+        if not word.startswith("--"):
+            index += 1
+            continue
+        if "=" in word:
+            name, value = word.split("=", 1)
+            flags[name] = value
+        elif index + 1 < len(args) and not args[index + 1].startswith("--"):
+            flags[word] = args[index + 1]
+            index += 1
+        else:
+            flags[word] = True
+        index += 1
+    return flags
+
+
+def _same(field: str, expected: object, reported: object) -> bool:
+    if isinstance(expected, str):
+        expected = _REPORTED_AS.get((field, expected), expected)
+    if expected is True or isinstance(reported, bool):
+        return reported is True if expected is True else str(expected).lower() == str(reported).lower()
+    try:
+        return math.isclose(float(expected), float(reported), rel_tol=1e-9, abs_tol=1e-9)
+    except (TypeError, ValueError):
+        return str(expected) == str(reported)
+
+
+def launch_differences(info: dict, expected_flags: dict[str, object], *, expected_version: str | None) -> list[str]:
+    """How a running server's ``/server_info`` differs from tonight's launch flags (every flag of the
+    launch command, model path included) and from the SGLang version installed on its node; empty when
+    the server runs exactly tonight's plan."""
+    differences = []
+    for flag, expected in expected_flags.items():
+        field = flag.lstrip("-").replace("-", "_")
+        if field not in info:
+            differences.append(f"{flag}: the server does not report {field}")
+        elif not _same(field, expected, info[field]):
+            differences.append(f"{flag}: running {info[field]!r}, tonight {expected!r}")
+    if expected_version is not None and info.get("version") != expected_version:
+        differences.append(f"version: running {info.get('version')!r}, installed {expected_version!r}")
+    return differences

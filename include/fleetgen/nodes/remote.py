@@ -337,3 +337,10 @@ def timed_sample_time(line: str) -> float | None:
         return float(line[len(prefix):].strip())
     except ValueError:
         return None
+
+
+def package_version_command(python: str, module: str) -> str:
+    """Print the ``__version__`` of the package that provides ``module`` for ``python`` on the node."""
+    package = module.split(".")[0]
+    program = "import importlib, sys; print(importlib.import_module(sys.argv[1]).__version__)"
+    return f"{quote_path(python)} -c {quote(program)} {quote(package)}"

@@ -185,6 +185,13 @@ def _effective_caps(seen: dict) -> dict:
             "max_mamba_cache_size": info.max_mamba_cache_size, "max_total_num_tokens": info.max_total_num_tokens}
 
 
+def _servers(readiness: list[dict] | None) -> dict:
+    """Servers kept running from an earlier run (they already ran tonight's plan) and (re)launched ones."""
+    kept = sorted(item["server"] for item in readiness or [] if item.get("kept"))
+    launched = sorted(item["server"] for item in readiness or [] if not item.get("kept"))
+    return {"kept": len(kept), "relaunched": len(launched), "kept_servers": kept, "relaunched_servers": launched}
+
+
 def _shards(shard_results: list[dict] | None) -> dict | None:
     if shard_results is None:
         return None
@@ -286,6 +293,7 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
                                        errors["server"].astype(object).fillna("unknown").value_counts().items()}}
     _net_of_dead_tries(report, lost_tries(RunLayout(out)))
     report["tuning"] = _tuning(plan, readiness)
+    report["servers"] = _servers(readiness)
     report["failures"] = failures(RunLayout(out))
     timing = report["timing"]
     span = (timing["first_start"], timing["last_finish"]) if timing["first_start"] is not None else None

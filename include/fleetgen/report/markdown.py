@@ -98,6 +98,8 @@ def render_markdown(report: dict) -> str:
              f"{_number(report['errors']['prompts'])}",
              f"- Tokens: {_number(report['totals']['prompt_tokens'])} prompt, "
              f"{_number(report['totals']['completion_tokens'])} completion",
+             f"- Servers: {report['servers']['kept']} kept running (already on tonight's plan), "
+             f"{report['servers']['relaunched']} (re)launched",
              f"- Generation span: {_number(timing['generation_seconds'])} s (first request start to last finish)"
              + (f"; wall time given: {_number(timing['wall_seconds'])} s" if timing["wall_seconds"] else ""), ""]
     plots = report.get("plots", {})

@@ -101,3 +101,19 @@ def test_gpu_utilisation_power_and_energy_per_million_tokens(tmp_path):
     markdown = (out / "report" / "report.md").read_text()
     assert "## GPUs" in markdown and "kWh per million output tokens" in markdown
     assert (out / "report" / report["plots"]["gpus"]).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_kept_and_relaunched_servers_are_counted(tmp_path):
+    from fleetgen.report.build import build_report
+    from test_report import plan_and_readiness
+
+    out = run_with_series(tmp_path, {})
+    plan, readiness = plan_and_readiness(40)
+    readiness[0]["kept"], readiness[1]["kept"] = True, False  # the third says nothing: launched by an older run
+    build_report(out, run_id="run", plan=plan, readiness=readiness, shard_results=None, validation=None,
+                 previous_report=None)
+    report = __import__("json").loads((out / "report" / "report.json").read_text())
+    assert report["servers"] == {"kept": 1, "relaunched": 2, "kept_servers": [SERVERS[0]],
+                                 "relaunched_servers": sorted(SERVERS[1:])}
+    assert "- Servers: 1 kept running (already on tonight's plan), 2 (re)launched" in \
+        (out / "report" / "report.md").read_text()
