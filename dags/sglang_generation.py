@@ -78,6 +78,9 @@ PARAMS = {
                                          "1/N. How many run at once is set by the slots of the fleetgen_fleet pool."),
     "headroom": Param(1.25, type="number", minimum=1, maximum=4, title="Queue headroom",
                       description="In-flight per server = effective max_running_requests × this."),
+    "sample_interval_s": Param(5.0, type="number", minimum=0, maximum=300, title="Sampling interval (s)",
+                               description="While generating, every server's /metrics and every node's nvidia-smi "
+                                           "are sampled this often for the occupancy and GPU report; 0: off."),
     "ready_timeout_s": Param(1800, type="integer", minimum=10, maximum=7200, title="Readiness timeout (s)",
                              description="How long a server may take to load before its wait fails."),
     "relaunch_servers": Param(False, type="boolean", title="Relaunch every server",

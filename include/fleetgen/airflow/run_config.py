@@ -110,6 +110,7 @@ class Generation:
     shard_size: int
     parallel_shards: int        # 0: running shards share every server's limit, recounted
     headroom: float
+    sample_interval_s: float    # servers' /metrics and nodes' nvidia-smi sampled this often; 0: not at all
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Generation:
@@ -118,7 +119,8 @@ class Generation:
                    top_p=_number(params, "top_p", 0, 1, low_open=True),
                    shard_size=_int(params, "shard_size", 1, 10_000_000),
                    parallel_shards=_int(params, "parallel_shards", 0, 16),
-                   headroom=_number(params, "headroom", 1, 4))
+                   headroom=_number(params, "headroom", 1, 4),
+                   sample_interval_s=_number(params, "sample_interval_s", 0, 300))
 
 
 _THRESHOLD_PARAMS = ("max_length_share", "min_reasoning_share", "max_empty_answer_share", "max_error_share")

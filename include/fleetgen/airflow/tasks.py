@@ -228,14 +228,15 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
              ", shared with the other running shards" if sharing else f" (1/{parallel} of each server's)")
     generation = config.generation
     settings = GenerationSettings(model=spec.model.served_name, max_tokens=generation.max_tokens,
-                                  temperature=generation.temperature, top_p=generation.top_p)
+                                  temperature=generation.temperature, top_p=generation.top_p,
+                                  sample_interval_s=generation.sample_interval_s)
 
     def open_stream(node: str, command: str):  # one SSH session per node for the whole shard
         return NodeShell(node, spec.node(node).ssh_conn_id).stream(command, describe=f"GPU sampling on {node}")
 
     sampling = GpuSampling(nodes=[node.name for node in spec.nodes], open_stream=open_stream, layout=layout,
-                           shard_id=int(shard["shard_id"]), interval_s=settings.metrics_interval_s, log=log) \
-        if settings.metrics_interval_s > 0 else contextlib.nullcontext()
+                           shard_id=int(shard["shard_id"]), interval_s=settings.sample_interval_s, log=log) \
+        if settings.sample_interval_s > 0 else contextlib.nullcontext()
     with sampling:
         result = run_shard(shard, endpoints, layout.root, settings, api_key=lifecycle.api_key(spec), log=log,
                            sharing=sharing, try_number=context["ti"].try_number)

@@ -122,10 +122,10 @@ class Dispatcher:
             "connect": settings.connect_timeout_s, "read": settings.health_timeout_s,
             "write": settings.connect_timeout_s, "pool": settings.connect_timeout_s}}
         self.scraper = None
-        if metrics_path is not None and settings.metrics_interval_s > 0:
+        if metrics_path is not None and settings.sample_interval_s > 0:
             in_flight = {s.endpoint.name: s for s in self.servers}
             self.scraper = MetricsScraper(servers=list(servers), send=self._send, headers=self.headers,
-                                          interval_s=settings.metrics_interval_s, path=metrics_path,
+                                          interval_s=settings.sample_interval_s, path=metrics_path,
                                           in_flight=lambda name: in_flight[name].in_flight, log=log,
                                           shard_id=shard_id,
                                           is_down=lambda name: in_flight[name].down_since is not None)

@@ -82,7 +82,7 @@ class GenerationSettings:
     # Share server health with the other shards of the run through a file in the run's output folder
     # (generate/health.py): a server one shard found down is skipped by all until re-checked.
     share_server_health: bool = True
-    metrics_interval_s: float = 5.0  # scrape every server's /metrics this often (0: no occupancy series)
+    sample_interval_s: float = 5.0  # scrape every server's /metrics this often (0: no occupancy series)
 
     def __post_init__(self) -> None:
         problems = []
@@ -106,8 +106,8 @@ class GenerationSettings:
                      "health_timeout_s", "all_down_timeout_s", "stall_check_s", "lease_wait_s"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
-        if not self.metrics_interval_s >= 0:
-            problems.append(f"metrics_interval_s must be >= 0, got {self.metrics_interval_s}")
+        if not self.sample_interval_s >= 0:
+            problems.append(f"sample_interval_s must be >= 0, got {self.sample_interval_s}")
         if problems:
             raise ConfigError("invalid generation settings: " + "; ".join(problems),
                               hint="check the generation parameters of the run")

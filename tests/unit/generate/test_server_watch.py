@@ -61,7 +61,7 @@ async def test_a_shard_samples_every_server_and_journals_its_failures(tmp_path):
         return httpx.Response(500, json={"error": {"message": "CUDA error"}}) if n <= 2 else None
 
     fleet.behaviour["s1:1"] = cuda_error
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(metrics_interval_s=0.02),
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(sample_interval_s=0.02),
                           transport=fleet.transport())
     layout = RunLayout(tmp_path / "out")
     samples = read_jsonl(layout.shard_file("metrics", 0))
@@ -78,7 +78,7 @@ async def test_a_shard_samples_every_server_and_journals_its_failures(tmp_path):
 async def test_no_metrics_series_when_sampling_is_off(tmp_path):
     shard = write_prompts(tmp_path / "p.jsonl", 10)
     fleet = FakeFleet(1)
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(metrics_interval_s=0),
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(sample_interval_s=0),
                           transport=fleet.transport())
     assert fleet.scrapes["s0:1"] == 0 and not RunLayout(tmp_path / "out").shard_file("metrics", 0).exists()
 
