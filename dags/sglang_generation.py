@@ -26,8 +26,10 @@ DOC_MD = """
    version equal it, `/health` is 200; **relaunch_servers** forces a full relaunch); stop the others (pid file +
    command line check), verify the memory came back, launch one server per GPU/TP group under `setsid`, then wait (deferred) until each is ready and read back the
    *effective* limits from `/server_info`. A memory error re-plans that server one step smaller (3 times at most).
-3. **generate**: one mapped task per shard; each keeps every server at its effective limit × headroom and resumes
-   from its checkpoint when retried.
+3. **generate**: one mapped task per shard; each first copies the completions of the last successful run whose
+   prompt, model (`model_identity`: path, config and index hashes) and sampling are unchanged
+   (**reuse_completions**), then keeps every server at its effective limit × headroom and resumes from its
+   checkpoint when retried. Each shard also samples the servers' `/metrics` and the nodes' `nvidia-smi`.
 4. **validate**: Great Expectations over the per-completion stats (one completion per prompt, token and finish
    reason bounds); **report**: throughput overall / per GPU / per server and the comparison with the previous run.
 
@@ -78,6 +80,11 @@ PARAMS = {
                                          "1/N. How many run at once is set by the slots of the fleetgen_fleet pool."),
     "headroom": Param(1.25, type="number", minimum=1, maximum=4, title="Queue headroom",
                       description="In-flight per server = effective max_running_requests × this."),
+    "reuse_completions": Param("scheduled", enum=["scheduled", "always", "never"], title="Reuse unchanged completions",
+                               description="Copy a completion from the last successful run instead of generating it "
+                                           "again when the prompt, the model (path, config and index hashes) and "
+                                           "the sampling are unchanged. 'scheduled': on nightly runs, off for manual "
+                                           "ones; 'always'; 'never'."),
     "sample_interval_s": Param(5.0, type="number", minimum=0, maximum=300, title="Sampling interval (s)",
                                description="While generating, every server's /metrics and every node's nvidia-smi "
                                            "are sampled this often for the occupancy and GPU report; 0: off."),
@@ -138,6 +145,7 @@ with DAG(
         # errors retry, the prompts file's own problems fail at once (fail_fast).
         prompt_scan = task(tasks.scan_prompts, task_id="scan_prompts")(fleet)
         plans = task(tasks.derive_plan, task_id="derive_plan")(fleet, inventories, prompt_scan)
+        identity = task(tasks.model_identity, task_id="model_identity")(fleet)
         live = task.short_circuit(tasks.go_live, task_id="go_live")()
         plans >> live
 
@@ -156,13 +164,13 @@ with DAG(
         shards = task(tasks.plan_shards, task_id="plan_shards")(prompt_scan)
         results = task(tasks.generate_shard, task_id="generate_shard", retries=3, pool="fleetgen_fleet",
                        max_active_tis_per_dagrun=16).partial(
-            readiness=readiness.output, fleet=fleet).expand(shard=shards)
+            readiness=readiness.output, fleet=fleet, model_identity=identity).expand(shard=shards)
         readiness >> shards
 
     with TaskGroup("validate") as validate_group:
         validation = task(tasks.validate, task_id="validate", retries=0)(prompt_scan, results)
         run_report = task(tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET])(
-            plans, readiness.output, results, validation)
+            plans, readiness.output, results, validation, identity, fleet)
 
     released = task(server_tasks.release_servers, task_id="release_servers", trigger_rule="all_done").partial(
         fleet=fleet).expand(node=nodes)

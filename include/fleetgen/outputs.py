@@ -12,6 +12,8 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       metrics/shard-NNNNN.jsonl    the servers' /metrics sampled by the shard (running, queue, KV use...)
       events/shard-NNNNN.jsonl     servers marked down / recovered, prompts retried / failed, per shard
       gpu/shard-NNNNN.jsonl        nvidia-smi utilisation, power, memory per GPU (one sampling shard per node)
+      reuse/shard-NNNNN.jsonl      prompt hash -> where its completion line is, per completion
+      reuse/index.npy, index.json  the run's reuse index (written once validation passed) and its key
       shards/shard-NNNNN.json      the shard's byte range; ``.mark.json`` its resume mark; ``.lock`` and
                                    ``.lease.json`` the one try that may write it (generate/lease.py);
                                    ``.alive`` the live try's heartbeat, ``.lost.jsonl`` tries that died
@@ -34,14 +36,16 @@ from pathlib import Path
 
 # Column order of a stats row (``fleetgen.generate.records.stats_record`` writes them in this order).
 STATS_COLUMNS = ("id", "prompt_tokens", "completion_tokens", "finish_reason", "reasoning_chars",
-                 "content_chars", "server", "latency_s", "finished_at")
+                 "content_chars", "server", "latency_s", "finished_at", "reused_from")
 NUMBER_COLUMNS = ("prompt_tokens", "completion_tokens", "reasoning_chars", "content_chars", "latency_s",
                   "finished_at")
-CATEGORY_COLUMNS = ("finish_reason", "server")
+CATEGORY_COLUMNS = ("finish_reason", "server", "reused_from")
+# Null on purpose: ``reused_from`` is the run folder a completion was copied from, null when generated tonight.
+OPTIONAL_STATS_COLUMNS = ("reused_from",)
 # An error record is {"id", "status", "error": {"code", "message"}, "server", "at"}; read flat as these.
 ERROR_COLUMNS = ("id", "code", "message", "server", "at")
 
-SHARD_KINDS = ("completions", "stats", "errors", "shards", "metrics", "events", "gpu")
+SHARD_KINDS = ("completions", "stats", "errors", "shards", "metrics", "events", "gpu", "reuse")
 
 
 def run_folder_name(run_id: str) -> str:
@@ -104,6 +108,14 @@ class RunLayout:
     def workload_plan(self) -> Path:
         """Per server: the request cap and KV pool the run was planned with (fleetgen.tuning.workload_history)."""
         return self.root / "workload_plan.json"
+
+    @property
+    def reuse_index(self) -> Path:
+        return self.root / "reuse" / "index.npy"
+
+    @property
+    def reuse_index_meta(self) -> Path:
+        return self.root / "reuse" / "index.json"
 
     def kind_dir(self, kind: str) -> Path:
         if kind not in SHARD_KINDS:

@@ -46,6 +46,19 @@ def _flag(params: Mapping[str, Any], name: str) -> bool:
     return value
 
 
+# reuse_completions: reuse on scheduled runs only (a person's manual run generates everything), always, never
+# (fleetgen.generate.reuse.reuse_enabled reads them).
+REUSE_MODES = ("scheduled", "always", "never")
+
+
+def _choice(params: Mapping[str, Any], name: str, choices: tuple[str, ...]) -> str:
+    value = params[name]
+    if value not in choices:
+        raise ConfigError(f"DAG parameter {name} must be one of {', '.join(choices)}, got {value!r}",
+                          hint=f"set {name} in the trigger form or the run's conf")
+    return value
+
+
 def _text(params: Mapping[str, Any], name: str, *, required: bool) -> str:
     value = params[name]
     if not isinstance(value, str) or (required and not value.strip()):
@@ -111,6 +124,7 @@ class Generation:
     parallel_shards: int        # 0: running shards share every server's limit, recounted
     headroom: float
     sample_interval_s: float    # servers' /metrics and nodes' nvidia-smi sampled this often; 0: not at all
+    reuse_completions: str      # "scheduled" (reuse on scheduled runs only), "always", "never"
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Generation:
@@ -120,7 +134,8 @@ class Generation:
                    shard_size=_int(params, "shard_size", 1, 10_000_000),
                    parallel_shards=_int(params, "parallel_shards", 0, 16),
                    headroom=_number(params, "headroom", 1, 4),
-                   sample_interval_s=_number(params, "sample_interval_s", 0, 300))
+                   sample_interval_s=_number(params, "sample_interval_s", 0, 300),
+                   reuse_completions=_choice(params, "reuse_completions", REUSE_MODES))
 
 
 _THRESHOLD_PARAMS = ("max_length_share", "min_reasoning_share", "max_empty_answer_share", "max_error_share")

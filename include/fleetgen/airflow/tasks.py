@@ -182,6 +182,36 @@ def _workload_plans(config: RunConfig, layout, spec: FleetSpec, plan_for: dict, 
     return plans
 
 
+@fail_fast
+def model_identity(fleet: dict) -> dict:
+    from fleetgen.nodes import remote
+    from fleetgen.tuning.model_files import model_identity as read_identity
+
+    spec = fleet_from_json(fleet)
+    node = spec.nodes[0]
+    with NodeShell(node.name, node.ssh_conn_id) as shell:
+        identity = read_identity(lambda command: shell.run(command, describe="model file hashes")[1], spec.model.path)
+    log.info("Model %s: config.json sha256 %s, index sha256 %s (completions of runs with the same identity and "
+             "sampling can be reused)", identity["path"], identity["config_sha256"][:12], identity["index_sha256"][:12])
+    return identity
+
+
+def _generation_settings(config: RunConfig, spec: FleetSpec):
+    from fleetgen.generate import GenerationSettings
+
+    generation = config.generation
+    return GenerationSettings(model=spec.model.served_name, max_tokens=generation.max_tokens,
+                              temperature=generation.temperature, top_p=generation.top_p,
+                              sample_interval_s=generation.sample_interval_s)
+
+
+def _generation_key(identity: dict, settings) -> str:
+    from fleetgen.generate.reuse import generation_key
+
+    return generation_key(identity, max_tokens=settings.max_tokens, temperature=settings.temperature,
+                          top_p=settings.top_p, extra_body=settings.extra_body)
+
+
 def go_live() -> bool:
     _, config, _ = run_context()
     if config.inputs.dry_run:
@@ -211,9 +241,10 @@ def plan_shards(prompt_scan: dict) -> list[dict]:
 
 
 @fail_fast
-def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
+def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identity: dict) -> dict:
     from fleetgen.airflow.sharing import running_shards_counter
-    from fleetgen.generate import GenerationSettings, run_shard, shard_endpoints
+    from fleetgen.generate import run_shard, shard_endpoints
+    from fleetgen.generate.reuse import find_reuse_source, reuse_enabled
     from fleetgen.nodes.gpu_sampling import GpuSampling
 
     context, config, layout = run_context()
@@ -226,10 +257,14 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
              shard["shard_id"], shard["count"], shard["start"], len(endpoints),
              {e.name: e.max_in_flight for e in endpoints},
              ", shared with the other running shards" if sharing else f" (1/{parallel} of each server's)")
-    generation = config.generation
-    settings = GenerationSettings(model=spec.model.served_name, max_tokens=generation.max_tokens,
-                                  temperature=generation.temperature, top_p=generation.top_p,
-                                  sample_interval_s=generation.sample_interval_s)
+    settings = _generation_settings(config, spec)
+    source = None
+    run_type = getattr(context.get("dag_run"), "run_type", None)
+    if reuse_enabled(config.generation.reuse_completions, getattr(run_type, "value", run_type)):
+        source = find_reuse_source(config.inputs.output_root, layout.root.name,
+                                   _generation_key(model_identity, settings), log=log)
+        log.info("Reusing unchanged completions from %s", source.run_folder if source else
+                 "no earlier run (none with the same model and sampling has an index)")
 
     def open_stream(node: str, command: str):  # one SSH session per node for the whole shard
         return NodeShell(node, spec.node(node).ssh_conn_id).stream(command, describe=f"GPU sampling on {node}")
@@ -239,7 +274,7 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict) -> dict:
         if settings.sample_interval_s > 0 else contextlib.nullcontext()
     with sampling:
         result = run_shard(shard, endpoints, layout.root, settings, api_key=lifecycle.api_key(spec), log=log,
-                           sharing=sharing, try_number=context["ti"].try_number)
+                           sharing=sharing, try_number=context["ti"].try_number, reuse=source)
     if result["lost_try"]:
         failures.record_lost_try(layout, context["ti"].task_id, result["lost_try"])
     log.info("Shard %d done: %d completed, %d failed, %d already done before; %d output tokens in %.1f s",
@@ -268,11 +303,17 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
 
 
 @fail_fast
-def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], validation: dict) -> dict:
+def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], validation: dict,
+           model_identity: dict, fleet: dict) -> dict:
+    from fleetgen.generate.reuse import write_reuse_index
     from fleetgen.report.build import build_report
     from fleetgen.report.previous import find_previous_report
 
     context, config, layout = run_context()
+    # Validation passed (this task runs only then): the run's completions may be reused from now on.
+    settings = _generation_settings(config, fleet_from_json(fleet))
+    indexed = write_reuse_index(layout, key=_generation_key(model_identity, settings), run_id=context["run_id"])
+    log.info("Indexed %d completion(s) for later runs to reuse (%s)", indexed, layout.reuse_index)
     previous = find_previous_report(config.inputs.output_root, layout.root.name)
     log.info("Writing the run report to %s (previous run: %s)", layout.report_dir, previous or "none")
     # Throughput is measured over the generation itself (first request sent to last completion), not

@@ -45,6 +45,7 @@ from fleetgen.generate.progress import Progress
 from fleetgen.generate.queue import WorkQueue, _Item
 from fleetgen.generate.records import completion_record, error_record, stats_record, utc_now
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
+from fleetgen.generate.reuse import prompt_hash
 from fleetgen.generate.store import ShardStore
 from fleetgen.generate.watch import EventJournal, MetricsScraper
 
@@ -249,7 +250,7 @@ class Dispatcher:
         record = completion_record(item.prompt, result, server=server.endpoint.name, latency_s=latency_s,
                                    sampling=sampling)
         self.store.record_completion(jsonio.dumps(record) + b"\n", jsonio.dumps(stats_record(record)) + b"\n",
-                                     item.prompt.id)
+                                     item.prompt.id, prompt_hash=prompt_hash(item.prompt))
         server.completed += 1
         usage = result.usage
         self.progress.add_completion(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)

@@ -35,7 +35,7 @@ def stats_record(completion: dict) -> dict:
     values = (completion["id"], usage.get("prompt_tokens"), usage.get("completion_tokens"),
               completion.get("finish_reason"), len(completion.get("reasoning_content") or ""),
               len(completion.get("content") or ""), completion.get("server"), completion.get("latency_s"),
-              completion.get("finished_at"))
+              completion.get("finished_at"), completion.get("reused_from"))
     return dict(zip(STATS_COLUMNS, values, strict=True))
 
 

@@ -15,6 +15,7 @@ from fleetgen.generate.dispatch import Dispatcher, WorkQueue
 from fleetgen.generate.health import SharedHealth
 from fleetgen.generate.liveness import HEARTBEAT_INTERVAL_S, FleetShare, ShardHeartbeat, fleet_share
 from fleetgen.generate.progress import Progress
+from fleetgen.generate.reuse import ReuseSource, copy_reused
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.store import ShardStore
 from fleetgen.generate.transport import PooledTransport
@@ -36,7 +37,7 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
                           transport: httpx.AsyncBaseTransport | None = None,
                           sharing: Callable[[], int] | None = None,
                           sharing_interval_s: float = SHARING_INTERVAL_S,
-                          try_number: int | None = None) -> dict:
+                          try_number: int | None = None, reuse: ReuseSource | None = None) -> dict:
     """Generate every prompt of ``shard`` not already on disk under ``out_dir``; see ``run_shard``."""
     log = log or _default_log
     if _httpx_log.getEffectiveLevel() < logging.WARNING:
@@ -52,7 +53,12 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
     lost = heartbeat.start(log=log)
     beating = None
     try:
-        already = resume.finished + resume.failed
+        reused = 0
+        if reuse is not None:
+            reused = copy_reused(store, store.pending_prompts(shard), reuse)
+            log.info("shard %d: %d completion(s) reused from run %s (prompt, model and sampling unchanged)",
+                     shard_id, reused, reuse.run_folder)
+        already = resume.finished + resume.failed + reused
         log.info("shard %d: %d prompts, %d already done (%d completed, %d failed earlier); servers and "
                  "in-flight limits: %s; request timeout %.0f s", shard_id, shard["count"], already,
                  resume.finished, resume.failed,
@@ -88,7 +94,7 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         heartbeat.stop()
         store.close()
     summary = {"shard_id": shard_id, "lost_try": lost, "done": progress.done, "failed": progress.failed,
-               "skipped_already_done": already, "prompt_tokens": progress.prompt_tokens,
+               "skipped_already_done": already, "reused": reused, "prompt_tokens": progress.prompt_tokens,
                "completion_tokens": progress.completion_tokens, "seconds": round(progress.seconds, 3),
                "servers": {s.endpoint.name: s.summary() for s in dispatcher.servers}}
     log.info("shard %d finished: %d done, %d failed, %d from earlier tries, %d completion tokens in %.1f s",
@@ -99,7 +105,8 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
 def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.PathLike,
               settings: GenerationSettings, *, api_key: str | None = None, log: logging.Logger | None = None,
               progress_interval_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None,
-              sharing: Callable[[], int] | None = None, try_number: int | None = None) -> dict:
+              sharing: Callable[[], int] | None = None, try_number: int | None = None,
+              reuse: ReuseSource | None = None) -> dict:
     """Generate one shard to ``out_dir``/{completions,stats,errors}/shard-NNNNN.jsonl; resumable.
 
     Returns ``{"shard_id", "lost_try", "done", "failed", "skipped_already_done", "prompt_tokens",
@@ -107,6 +114,9 @@ def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.Path
     "marked_down": [{"at", "reason"}], "recovered": [{"at", "down_s"}]}}}`` (JSON-safe).
     Raises ``AllServersDown`` (after saving progress) when every server stays down, and
     ``GenerationError`` when the run is misconfigured. ``api_key`` is only ever sent as a header.
+
+    ``reuse``, when given, is an earlier run's index: the shard first copies the completions it holds
+    for its prompts (``fleetgen.generate.reuse``), counted in ``reused``, and generates the rest.
 
     ``servers[].max_in_flight`` is the whole fleet's limit for a server. ``sharing``, when given, is
     asked every few seconds how many shards generate right now (this one included); this shard then
@@ -120,7 +130,7 @@ def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.Path
     """
     coroutine = run_shard_async(shard, servers, out_dir, settings, api_key=api_key, log=log,
                                 progress_interval_s=progress_interval_s, transport=transport, sharing=sharing,
-                                try_number=try_number)
+                                try_number=try_number, reuse=reuse)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - depends on the environment

@@ -73,11 +73,15 @@ class ShardStore:
         self.errors_path = layout.shard_file("errors", self.shard_id)
         self.plan_path = layout.shard_file("shards", self.shard_id, "json")
         self.mark_path = layout.shard_file("shards", self.shard_id, "mark.json")
+        # prompt hash -> where its completion line is (fleetgen.generate.reuse); a row lost in a crash
+        # only means that completion is generated again next time.
+        self.reuse_path = layout.shard_file("reuse", self.shard_id)
         self.done_ids: set[bytes] = set()
         self.mark: tuple[int, int] | None = None  # (valid prompts before, byte offset)
         self._fds: dict[str, int] = {}
         self._sizes: dict[str, int] = {}  # bytes of whole lines in each file (this try is the only writer)
-        self._paths = {"completions": self.completions_path, "stats": self.stats_path, "errors": self.errors_path}
+        self._paths = {"completions": self.completions_path, "stats": self.stats_path, "errors": self.errors_path,
+                       "reuse": self.reuse_path}
         self._lease: ShardLease | None = None
         self._broken: OutputError | None = None  # the first failed write; every later write re-raises it
 
@@ -102,7 +106,8 @@ class ShardStore:
             raise
 
     def _open_files(self, shard: dict, log: logging.Logger | None) -> ResumeReport:
-        for path in (self.completions_path, self.stats_path, self.errors_path, self.plan_path):
+        for path in (self.completions_path, self.stats_path, self.errors_path, self.plan_path,
+                     self.reuse_path):
             path.parent.mkdir(parents=True, exist_ok=True)
         self._check_plan(shard)
         report = self._recover()
@@ -136,7 +141,7 @@ class ShardStore:
     def _recover(self) -> ResumeReport:
         torn = {}
         for kind, path in (("completions", self.completions_path), ("stats", self.stats_path),
-                           ("errors", self.errors_path)):
+                           ("errors", self.errors_path), ("reuse", self.reuse_path)):
             cut = _cut_torn_tail(path)
             if cut:
                 torn[kind] = cut
@@ -263,12 +268,18 @@ class ShardStore:
         orphans.reverse()
         return orphans
 
-    def record_completion(self, completion_line: bytes, stats_line: bytes, prompt_id: str) -> None:
-        """Persist one finished prompt: text first, then its stats row (the checkpoint)."""
+    def record_completion(self, completion_line: bytes, stats_line: bytes, prompt_id: str, *,
+                          prompt_hash: bytes | None = None) -> None:
+        """Persist one finished prompt: text first, then its stats row (the checkpoint), then where the
+        text is for a later run to reuse it (``reuse/``; docs/output-formats.md §3.8)."""
         self._check_writable()
+        offset = self._sizes["completions"]
         self._append("completions", completion_line)
         self._append("stats", stats_line)
         self.done_ids.add(prompt_id.encode())
+        if prompt_hash is not None:
+            self._append("reuse", b'{"h":"%s","o":%d,"n":%d}\n' % (prompt_hash.hex().encode(), offset,
+                                                                   len(completion_line)))
 
     def record_failure(self, error_line: bytes, prompt_id: str) -> None:
         self._check_writable()

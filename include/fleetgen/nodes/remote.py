@@ -344,3 +344,13 @@ def package_version_command(python: str, module: str) -> str:
     package = module.split(".")[0]
     program = "import importlib, sys; print(importlib.import_module(sys.argv[1]).__version__)"
     return f"{quote_path(python)} -c {quote(program)} {quote(package)}"
+
+
+def sha256_command(paths: Sequence[str]) -> str:
+    """``sha256sum`` of files on the node (read there: nothing but the digests crosses the network)."""
+    return "sha256sum -- " + " ".join(quote_path(path) for path in paths)
+
+
+def parse_sha256(output: str) -> list[str]:
+    """The digests ``sha256sum`` printed, in order."""
+    return [line.split()[0].lstrip("\\") for line in output.splitlines() if line.strip()]

@@ -284,8 +284,14 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
     report = {"schema": REPORT_SCHEMA, "run_id": run_id, "out_dir": str(out),
               "generated_at": now.isoformat(timespec="seconds"), "generated_at_epoch": now.timestamp(),
               "run_succeeded": bool(validation and validation.get("success"))}
-    report.update(summarize_stats(stats, server_gpus=_server_gpus(plan, readiness),
+    # Completions copied from an earlier run count in validation, not in tonight's throughput.
+    reused = stats["reused_from"].notna() if "reused_from" in stats else pd.Series(False, index=stats.index)
+    report.update(summarize_stats(stats[~reused], server_gpus=_server_gpus(plan, readiness),
                                   wall_seconds=wall_seconds, max_tokens=max_tokens))
+    report["reuse"] = {"reused": int(reused.sum()), "generated": int((~reused).sum()),
+                       "from_runs": {str(run): int(count) for run, count in
+                                     stats.loc[reused, "reused_from"].astype(object).value_counts().items()}
+                       if "reused_from" in stats else {}}
     report["errors"] = {"records": len(errors), "prompts": int(errors["id"].nunique()),
                         "by_code": {str(code): int(count) for code, count in
                                     errors["code"].astype(object).fillna("none").value_counts().items()},

@@ -98,6 +98,9 @@ def render_markdown(report: dict) -> str:
              f"{_number(report['errors']['prompts'])}",
              f"- Tokens: {_number(report['totals']['prompt_tokens'])} prompt, "
              f"{_number(report['totals']['completion_tokens'])} completion",
+             f"- Completions generated tonight: {_number(report['reuse']['generated'])}; reused unchanged from "
+             f"earlier runs: {_number(report['reuse']['reused'])}"
+             + (f" ({', '.join(report['reuse']['from_runs'])})" if report["reuse"]["from_runs"] else ""),
              f"- Servers: {report['servers']['kept']} kept running (already on tonight's plan), "
              f"{report['servers']['relaunched']} (re)launched",
              f"- Generation span: {_number(timing['generation_seconds'])} s (first request start to last finish)"

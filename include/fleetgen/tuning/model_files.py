@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 
 from fleetgen.errors import ConfigError
+from fleetgen.nodes import remote
 from fleetgen.tuning.profile import weights_bytes_from_index
 
 
@@ -36,3 +37,11 @@ def _read_json(read_text: Callable[[str], str], path: str, host: str):
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not valid JSON: {exc.msg}", host=host, path=path, line=exc.lineno,
                           hint="check the model directory named by model.path in the fleet description") from None
+
+
+def model_identity(run: Callable[[str], str], model_path: str) -> dict:
+    """What identifies the model the servers load: its path and the SHA-256 of its config and index,
+    computed on the node (``run(command)`` returns a remote command's output)."""
+    config_path, index_path = model_file_paths(model_path)
+    config_sha256, index_sha256 = remote.parse_sha256(run(remote.sha256_command([config_path, index_path])))
+    return {"path": model_path, "config_sha256": config_sha256, "index_sha256": index_sha256}

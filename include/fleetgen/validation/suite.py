@@ -33,6 +33,7 @@ from fleetgen.errors import ValidationFailed
 # The table readers moved to their own module; re-exported so existing imports keep working.
 from fleetgen.outputs import RunLayout
 from fleetgen.validation.thresholds import ValidationThresholds
+from fleetgen.outputs import OPTIONAL_STATS_COLUMNS
 from fleetgen.validation.stats_table import ERROR_COLUMNS, STATS_COLUMNS, load_errors, load_stats  # noqa: F401
 
 __all__ = ["ValidationThresholds", "load_stats", "load_errors", "validate_run", "STATS_COLUMNS", "SAMPLE_IDS",
@@ -74,7 +75,7 @@ def _checks(thresholds: ValidationThresholds, stats_columns: Iterable[str]) -> l
     checks = [
         _Check(f"{column}_not_null", "completions", "count", "0 rows",
                gxe.ExpectColumnValuesToNotBeNull(column=column))
-        for column in stats_columns
+        for column in stats_columns if column not in OPTIONAL_STATS_COLUMNS
     ]
     checks += [
         _Check("completion_tokens_in_range", "completions", "count", f"0 rows outside [1, {t.max_tokens}]",

@@ -8,7 +8,7 @@ from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import ConfigError
 
 PARAMS = {"fleet_file": "", "prompts_path": "~/p.jsonl", "output_root": "/out", "dry_run": False,
-          "keep_servers_up": True, "relaunch_servers": False, "sample_interval_s": 5.0, "tuning": "tuned", "memory_margin_mib": 1024, "max_running_requests": 0,
+          "keep_servers_up": True, "relaunch_servers": False, "sample_interval_s": 5.0, "reuse_completions": "scheduled", "tuning": "tuned", "memory_margin_mib": 1024, "max_running_requests": 0,
           "context_length": 0, "bf16_ssm_state": False, "no_buffer_radix": False, "ready_timeout_s": 1800,
           "pin_full_context_plan": False,
           "max_tokens": 4096, "temperature": 0.6, "top_p": 0.95, "shard_size": 5000, "parallel_shards": 0,

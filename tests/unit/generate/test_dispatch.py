@@ -43,7 +43,7 @@ async def test_generates_every_prompt_once_with_the_documented_fields(tmp_path, 
     assert first["usage"]["completion_tokens"] == 10 and first["server"] in fleet.names
     stats = next(r for r in out["stats"] if r["id"] == "p0003")
     assert set(stats) == {"id", "prompt_tokens", "completion_tokens", "finish_reason", "reasoning_chars",
-                          "content_chars", "server", "latency_s", "finished_at"}
+                          "content_chars", "server", "latency_s", "finished_at", "reused_from"}
     assert stats["reasoning_chars"] == len("thinking about p0003")
     body = fleet.bodies["p0003"]
     assert body["chat_template_kwargs"] == {"enable_thinking": True} and body["temperature"] == 0.0

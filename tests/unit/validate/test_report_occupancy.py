@@ -117,3 +117,15 @@ def test_kept_and_relaunched_servers_are_counted(tmp_path):
                                  "relaunched_servers": sorted(SERVERS[1:])}
     assert "- Servers: 1 kept running (already on tonight's plan), 2 (re)launched" in \
         (out / "report" / "report.md").read_text()
+
+
+def test_reused_completions_count_in_the_run_but_not_in_tonights_throughput(tmp_path):
+    data = [good_row(index) for index in range(ROWS)]
+    for row in data[:100]:
+        row.update(reused_from="night1", finished_at=T0 - 86_400)  # copied from yesterday's run
+    out = write_run(tmp_path / "run", data)
+    _, report = report_of(out, "run")
+    assert report["reuse"] == {"reused": 100, "generated": ROWS - 100, "from_runs": {"night1": 100}}
+    assert report["totals"]["completions"] == ROWS - 100
+    assert report["timing"]["first_start"] == T0 + 100 * 0.1  # yesterday's timestamps do not stretch the span
+    assert "reused unchanged from earlier runs: 100 (night1)" in (out / "report" / "report.md").read_text()

@@ -10,6 +10,7 @@ import pytest
 from validate_fixtures import MAX_TOKENS, FileAccessWatch, error_row, good_row, write_run
 
 from fleetgen.errors import ValidationFailed
+from fleetgen.outputs import OPTIONAL_STATS_COLUMNS
 from fleetgen.validation.suite import STATS_COLUMNS, ValidationThresholds, validate_run
 
 ROWS = 200
@@ -41,7 +42,8 @@ def test_a_good_run_passes_with_a_small_json_safe_summary_and_data_docs(tmp_path
     assert (summary["rows"], summary["expected"], summary["completed"], summary["failed_prompts"]) == (200, 201, 200, 1)
     assert summary["missing"] == {"count": 0, "first_ids": []}
     assert summary["duplicates"]["count"] == 0 and summary["unknown_ids"]["count"] == 0
-    assert {item["name"] for item in summary["expectations"]} >= {f"{column}_not_null" for column in STATS_COLUMNS}
+    assert {item["name"] for item in summary["expectations"]} >= {f"{column}_not_null" for column in STATS_COLUMNS
+                                                                     if column not in OPTIONAL_STATS_COLUMNS}
     assert all(item["success"] for item in summary["expectations"])
     assert entry(summary, "error_share")["observed"] == pytest.approx(1 / 201, abs=1e-6)
     assert entry(summary, "mean_completion_tokens")["observed"] == pytest.approx(
@@ -99,7 +101,7 @@ def test_each_row_expectation_fails_alone_with_observed_value_and_sample_ids(tmp
     assert error.path == str(tmp_path / "run") and "What to check next" in str(error)
 
 
-@pytest.mark.parametrize("column", [column for column in STATS_COLUMNS if column != "id"])
+@pytest.mark.parametrize("column", [column for column in STATS_COLUMNS if column not in ("id", *OPTIONAL_STATS_COLUMNS)])
 def test_a_null_in_any_column_fails_its_not_null_expectation(tmp_path, column):
     data = rows()
     data[7][column] = None
