@@ -84,27 +84,32 @@ def _failures_section(failures: dict | None) -> list[str]:
     return lines
 
 
+def _headline(report: dict) -> list[str]:
+    throughput, timing, validation = report["throughput"], report["timing"], report.get("validation")
+    verdict = "not run" if validation is None else ("passed" if validation.get("success") else "FAILED")
+    reuse, servers = report["reuse"], report["servers"]
+    return [f"# Generation run {report['run_id']}", "",
+            f"Generated {report['generated_at']}. Validation: **{verdict}**.", "",
+            f"- Throughput: **{_number(throughput['tokens_per_s'])} completion tokens/s** "
+            f"(basis: {timing['basis']}; over the generation span "
+            f"{_number(throughput['tokens_per_s_generation'])} tokens/s)",
+            f"- Completions: {_number(report['totals']['completions'])}; permanent failures: "
+            f"{_number(report['errors']['prompts'])}",
+            f"- Tokens: {_number(report['totals']['prompt_tokens'])} prompt, "
+            f"{_number(report['totals']['completion_tokens'])} completion",
+            f"- Completions generated tonight: {_number(reuse['generated'])}; reused unchanged from "
+            f"earlier runs: {_number(reuse['reused'])}"
+            + (f" ({', '.join(reuse['from_runs'])})" if reuse["from_runs"] else ""),
+            f"- Servers: {servers['kept']} kept running (already on tonight's plan), {servers['relaunched']} "
+            "(re)launched",
+            f"- Generation span: {_number(timing['generation_seconds'])} s (first request start to last finish)"
+            + (f"; wall time given: {_number(timing['wall_seconds'])} s" if timing["wall_seconds"] else ""), ""]
+
+
 def render_markdown(report: dict) -> str:
     """The human page of ``report.json``: headline, tables, plots, validation and comparison."""
-    throughput, timing, tokens = report["throughput"], report["timing"], report["completion_tokens"]
-    validation = report.get("validation")
-    verdict = "not run" if validation is None else ("passed" if validation.get("success") else "FAILED")
-    lines = [f"# Generation run {report['run_id']}", "",
-             f"Generated {report['generated_at']}. Validation: **{verdict}**.", "",
-             f"- Throughput: **{_number(throughput['tokens_per_s'])} completion tokens/s** "
-             f"(basis: {timing['basis']}; over the generation span "
-             f"{_number(throughput['tokens_per_s_generation'])} tokens/s)",
-             f"- Completions: {_number(report['totals']['completions'])}; permanent failures: "
-             f"{_number(report['errors']['prompts'])}",
-             f"- Tokens: {_number(report['totals']['prompt_tokens'])} prompt, "
-             f"{_number(report['totals']['completion_tokens'])} completion",
-             f"- Completions generated tonight: {_number(report['reuse']['generated'])}; reused unchanged from "
-             f"earlier runs: {_number(report['reuse']['reused'])}"
-             + (f" ({', '.join(report['reuse']['from_runs'])})" if report["reuse"]["from_runs"] else ""),
-             f"- Servers: {report['servers']['kept']} kept running (already on tonight's plan), "
-             f"{report['servers']['relaunched']} (re)launched",
-             f"- Generation span: {_number(timing['generation_seconds'])} s (first request start to last finish)"
-             + (f"; wall time given: {_number(timing['wall_seconds'])} s" if timing["wall_seconds"] else ""), ""]
+    tokens, validation = report["completion_tokens"], report.get("validation")
+    lines = _headline(report)
     plots = report.get("plots", {})
     lines += ["## Per server", ""]
     lines += _table(["server", "GPUs", "completions", "completion tokens", "tokens/s", "tokens/s active",

@@ -123,3 +123,55 @@ def test_parse_records_reads_the_tagged_lines_the_builders_print():
         ("absent", {"port": "30002", "pid": ""})]
     assert remote.parse_records(output, ("launched",)) == [("launched", {"port": "30003", "pid": "99"})]
     assert remote.parse_records("launchedport=1\n", ("launched",)) == []
+
+
+FLEET_YAML = """
+model: {path: /models/m, served_name: m}
+server: {python: python3, module: sglang.launch_server, extra_args: [--reasoning-parser, qwen3]}
+nodes: [{name: node0, ssh_conn_id: c, address: 10.0.0.5, gpus: [0], base_port: 30000}]
+"""
+
+
+def test_every_server_is_launched_with_sglangs_metrics_on_exactly_once():
+    from fleetgen.airflow.lifecycle import launch_spec
+    from fleetgen.nodes.fleet import load_fleet_text
+
+    fleet = load_fleet_text(FLEET_YAML, source="test")
+    slot = fleet.servers()[0]
+    argv = launch_spec(fleet, slot, {"flags": {"--max-running-requests": 40}}, with_api_key=False).argv()
+    assert argv.count("--enable-metrics") == 1 and argv[-2:] == ["--reasoning-parser", "qwen3"]
+    user_asked = load_fleet_text(FLEET_YAML.replace("[--reasoning-parser, qwen3]", "[--enable-metrics]"), source="t")
+    argv = launch_spec(user_asked, slot, {"flags": {}}, with_api_key=False).argv()
+    assert argv.count("--enable-metrics") == 1
+
+
+def test_the_sampling_loop_and_the_hash_commands_quote_what_they_are_given():
+    command = remote.sampling_loop_command("nvidia-smi -L", interval_s=2.5, max_seconds=60)
+    assert "sleep 2.5" in command and "+ 60 ))" in command
+    assert remote.timed_sample_time("@@fleetgen:t=1764400000.123456789") == 1764400000.123456789
+    assert remote.timed_sample_time("0, 97, 900, 1024") is None
+    hashed = remote.sha256_command(["/models/a b/config.json", "~/m/x.json"])
+    assert hashed == "sha256sum -- '/models/a b/config.json' \"$HOME\"/m/x.json"
+    version = remote.package_version_command("~/venv/bin/python", "sglang.launch_server")
+    assert version.startswith('"$HOME"/venv/bin/python -c ') and version.endswith(" sglang")
+
+
+def test_model_identity_hashes_config_and_index_on_the_node(tmp_path):
+    import hashlib
+
+    from fleetgen.tuning.model_files import model_identity
+
+    model = tmp_path / "my model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    (model / "model.safetensors.index.json").write_text('{"metadata": {"total_size": 1}}')
+
+    def run(command):
+        return subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout
+
+    identity = model_identity(run, str(model))
+    assert identity == {"path": str(model),
+                        "config_sha256": hashlib.sha256(b'{"hidden_size": 8}').hexdigest(),
+                        "index_sha256": hashlib.sha256(b'{"metadata": {"total_size": 1}}').hexdigest()}
+    (model / "config.json").write_text('{"hidden_size": 16}')
+    assert model_identity(run, str(model))["config_sha256"] != identity["config_sha256"]

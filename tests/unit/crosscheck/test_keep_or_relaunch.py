@@ -3,9 +3,9 @@ fleetgen builds it) against tonight's launch flags. Equal plan, model and versio
 
 from __future__ import annotations
 
-import pytest
-
 from pathlib import Path
+
+import pytest
 
 from fleetgen.nodes import remote
 from fleetgen.nodes.readiness import args_as_flags, launch_differences
