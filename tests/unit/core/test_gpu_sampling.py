@@ -3,7 +3,6 @@ sampling session per node however many shards run."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -40,17 +39,32 @@ def node_env(tmp_path):
     return node, {**os.environ, **node.env()}
 
 
-def test_the_loop_is_one_quoted_shell_and_its_output_parses(tmp_path):
+def wait_until(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_the_loop_is_one_shell_that_ends_with_its_session_and_its_output_parses(tmp_path):
     _, env = node_env(tmp_path)
-    command = remote.sampling_loop_command(SAMPLE_QUERY, interval_s=0.05, max_seconds=2)
+    command = remote.sampling_loop_command(SAMPLE_QUERY, interval_s=0.05, max_seconds=600)
     assert "while" in command and "sleep 0.05" in command
-    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=20)
-    assert done.returncode == 0, done.stderr  # ends by itself after max_seconds
-    rows = list(parse_sample_lines(done.stdout.splitlines(), node="gpu-node"))
-    assert len({row["t"] for row in rows}) >= 3 and {row["gpu"] for row in rows} == {0, 1}
+    stream = LocalStream(command, env)
+    lines = []
+    for line in stream:  # one session: read three samples, then close it as a finished shard does
+        lines.append(line)
+        if sum(remote.timed_sample_time(seen) is not None for seen in lines) == 4:
+            break
+    stream.close()
+    rows = list(parse_sample_lines(lines, node="gpu-node"))
+    assert len({row["t"] for row in rows}) == 3 and [row["gpu"] for row in rows] == [0, 1] * 3
     assert rows[0] == {"t": rows[0]["t"], "node": "gpu-node", "gpu": 0, "util": 0.0, "power_w": 140.0,
                        "mem_mib": 512.0}
     assert abs(rows[0]["t"] - time.time()) < 60
+    ended = subprocess.run(["bash", "-c", remote.sampling_loop_command(SAMPLE_QUERY, interval_s=1, max_seconds=0)],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert ended.returncode == 0 and ended.stdout == ""  # the loop's own end, should a session never close
 
 
 def test_unreadable_values_and_noise_lines():
@@ -73,22 +87,21 @@ def test_one_session_per_node_across_shards_and_a_takeover_when_the_holder_ends(
                         log=log)
     second = GpuSampling(nodes=["gpu-node"], open_stream=open_stream, layout=layout, shard_id=1, interval_s=0.05,
                          log=log)
+    gpu_rows = lambda shard: layout.shard_file("gpu", shard).read_text().count("\n")  # noqa: E731
     with first:
-        time.sleep(0.4)
+        wait_until(lambda: gpu_rows(0) >= 4)
         with second:
-            time.sleep(0.4)
+            time.sleep(0.3)  # several of the second shard's lease checks
             assert len(LocalStream.opened) == 1  # the second shard waits on the lease
         # second ended first: it never sampled
-    assert len(LocalStream.opened) == 1
-    rows = [json.loads(line) for line in layout.shard_file("gpu", 0).read_text().splitlines()]
-    assert len(rows) >= 4 and not layout.shard_file("gpu", 1).read_text()
+    assert len(LocalStream.opened) == 1 and gpu_rows(1) == 0
     assert not (layout.kind_dir("gpu") / "gpu-node.lease").exists()  # released on exit
 
     third = GpuSampling(nodes=["gpu-node"], open_stream=open_stream, layout=layout, shard_id=2, interval_s=0.05,
                         log=log)
     with third:
-        time.sleep(0.4)
-    assert len(LocalStream.opened) == 2 and layout.shard_file("gpu", 2).read_text()
+        wait_until(lambda: gpu_rows(2) >= 2)
+    assert len(LocalStream.opened) == 2
 
 
 def test_a_stale_lease_is_taken_over(tmp_path):

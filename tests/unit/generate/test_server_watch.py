@@ -55,7 +55,7 @@ def test_a_page_that_is_not_sglangs_metrics_names_the_server(page, why):
 
 async def test_a_shard_samples_every_server_and_journals_its_failures(tmp_path):
     shard = write_prompts(tmp_path / "p.jsonl", 60)
-    fleet = FakeFleet(2, delay_s=0.01)
+    fleet = FakeFleet(2, delay_s=0.05)
 
     def cuda_error(prompt_id, n):
         return httpx.Response(500, json={"error": {"message": "CUDA error"}}) if n <= 2 else None
