@@ -61,3 +61,38 @@ def test_shards_beyond_the_map_limit_grow_to_fit_and_the_report_compares_runs(da
     assert observed and int(observed.group(1)) >= 1, caplog.text[-2000:]
     record = json.loads((reports[-1].parent.parent / "workload_plan.json").read_text())
     assert record and all(entry["max_running_requests"] >= 1 for entry in record.values())
+
+
+def test_a_nightly_run_keeps_the_servers_on_plan_and_regenerates_nothing_unchanged(dag, sim_env, fleet_file):
+    # The servers of the runs above are still up (keep_servers_up); the prompts, model and sampling are the same.
+    conf = {"fleet_file": str(fleet_file()), "prompts_path": str(sim_env.prompts_path),
+            "output_root": str(sim_env.output_root), "shard_size": 60, "ready_timeout_s": 120,
+            "reuse_completions": "always"}
+    first = dag.test(run_conf=conf)
+    assert first.state == "success"
+    second = dag.test(run_conf=conf)
+    assert second.state == "success"
+    reports = sorted(Path(sim_env.output_root).glob("*/report/report.json"), key=lambda p: p.stat().st_mtime)
+    latest = json.loads(reports[-1].read_text())
+    assert latest["servers"]["kept"] == 2 and latest["servers"]["relaunched"] == 0
+    assert latest["reuse"]["generated"] == 0 and latest["reuse"]["reused"] == 120
+    run_dir = reports[-1].parent.parent
+    ids = [json.loads(line)["id"] for path in sorted((run_dir / "completions").glob("*.jsonl"))
+           for line in path.read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == 120 and latest["validation"]["success"]
+
+
+def test_the_servers_are_launched_with_metrics_and_report_occupancy(dag, sim_env, fleet_file):
+    conf = {"fleet_file": str(fleet_file()), "prompts_path": str(sim_env.prompts_path),
+            "output_root": str(sim_env.output_root), "shard_size": 120, "ready_timeout_s": 120,
+            "reuse_completions": "never", "relaunch_servers": True, "sample_interval_s": 0.5}
+    dag_run = dag.test(run_conf=conf)
+    assert dag_run.state == "success"
+    report_path = sorted(Path(sim_env.output_root).glob("*/report/report.json"), key=lambda p: p.stat().st_mtime)[-1]
+    report = json.loads(report_path.read_text())
+    assert report["servers"]["relaunched"] == 2 and report["reuse"]["generated"] == 120
+    occupancy = report["occupancy"]
+    assert set(occupancy["per_server"]) == {row["server"] for row in report["tuning"]}
+    assert all(row["cap"] == tuned["effective"]["max_running_requests"]
+               for tuned in report["tuning"] for name, row in occupancy["per_server"].items()
+               if name == tuned["server"])
