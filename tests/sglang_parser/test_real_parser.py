@@ -92,3 +92,24 @@ def test_sglang_accepts_the_plans_and_rejects_old_names():
     assert results[1]["values"]["context_length"] == opt_ins.flags["--context-length"]
     assert not results[2]["ok"] and "unrecognized arguments: --mamba-scheduler-strategy" in results[2]["error"]
     assert not results[3]["ok"] and "ambiguous option: --cuda-graph-max-bs" in results[3]["error"]
+
+
+@pytest.mark.slow
+def test_every_launch_flag_is_the_server_args_field_keep_or_relaunch_compares():
+    """Keep-or-relaunch reads each launch flag back from /server_info under the flag's name with '_' for '-'
+    (fleetgen.nodes.readiness.launch_differences): SGLang's parser stores each one exactly there, with the
+    value the comparison expects."""
+    from fleetgen.nodes import remote
+    from fleetgen.nodes.readiness import args_as_flags, launch_differences
+
+    seed = _plan(SEED_CONFIG, SEED_ARGS)
+    spec = remote.LaunchSpec(python="python3", module="sglang.launch_server", model_path="/models/qwen3.6-27b",
+                             served_name="qwen", port=30000, gpu_ids=(0, 1), bind_host="0.0.0.0", run_dir="~/run",
+                             log_dir="~/logs", args=tuple(remote.flags_to_args(seed.flags) + ["--enable-metrics"]
+                                                          + SEED_ARGS))
+    argv = spec.argv()[3:]
+    (parsed,) = _parse_with_sglang([argv])
+    assert parsed["ok"], parsed
+    # SGLang rewrites NEXTN to EAGLE while resolving (not at parse time): report it as a running server would.
+    reported = {**parsed["values"], "speculative_algorithm": "EAGLE"}
+    assert launch_differences(reported, args_as_flags(argv), expected_version=None) == []
