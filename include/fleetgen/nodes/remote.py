@@ -352,5 +352,6 @@ def sha256_command(paths: Sequence[str]) -> str:
 
 
 def parse_sha256(output: str) -> list[str]:
-    """The digests ``sha256sum`` printed, in order."""
-    return [line.split()[0].lstrip("\\") for line in output.splitlines() if line.strip()]
+    """The digests ``sha256sum`` printed, in order (one a line: ``split("\\n")``, not ``splitlines``, which
+    also splits on the separators a file name may hold; a name with a newline is escaped by sha256sum)."""
+    return [line.split(" ", 1)[0].lstrip("\\") for line in output.split("\n") if line.strip()]

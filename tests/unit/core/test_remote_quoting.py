@@ -222,3 +222,27 @@ def test_sections_and_probe_quote_names_modules_and_folders(names, module, run_n
 def test_numbers_and_names_written_unquoted_refuse_anything_else(builder):
     with pytest.raises(ValueError):
         builder(f"1; touch {CANARY}")
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=hostile_name, module=hostile)
+def test_hash_and_version_commands_name_hostile_paths_and_modules_intact(name, module):
+    node = Node()
+    try:
+        config, index = node.root / name / "config.json", node.root / name / "index.json"
+        config.parent.mkdir()
+        config.write_text("{}")
+        index.write_text("[]")
+        done = node.bash(remote.sha256_command([str(config), str(index)]))
+        assert done.returncode == 0 and len(remote.parse_sha256(done.stdout)) == 2, done.stderr
+        done = node.bash(remote.package_version_command(sys.executable, module))
+        assert done.returncode != 0  # no such package: refused by Python, never run by the shell
+    finally:
+        node.close()
+
+
+def test_the_sampling_loop_refuses_an_interval_or_duration_that_is_not_a_number():
+    with pytest.raises(ValueError):
+        remote.sampling_loop_command("true", interval_s=f"1; touch {CANARY}", max_seconds=1)
+    with pytest.raises(ValueError):
+        remote.sampling_loop_command("true", interval_s=1, max_seconds=f"1; touch {CANARY}")
