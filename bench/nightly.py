@@ -3,7 +3,8 @@
 Night 1 runs N prompts on a cold node; night 2 the same prompts (the servers stay up between nights,
 as ``keep_servers_up`` does by default); night 3 the same file with 2 % new prompts and 1 % edited. Each
 night is a full ``airflow dags test`` of ``sglang_generation`` with ``reuse_completions=always`` (what a
-scheduled run does by default). Figures come from each night's report: servers (re)launched, completions
+scheduled run does by default) and ``pin_full_context_plan`` (the same plan every night: the workload
+mode's nightly steps would relaunch the servers whose plan moved, as they should). Figures come from each night's report: servers (re)launched, completions
 generated tonight (the rest were reused), and the DAG run's wall seconds.
 
 Last line: ``nightly relaunched=<n1>/<n2>/<n3> generated=<g1>/<g2>/<g3> seconds=<s1>/<s2>/<s3>``
@@ -77,7 +78,9 @@ def main() -> int:
         fleet_path.write_text(json.dumps(fleet))
         conf = {"prompts_path": str(environment.prompts_path), "output_root": str(environment.output_root),
                 "fleet_file": str(fleet_path), "shard_size": max(1, args.prompts // 2), "max_tokens": 4096,
-                "ready_timeout_s": 300, "reuse_completions": "always", "sample_interval_s": 1.0}
+                "ready_timeout_s": 300, "reuse_completions": "always", "sample_interval_s": 1.0,
+                # the plan pinned: the workload mode steps it night after night, and a changed plan relaunches
+                "pin_full_context_plan": True}
         for night in (1, 2, 3):
             if night == 3:
                 night_three_prompts(environment.prompts_path, args.prompts)

@@ -64,10 +64,11 @@ def test_shards_beyond_the_map_limit_grow_to_fit_and_the_report_compares_runs(da
 
 
 def test_a_nightly_run_keeps_the_servers_on_plan_and_regenerates_nothing_unchanged(dag, sim_env, fleet_file):
-    # The servers of the runs above are still up (keep_servers_up); the prompts, model and sampling are the same.
+    # The servers of the runs above are still up (keep_servers_up); the prompts, model and sampling are the same,
+    # and the plan is pinned (the workload mode would step it night after night, and a changed plan relaunches).
     conf = {"fleet_file": str(fleet_file()), "prompts_path": str(sim_env.prompts_path),
             "output_root": str(sim_env.output_root), "shard_size": 60, "ready_timeout_s": 120,
-            "reuse_completions": "always"}
+            "reuse_completions": "always", "pin_full_context_plan": True}
     first = dag.test(run_conf=conf)
     assert first.state == "success"
     second = dag.test(run_conf=conf)
