@@ -1,5 +1,5 @@
 """Regenerate only what changed: reuse a completion from an earlier successful run when nothing that
-shapes it changed (docs/output-formats.md §3.8).
+shapes it changed (docs/output-formats.md §3.9).
 
 A completion is reused when all three are unchanged:
 

@@ -271,7 +271,7 @@ class ShardStore:
     def record_completion(self, completion_line: bytes, stats_line: bytes, prompt_id: str, *,
                           prompt_hash: bytes | None = None) -> None:
         """Persist one finished prompt: text first, then its stats row (the checkpoint), then where the
-        text is for a later run to reuse it (``reuse/``; docs/output-formats.md §3.8)."""
+        text is for a later run to reuse it (``reuse/``; docs/output-formats.md §3.9)."""
         self._check_writable()
         offset = self._sizes["completions"]
         self._append("completions", completion_line)

@@ -3,7 +3,7 @@
 A generating shard starts one thread per node (``GpuSampling``); each runs ``nvidia-smi`` in a loop on
 the node inside ONE remote shell (``remote.sampling_loop_command``) and appends a row per GPU per
 sample to ``gpu/shard-NNNNN.jsonl``: ``{"t", "node", "gpu", "util", "power_w", "mem_mib"}``
-(docs/output-formats.md §3.7). With several shards running, a lease file per node in the run folder
+(docs/output-formats.md §3.8). With several shards running, a lease file per node in the run folder
 (``gpu/<node>.lease``, renewed at every sample) lets only one of them sample that node; another takes
 over when the holder finishes or stops renewing. Sampling never fails generation: a lost session is
 logged and reopened after one interval.
