@@ -194,7 +194,7 @@ def test_empty_stats_keep_their_column_types_and_warn(tmp_path, caplog):
     assert {c: str(t) for c, t in stats.dtypes.items()} == {
         "id": "object", "prompt_tokens": "float64", "completion_tokens": "float64", "finish_reason": "object",
         "reasoning_chars": "float64", "content_chars": "float64", "server": "object", "latency_s": "float64",
-        "finished_at": "float64"}
+        "finished_at": "float64", "reused_from": "object"}
     assert f"no stats files under {tmp_path / 'stats'}" in caplog.text
     caplog.clear()
     _stats_file(tmp_path, _rows(0))
