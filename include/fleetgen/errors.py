@@ -47,8 +47,8 @@ _BACKOFF_STEPS = {
 
 _FAILURE_HINTS = {
     FailureKind.OOM_WEIGHTS: "the weights leave no room for the KV and state pools on this GPU: check for foreign "
-                             "processes in the probe's inventory; raise the DAG parameter memory_margin_mib only if "
-                             "something else takes memory after the probe",
+                             "processes in the probe's inventory; raise the DAG parameter memory_margin_mib (lowers "
+                             "--mem-fraction-static) only if something else takes memory after the probe",
     FailureKind.OOM_KV: "the KV pool did not fit: fleetgen re-plans smaller by itself; if it still fails, set the DAG "
                         "parameter max_running_requests lower (drives --max-running-requests and "
                         "--max-mamba-cache-size) or raise memory_margin_mib",

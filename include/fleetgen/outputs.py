@@ -25,6 +25,7 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,12 @@ CATEGORY_COLUMNS = ("finish_reason", "server")
 ERROR_COLUMNS = ("id", "code", "message", "server", "at")
 
 SHARD_KINDS = ("completions", "stats", "errors", "shards")
+
+
+def default_output_root() -> str:
+    """Where runs write unless their conf says otherwise: ``$FLEETGEN_OUTPUT_ROOT`` of the deployment (the
+    DAG's default and the results view's fallback read it here)."""
+    return os.environ.get("FLEETGEN_OUTPUT_ROOT", "~/fleetgen-output")
 
 
 def run_folder_name(run_id: str) -> str:

@@ -32,7 +32,8 @@ def _read_fleet(config: RunConfig) -> FleetSpec:
 
 @fail_fast
 def load_fleet() -> dict:
-    _, config, _ = run_context()
+    _, config, _ = run_context()  # the whole run configuration, checked once: unknown conf keys stop here
+    config.inputs.require_prompts_file()
     log.info("Reading the fleet description (%s)", config.inputs.fleet_file or f"Variable {FLEET_VARIABLE}")
     fleet = _read_fleet(config)
     servers = fleet.servers()
