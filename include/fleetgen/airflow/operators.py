@@ -91,7 +91,9 @@ class WaitReadyOperator(BaseOperator):
             return self._relaunch_smaller(context, launched, attempt, kind, fatal_line)
         from fleetgen.tuning import ServerPlan, render_budget_table
 
-        log.error("The plan %s was launched with:\n%s", name, render_budget_table(ServerPlan.from_dict(launched["plan"])))
+        if kind.can_back_off():  # a memory failure: the budget it was launched with tells what to shrink
+            log.error("The plan %s was last launched with:\n%s", name,
+                      render_budget_table(ServerPlan.from_dict(launched["plan"])))
         raise ServerStartupError(
             f"{where} died while starting: {fatal_line}\n(log {launched['log_path']}, after {attempt} relaunch(es); "
             f"last {len(tail)} lines:)\n{readiness.format_log_excerpt(tail)}",
