@@ -117,6 +117,10 @@ class ConfigError(FleetgenError):
     """Invalid user input: fleet file, settings file, DAG params."""
 
 
+class PathOutsideRun(ConfigError):
+    """A results view asked for a file outside the run's folder (or one that is not there)."""
+
+
 class ProbeError(FleetgenError):
     """nvidia-smi output that cannot be parsed, or a GPU that is not there."""
 

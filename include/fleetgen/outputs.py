@@ -25,6 +25,7 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -130,3 +131,15 @@ def calibration_file(output_root: str | Path) -> Path:
 def run_root_of_report(report_json: str | Path) -> Path:
     """The run folder holding a ``report/report.json``."""
     return Path(report_json).parent.parent
+
+
+def read_failures(path: Path) -> list[dict]:
+    """The records of a run's ``failures.jsonl`` (a torn last line is skipped)."""
+    records = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records

@@ -6,13 +6,12 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-from pathlib import Path
 
 import jsonlines
 import orjson
 
 from fleetgen.errors import FleetgenError
-from fleetgen.outputs import RunLayout
+from fleetgen.outputs import RunLayout, read_failures
 
 log = logging.getLogger("fleetgen")
 
@@ -96,18 +95,6 @@ def describe_failure(context) -> None:
         log.warning("could not append the failure summary (%s); it was: %s", error, json.dumps(record, default=str))
         return
     _append(layout, record)
-
-
-def read_failures(path: Path) -> list[dict]:
-    """The records of ``failures.jsonl`` (a torn last line is skipped)."""
-    records = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
 
 
 def outcome_message(task_states: dict[str, str], records: list[dict]) -> str:

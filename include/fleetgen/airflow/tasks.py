@@ -247,7 +247,8 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
     log.info("Validating %d expected completions in %s with Great Expectations", prompt_scan["count"], layout.root)
     try:
         expected = iter_prompt_ids(config.inputs.prompts_path, length_limit=prompt_scan.get("length_limit"))
-        summary = validate_run(layout.root, expected, config.validation)
+        summary = validate_run(layout.root, expected, config.validation,
+                               run_name=context["run_id"])  # the Data Docs name the Airflow run
     except ValidationFailed as failure:
         # The small JSON summary goes to XCom first, so the report and on-call can read it; then fail.
         context["ti"].xcom_push(key="validation_summary", value=failure.summary)

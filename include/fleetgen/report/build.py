@@ -285,6 +285,8 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
                                        errors["server"].astype(object).fillna("unknown").value_counts().items()}}
     _net_of_dead_tries(report, lost_tries(RunLayout(out)))
     report["tuning"] = _tuning(plan, readiness)
+    # From what the servers said at readiness (/server_info), not from how the run was configured.
+    report["simulated"] = any(bool(item.get("simulated")) for item in readiness or [])
     report["shards"] = _shards(shard_results)
     report["validation"] = validation
     previous, unusable = _load_previous(previous_report)

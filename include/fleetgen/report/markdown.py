@@ -35,6 +35,9 @@ def render_markdown(report: dict) -> str:
     verdict = "not run" if validation is None else ("passed" if validation.get("success") else "FAILED")
     lines = [f"# Generation run {report['run_id']}", "",
              f"Generated {report['generated_at']}. Validation: **{verdict}**.", "",
+             *([f"> **Simulated fleet**: the servers reported the simulator's capacity model in /server_info; "
+                f"every figure below comes from simulated GPUs, not measured ones.", ""]
+               if report.get("simulated") else []),
              f"- Throughput: **{_number(throughput['tokens_per_s'])} completion tokens/s** "
              f"(basis: {timing['basis']}; over the generation span "
              f"{_number(throughput['tokens_per_s_generation'])} tokens/s)",

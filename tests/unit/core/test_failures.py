@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from fleetgen.airflow import failures
+from fleetgen.outputs import read_failures
 from fleetgen.errors import ConfigError, FailureKind, ServerStartupError
 
 
@@ -43,7 +44,7 @@ def test_the_outcome_names_each_failed_task_with_its_first_error_line(tmp_path):
     failures.describe_failure(_context(tmp_path, error))
     states = {"load_fleet": "success", "servers.wait_ready_0": "success", "servers.wait_ready_1": "failed",
               "generate.generate_shard_0": "failed", "run_outcome": "running"}
-    message = failures.outcome_message(states, failures.read_failures(tmp_path / "manual__1" / "failures.jsonl"))
+    message = failures.outcome_message(states, read_failures(tmp_path / "manual__1" / "failures.jsonl"))
     assert message.splitlines() == [
         "2 task(s) of this run failed:",
         "- generate.generate_shard_0: (no summary recorded; open its log)",
