@@ -17,6 +17,7 @@ log = logging.getLogger("fleetgen")
 
 OUTCOME_TASK = "run_outcome"
 _UNANTICIPATED = "this is not an error fleetgen anticipated; read the traceback above"
+_NO_EXCEPTION = "Airflow marked the task failed without an error from its code (its process was lost or killed)"
 
 
 def _dumps(record: dict) -> bytes:
@@ -47,14 +48,28 @@ def failure_record(context) -> dict:
     label = getattr(ti, "rendered_map_index", None) or (str(map_index) if map_index >= 0 else None)
     task_id = getattr(ti, "task_id", "?")
     ours = isinstance(exception, FleetgenError)
-    record = {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    if exception is None:  # failed by Airflow itself (process lost or killed), not by an exception of ours
+        return _without_empty({"at": _now(), "task": f"{task_id}[{label}]" if label else task_id, "task_id": task_id,
+                               "map_index": map_index if map_index >= 0 else None,
+                               "try": getattr(ti, "try_number", None), "first_line": _NO_EXCEPTION,
+                               "hint": "clear the task to run it again; if it repeats, read the scheduler's log "
+                                       "for this task instance"})
+    record = {"at": _now(),
               "task": f"{task_id}[{label}]" if label else task_id, "task_id": task_id,
               "map_index": map_index if map_index >= 0 else None, "try": getattr(ti, "try_number", None),
-              "error": type(exception).__name__, "first_line": first_line(exception),
+              "error": type(exception).__name__, "first_line": first_line(exception) or type(exception).__name__,
               "message": (getattr(exception, "message", None) or str(exception))[:2000],
               "hint": exception.hint if ours else _UNANTICIPATED,
               "host": getattr(exception, "host", None), "server": getattr(exception, "server", None),
               "shard": getattr(exception, "shard", None)}
+    return _without_empty(record)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _without_empty(record: dict) -> dict:
     return {key: value for key, value in record.items() if value not in (None, "")}
 
 
@@ -87,7 +102,7 @@ def describe_failure(context) -> None:
     if getattr(ti, "task_id", None) == OUTCOME_TASK:
         return
     record = failure_record(context)
-    log.error("FAILED %s: %s\nWhat to check next: %s", record["task"], record.get("first_line", record["error"]),
+    log.error("FAILED %s: %s\nWhat to check next: %s", record["task"], record["first_line"],
               record.get("hint", _UNANTICIPATED))
     try:
         layout = RunLayout.for_run(context["params"]["output_root"], context["run_id"])

@@ -55,3 +55,10 @@ def test_the_outcome_names_each_failed_task_with_its_first_error_line(tmp_path):
 @pytest.mark.parametrize("kind", [k for k in FailureKind if k.can_back_off()])
 def test_memory_hints_name_a_dag_parameter_and_the_flag_it_drives(kind):
     assert "DAG parameter" in kind.hint and "--" in kind.hint
+
+
+def test_a_task_failed_by_airflow_itself_is_recorded_without_none(tmp_path):
+    failures.describe_failure(_context(tmp_path, None, label=None))
+    [record] = _lines(tmp_path)
+    assert record["task"] == "servers.wait_ready[1]" and "without an error from its code" in record["first_line"]
+    assert "None" not in json.dumps(record) and "error" not in record
