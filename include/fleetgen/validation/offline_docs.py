@@ -1,8 +1,9 @@
 """Great Expectations' Data Docs made usable offline: GX 1.24's pages load Bootstrap, jQuery, Font Awesome,
 bootstrap-table and Vega from CDNs and a logo from S3. This rewrites every page of a built site so that no
 request leaves the machine: external stylesheets and scripts are dropped, the external logo points at the copy
-GX ships in the site's ``static/``, and ``static/styles/offline.css`` (the Bootstrap subset the pages use) is
-linked instead. The content is rendered server-side by GX, so nothing is lost but sorting and filtering.
+GX ships in the site's ``static/``, and two files of ours are linked instead: ``static/styles/offline.css``
+(the Bootstrap subset the pages use) and ``static/scripts/offline.js`` (renders the index tables from the data
+GX embeds, in place of jQuery and bootstrap-table). Sorting and filtering are what is lost.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import re
 import shutil
 from pathlib import Path
 
-OFFLINE_CSS = Path(__file__).with_name("static") / "offline.css"
+STATIC = Path(__file__).with_name("static")
+OFFLINE_FILES = ("offline.css", "offline.js")
 _EXTERNAL_LINK = re.compile(r"<link\b[^>]*\bhref=\"(?:https?:)?//[^\"]*\"[^>]*>", re.IGNORECASE)
 _EXTERNAL_SCRIPT = re.compile(r"<script\b[^>]*\bsrc=\"(?:https?:)?//[^\"]*\"[^>]*>\s*</script>", re.IGNORECASE)
 _EXTERNAL_IMAGE = re.compile(r"(<img\b[^>]*\bsrc=\")(?:https?:)?//[^\"]*?/([\w.-]+\.(?:png|svg|gif))(?:\?[^\"]*)?\"",
@@ -24,15 +26,16 @@ def _offline_page(text: str, static: str) -> str:
     text = _EXTERNAL_LINK.sub("", text)
     text = _EXTERNAL_SCRIPT.sub("", text)
     text = _EXTERNAL_IMAGE.sub(lambda match: f'{match.group(1)}{static}/images/{match.group(2)}"', text)
-    stylesheet = f'<link rel="stylesheet" href="{static}/styles/offline.css">'
-    return text.replace("</head>", f"{stylesheet}\n</head>", 1)
+    offline = (f'<link rel="stylesheet" href="{static}/styles/offline.css">\n'
+               f'<script src="{static}/scripts/offline.js"></script>')
+    return text.replace("</head>", f"{offline}\n</head>", 1)
 
 
 def make_offline(site: Path) -> int:
     """Rewrite every HTML page under ``site`` (a Data Docs folder); returns how many pages were rewritten."""
-    styles = site / "static" / "styles"
-    styles.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(OFFLINE_CSS, styles / "offline.css")
+    for name, folder in (("offline.css", "styles"), ("offline.js", "scripts")):
+        (site / "static" / folder).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(STATIC / name, site / "static" / folder / name)
     pages = 0
     for page in site.rglob("*.html"):
         static = os.path.relpath(site / "static", page.parent).replace(os.sep, "/")

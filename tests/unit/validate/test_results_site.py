@@ -75,4 +75,7 @@ def test_data_docs_are_offline_and_named_after_the_airflow_run(tmp_path):
     assert any("scheduled__2026-11-30T02" in page for page in pages), pages
     assert (site / "static" / "styles" / "offline.css").is_file()
     index = (site / "index.html").read_text()
-    assert 'href="static/styles/offline.css"' in index
+    assert 'href="static/styles/offline.css"' in index and 'src="static/scripts/offline.js"' in index
+    assert (site / "static" / "scripts" / "offline.js").is_file()
+    # The index lists the validation pages from data GX embeds (rendered by offline.js): each names the run.
+    assert "scheduled__2026-11-30T02:00:00+00:00" in index
