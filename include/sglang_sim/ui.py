@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from sglang_sim.demo import PROJECT_ROOT, SimEnvironment, airflow_cli, airflow_env, prepare_airflow
 
 
@@ -31,6 +33,7 @@ class AirflowUI:
     password: str = "admin"
     sim: dict = field(default_factory=lambda: {"time_scale": 100.0, "load_seconds": 20.0})
     prompts: int = 3000
+    gpus_per_node: int = 7  # the committed fleet (airflow_settings.yaml) names 7 GPUs; fewer narrows it
     extra_env: dict = field(default_factory=dict)
     environment: SimEnvironment | None = None
     process: subprocess.Popen | None = None
@@ -44,8 +47,13 @@ class AirflowUI:
         return self.root / "airflow"
 
     def start(self, log_path: Path | None = None) -> AirflowUI:
-        self.environment = SimEnvironment(root=self.root, sim=self.sim, prompts=self.prompts).prepare().start()
+        self.environment = SimEnvironment(root=self.root, sim=self.sim, prompts=self.prompts,
+                                          gpus_per_node=self.gpus_per_node).prepare().start()
         env = airflow_env(self.airflow_home, self.environment.settings_env())
+        # An AIRFLOW_VAR_ variable wins over the metadata DB's: the fleet narrowed to this node's GPUs.
+        fleet = yaml.safe_load(env["AIRFLOW_VAR_FLEETGEN_FLEET"])
+        fleet["nodes"][0]["gpus"] = list(range(self.gpus_per_node))
+        env["AIRFLOW_VAR_FLEETGEN_FLEET"] = json.dumps(fleet)
         env.update({"AIRFLOW__API__PORT": str(self.port), "AIRFLOW__API__BASE_URL": self.url,
                     "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
                     # The deployment's defaults (the DAG's params read them): the form's defaults are a valid
