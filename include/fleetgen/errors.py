@@ -167,6 +167,16 @@ class ServerStartupError(ServerError):
         self.log_tail = list(log_tail or [])
         super().__init__(message, **context)
 
+    def _render(self) -> str:
+        # What to check next right under the headline, before the log tail: the first screen of a task log
+        # then says what failed and what to change.
+        where = self.context()
+        headline, _, rest = self.message.partition("\n")
+        lines = [f"[{where}] {headline}" if where else headline]
+        if self.hint:
+            lines.append(f"What to check next: {self.hint}")
+        return "\n".join(lines + ([rest] if rest else []))
+
 
 class ServerNotReady(ServerError):
     """A server did not become ready in time."""

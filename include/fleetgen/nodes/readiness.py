@@ -168,6 +168,9 @@ def parse_server_info(info: dict, *, server: str) -> ServerInfo:
     return parsed
 
 
+LOG_LINE_CHARS = 400  # SGLang's server_args line alone runs to thousands of characters
+
+
 def format_log_excerpt(lines: list[str], limit: int = 50) -> str:
     tail = lines[-limit:]
-    return "\n".join(f"    | {line}" for line in tail)
+    return "\n".join(f"    | {line[:LOG_LINE_CHARS]}{' …' if len(line) > LOG_LINE_CHARS else ''}" for line in tail)

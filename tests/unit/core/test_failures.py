@@ -64,3 +64,15 @@ def test_a_task_failed_by_airflow_itself_is_recorded_without_none(tmp_path):
     [record] = _lines(tmp_path)
     assert record["task"] == "servers.wait_ready[1]" and "without an error from its code" in record["first_line"]
     assert "None" not in json.dumps(record) and "error" not in record
+
+
+def test_a_startup_failure_says_what_to_check_before_the_log_tail():
+    from fleetgen.nodes.readiness import format_log_excerpt
+
+    tail = ["server_args=ServerArgs(" + "x" * 5000 + ")", "RuntimeError: Not enough memory."]
+    error = ServerStartupError(f"n1:30001 died while starting: Not enough memory.\n(log /l)\n{format_log_excerpt(tail)}",
+                               server="n1:30001", hint=FailureKind.OOM_KV.hint)
+    lines = str(error).splitlines()
+    assert lines[0] == "[server n1:30001] n1:30001 died while starting: Not enough memory."
+    assert lines[1].startswith("What to check next: set the DAG parameter max_running_requests")
+    assert max(len(line) for line in lines) < 500 and lines[-1].endswith("Not enough memory.")
