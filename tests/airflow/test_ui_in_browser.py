@@ -288,12 +288,14 @@ def test_a_failing_run_names_the_server_and_the_parameter_to_change(page, airflo
     page.goto(run_url(airflow_ui, run_id, f"/tasks/servers.wait_ready/mapped/{map_index}"))
     page.get_by_text("failed to start (oom_kv)").first.wait_for()
     page.keyboard.press("w")  # the log viewer's own shortcut: wrap long lines
-    page.get_by_text(re.compile(r"Waiting for node0:")).first.scroll_into_view_if_needed()  # the log's top
+    page.keyboard.press("Control+ArrowUp")  # its shortcut to the top of the log (it opens at the end)
+    page.get_by_text(re.compile(r"Waiting for node0:")).first.wait_for()
     shot(page, "12-failed-task-log-first-screen")
     # On the first screen of the log: what failed (SGLang's own line) and which parameter to change.
     assert on_screen(page, "failed to start (oom_kv): RuntimeError: Not enough memory")
     assert on_screen(page, "What to change: set the DAG parameter max_running_requests lower (drives "
                            "--max-running-requests")
+    page.keyboard.press("Control+ArrowDown")
     page.get_by_text("Task failed with exception").first.scroll_into_view_if_needed()
     shot(page, "13-failed-task-log-final-error")
     assert on_screen(page, "What to check next: set the DAG parameter max_running_requests")

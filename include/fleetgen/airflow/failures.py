@@ -96,14 +96,17 @@ def record_lost_try(layout: RunLayout, task: str, lost: dict) -> None:
 
 
 def describe_failure(context) -> None:
-    """on_failure_callback: one short summary an on-call engineer can act on, in the log and appended
-    to ``<run output>/failures.jsonl``. The run's outcome task is not a failure of its own."""
+    """on_failure_callback: one record an on-call engineer can act on, appended to ``<run output>/failures.jsonl``
+    (and a summary in the log when the error is not one of ours, whose message already says it all). The
+    run's outcome task is not a failure of its own."""
     ti = context.get("task_instance")
     if getattr(ti, "task_id", None) == OUTCOME_TASK:
         return
     record = failure_record(context)
-    log.error("FAILED %s: %s\nWhat to check next: %s", record["task"], record["first_line"],
-              record.get("hint", _UNANTICIPATED))
+    if not isinstance(_unwrap(context.get("exception")), FleetgenError):
+        # Our errors already print what failed and what to check in the exception above: summarise only the others.
+        log.error("FAILED %s: %s\nWhat to check next: %s", record["task"], record["first_line"],
+                  record.get("hint", _UNANTICIPATED))
     try:
         layout = RunLayout.for_run(context["params"]["output_root"], context["run_id"])
     except KeyError as error:
@@ -138,6 +141,5 @@ def run_outcome() -> None:
     ti = context["ti"]
     states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {})
     message = outcome_message(states, read_failures(layout.failures))
-    log.error("%s", message)
     raise RunFailed(message, path=str(layout.failures),
                     hint="open the Failures link of this task, or the failed task's log")

@@ -76,3 +76,13 @@ def test_a_startup_failure_says_what_to_check_before_the_log_tail():
     assert lines[0] == "[server n1:30001] n1:30001 died while starting: Not enough memory."
     assert lines[1].startswith("What to check next: set the DAG parameter max_running_requests")
     assert max(len(line) for line in lines) < 500 and lines[-1].endswith("Not enough memory.")
+
+
+def test_the_summary_is_logged_once(tmp_path, caplog):
+    error = ServerStartupError("died", server="n1:30001", hint=FailureKind.OOM_KV.hint)
+    with caplog.at_level("INFO", logger="fleetgen"):
+        failures.describe_failure(_context(tmp_path, error))  # the exception's own text already says it
+        assert caplog.records == []
+        failures.describe_failure(_context(tmp_path, KeyError("x")))
+    [summary] = caplog.records
+    assert summary.getMessage().startswith("FAILED servers.wait_ready[n1:30001 (GPU 1)]: 'x'")
