@@ -61,7 +61,7 @@ def failure_record(context) -> dict:
               "message": (getattr(exception, "message", None) or str(exception))[:2000],
               "hint": exception.hint if ours else _UNANTICIPATED,
               "host": getattr(exception, "host", None), "server": getattr(exception, "server", None),
-              "shard": getattr(exception, "shard", None)}
+              "shard": getattr(exception, "shard", None), "path": getattr(exception, "path", None)}
     return _without_empty(record)
 
 
