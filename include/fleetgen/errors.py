@@ -45,22 +45,20 @@ _BACKOFF_STEPS = {
     FailureKind.OOM_RUNTIME: "reserve",
 }
 
-# Each hint leads with the DAG parameter to change (and the SGLang flag it drives): the first words of the line
-# are what a log viewer that does not wrap shows.
 _FAILURE_HINTS = {
-    FailureKind.OOM_WEIGHTS: "check the probe's inventory for foreign processes on this GPU; raise the DAG parameter "
-                             "memory_margin_mib (lowers --mem-fraction-static) only if something else takes memory "
-                             "after the probe: the weights left no room for the KV and state pools",
-    FailureKind.OOM_KV: "set the DAG parameter max_running_requests lower (drives --max-running-requests and "
-                        "--max-mamba-cache-size) or raise memory_margin_mib (lowers --mem-fraction-static): the KV "
-                        "pool did not fit even after fleetgen re-planned smaller",
-    FailureKind.OOM_MAMBA: "set the DAG parameter max_running_requests lower (drives --max-mamba-cache-size) or turn on "
-                           "bf16_ssm_state (--mamba-ssm-dtype bfloat16, half the state): the Mamba state pool did "
-                           "not fit",
-    FailureKind.OOM_CUDA_GRAPH: "raise the DAG parameter memory_margin_mib (lowers --mem-fraction-static): CUDA "
-                                "graphs/activations did not fit outside the static pool",
-    FailureKind.OOM_RUNTIME: "raise the DAG parameter memory_margin_mib (lowers --mem-fraction-static) once nvidia-smi "
-                             "shows no foreign process on the GPU: CUDA ran out of memory outside the static pool",
+    FailureKind.OOM_WEIGHTS: "the weights leave no room for the KV and state pools on this GPU: check for foreign "
+                             "processes in the probe's inventory; raise the DAG parameter memory_margin_mib (lowers "
+                             "--mem-fraction-static) only if something else takes memory after the probe",
+    FailureKind.OOM_KV: "the KV pool did not fit: fleetgen re-plans smaller by itself; if it still fails, set the DAG "
+                        "parameter max_running_requests lower (drives --max-running-requests and "
+                        "--max-mamba-cache-size) or raise memory_margin_mib",
+    FailureKind.OOM_MAMBA: "the Mamba state pool did not fit: set the DAG parameter max_running_requests lower "
+                           "(drives --max-mamba-cache-size), or turn on bf16_ssm_state to halve the state",
+    FailureKind.OOM_CUDA_GRAPH: "CUDA graphs/activations did not fit outside the static pool: raise the DAG parameter "
+                                "memory_margin_mib (lowers --mem-fraction-static)",
+    FailureKind.OOM_RUNTIME: "CUDA ran out of memory outside the static pool: check for foreign processes on the GPU "
+                             "(nvidia-smi), then raise the DAG parameter memory_margin_mib (lowers "
+                             "--mem-fraction-static)",
     FailureKind.BAD_ARGS: "SGLang refused its command line: check server.extra_args in the fleet description "
                           "against the installed SGLang version",
     FailureKind.PORT_IN_USE: "another process listens on this port: find it with `ss -ltnp` on the node, or change "

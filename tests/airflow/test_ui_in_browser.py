@@ -293,12 +293,11 @@ def test_a_failing_run_names_the_server_and_the_parameter_to_change(page, airflo
     shot(page, "12-failed-task-log-first-screen")
     # On the first screen of the log: what failed (SGLang's own line) and which parameter to change.
     assert on_screen(page, "failed to start (oom_kv): RuntimeError: Not enough memory")
-    assert on_screen(page, "What to change: set the DAG parameter max_running_requests lower (drives "
-                           "--max-running-requests")
+    assert on_screen(page, "set the DAG parameter max_running_requests lower (drives --max-running-requests")
     page.keyboard.press("Control+ArrowDown")
     page.get_by_text("Task failed with exception").first.scroll_into_view_if_needed()
     shot(page, "13-failed-task-log-final-error")
-    assert on_screen(page, "What to check next: set the DAG parameter max_running_requests")
+    assert on_screen(page, "set the DAG parameter max_running_requests lower (drives --max-running-requests")
     page.goto(run_url(airflow_ui, run_id, "/tasks/run_outcome"))
     page.get_by_text(f"servers.wait_ready[{label}]").first.wait_for()
     shot(page, "14-run-outcome-names-the-failed-task")

@@ -114,7 +114,7 @@ class ServerInfo:
         return {"effective_max_running_requests": self.effective_max_running_requests,
                 "max_total_num_tokens": self.max_total_num_tokens, "max_mamba_cache_size": self.max_mamba_cache_size,
                 "context_length": self.context_length, "version": self.version, "dp_ranks": len(self.ranks),
-                "simulated": self.simulated,
+                **({"simulated": True} if self.simulated else {}),  # only the simulator's servers carry it
                 "ranks": [rank.to_dict() for rank in self.ranks],
                 "top_level_total_tokens": self.top_level_total_tokens}
 
