@@ -8,8 +8,10 @@ STAMP := $(VENV)/.installed
 # SGLang 0.5.23 on CPU in its own venv: the tests check the tuner's flags against SGLang's real parser.
 SGLANG_STAMP := .sglang-venv/.built
 PYTEST_ARGS ?=
+# The browser tests drive Debian's Chromium (Playwright cannot download browser builds here).
+CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: setup demo test test-fast bench mutation ui prod-up prod-down openssh clean
+.PHONY: setup demo test test-fast bench mutation ui prod-up prod-down openssh chromium clean
 
 setup: $(STAMP)
 
@@ -35,8 +37,18 @@ openssh:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; \
 	else echo "openssh-server is not installed and we are not root: the OpenSSH end-to-end variants will be skipped"; fi
 
-test: $(STAMP) $(SGLANG_STAMP) openssh
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: $(STAMP) $(SGLANG_STAMP) openssh chromium
+	FLEETGEN_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Installed with apt when running as root; otherwise the browser tests say how to provide it and skip.
+chromium:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "note: $(CHROMIUM) not found and not root: the browser tests will be skipped (see README)"; \
+	  fi; \
+	fi
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -14,6 +14,8 @@ from airflow.timetables.trigger import CronTriggerTimetable
 
 from fleetgen.airflow import failures, server_tasks, tasks
 from fleetgen.airflow.operators import WaitReadyOperator
+from fleetgen.outputs import default_output_root
+from fleetgen.airflow.task_docs import NODE_LABEL, SERVER_LABEL, SHARD_LABEL, TASK_DOCS
 
 DOC_MD = """
 ### SGLang offline generation on a GPU fleet
@@ -36,74 +38,101 @@ DOC_MD = """
 Outputs: `{output_root}/{run_id}/` (`completions/`, `errors/`, `stats/`, `validation/`, `report/`).
 """
 
+INPUTS, TUNING, GENERATION, THRESHOLDS = "Inputs", "Tuning", "Generation", "Validation thresholds"
+
+
+def _bounded(default, *, title: str, description: str, section: str, minimum, maximum, integer: bool = True,
+             exclusive_minimum: bool = False) -> Param:
+    """A number Param whose bounds are stated in its description too (the form clamps silently)."""
+    allowed = (f"more than {minimum:,}, at most {maximum:,}" if exclusive_minimum
+               else f"{minimum:,} to {maximum:,}")
+    limits = {"exclusiveMinimum" if exclusive_minimum else "minimum": minimum, "maximum": maximum}
+    return Param(default, type="integer" if integer else "number", title=title, section=section,
+                 description=f"{description} Allowed: {allowed}.", **limits)
+
+
+# Dict order is the form's order: the sections a normal run touches come first.
 PARAMS = {
-    "fleet_file": Param("", type="string", title="Fleet file",
+    "prompts_path": Param(os.environ.get("FLEETGEN_PROMPTS_PATH", "~/fleetgen/prompts.jsonl"), type="string",
+                          minLength=1, title="Prompts JSONL", section=INPUTS,
+                          description="Path on the workers of a JSONL of {id, messages} or {id, prompt}, one per "
+                                      "line. Default: $FLEETGEN_PROMPTS_PATH of the deployment (scheduled runs "
+                                      "use it)."),
+    "output_root": Param(default_output_root(), type="string", minLength=1, title="Output root", section=INPUTS,
+                         description="Each run writes to <output_root>/<run_id>/. Default: $FLEETGEN_OUTPUT_ROOT "
+                                     "of the deployment."),
+    "dry_run": Param(False, type="boolean", title="Dry run", section=INPUTS,
+                     description="Probe and print the plan, then stop: no server is touched."),
+    "fleet_file": Param(None, type=["null", "string"], title="Fleet file", section=INPUTS,
                         description="Path (on the Airflow worker) of the fleet YAML. Empty: the Airflow Variable "
                                     "'fleetgen_fleet' holds it."),
-    "prompts_path": Param(os.environ.get("FLEETGEN_PROMPTS_PATH", "~/fleetgen/prompts.jsonl"), type="string",
-                          minLength=1, title="Prompts JSONL",
-                          description="Path on the workers of a JSONL of {id, messages} or {id, prompt}, one per "
-                                      "line. Default: $FLEETGEN_PROMPTS_PATH of the deployment."),
-    "output_root": Param("~/fleetgen-output", type="string", minLength=1, title="Output root",
-                         description="Each run writes to <output_root>/<run_id>/."),
-    "dry_run": Param(False, type="boolean", title="Dry run",
-                     description="Probe and print the plan, then stop: no server is touched."),
-    "tuning": Param("tuned", enum=["tuned", "sglang_defaults"], title="Tuning",
+    "relaunch_servers": Param(False, type="boolean", title="Relaunch every server", section=INPUTS,
+                              description="Stop and relaunch every server, even one already running tonight's "
+                                          "plan (flags, model, SGLang version) that would otherwise be kept."),
+    "keep_servers_up": Param(True, type="boolean", title="Keep servers up", section=INPUTS,
+                             description="Leave the servers running after the run (a nightly job reuses them). "
+                                         "Off: stop them at the end, whether the run succeeded or not."),
+    "tuning": Param("tuned", enum=["tuned", "sglang_defaults"], title="Tuning", section=TUNING,
                     description="'tuned': fleetgen sizes the pools; 'sglang_defaults': SGLang's automatic sizing."),
-    "max_tokens": Param(4096, type="integer", minimum=1, maximum=262144, title="Max output tokens",
-                        description="max_tokens of every request; the tuner sizes KV for prompt + this."),
-    "temperature": Param(0.6, type="number", minimum=0, maximum=2, title="Temperature",
-                         description="Sampling temperature of every request (a prompt may override it)."),
-    "top_p": Param(0.95, type="number", exclusiveMinimum=0, maximum=1, title="Top-p",
-                   description="Nucleus sampling threshold of every request (a prompt may override it)."),
-    "memory_margin_mib": Param(1024, type="integer", minimum=0, maximum=65536, title="Memory margin (MiB)",
-                               description="Kept free on each GPU beyond SGLang's own reserve."),
-    "max_running_requests": Param(0, type="integer", minimum=0, maximum=4096, title="Max running requests cap",
-                                  description="Upper bound per server; 0 = no bound (the tuner decides)."),
-    "context_length": Param(0, type="integer", minimum=0, maximum=1048576, title="Context length",
-                            description="--context-length; 0 = prompt max + max_tokens, rounded up."),
-    "bf16_ssm_state": Param(False, type="boolean", title="bfloat16 SSM state",
+    "memory_margin_mib": _bounded(1024, minimum=0, maximum=65536, title="Memory margin (MiB)", section=TUNING,
+                                  description="Kept free on each GPU beyond SGLang's own reserve; more lowers "
+                                              "--mem-fraction-static."),
+    "max_running_requests": _bounded(0, minimum=0, maximum=4096, title="Max running requests cap", section=TUNING,
+                                     description="Upper bound per server (--max-running-requests, "
+                                                 "--max-mamba-cache-size); 0 = no bound (the tuner decides)."),
+    "context_length": _bounded(0, minimum=0, maximum=1048576, title="Context length", section=TUNING,
+                               description="--context-length; 0 = prompt max + max_tokens, rounded up."),
+    "bf16_ssm_state": Param(False, type="boolean", title="bfloat16 SSM state", section=TUNING,
                             description="Halve Mamba state memory (--mamba-ssm-dtype bfloat16). Changes numerics."),
-    "no_buffer_radix": Param(False, type="boolean", title="no_buffer radix strategy",
+    "no_buffer_radix": Param(False, type="boolean", title="no_buffer radix strategy", section=TUNING,
                              description="--mamba-radix-cache-strategy no_buffer: 3 state slots per request "
                                          "instead of 5, no overlap scheduling."),
-    "pin_full_context_plan": Param(False, type="boolean", title="Pin the full-context plan",
+    "pin_full_context_plan": Param(False, type="boolean", title="Pin the full-context plan", section=TUNING,
                                    description="KV for every running request at its full context (conservative). "
                                                "Off: size for the workload, one bounded step per run from the "
                                                "previous run's lengths, peak KV and retractions."),
-    "shard_size": Param(5000, type="integer", minimum=1, maximum=10_000_000, title="Prompts per shard",
-                        description="Prompts per generate_shard task; grown automatically when the shards would "
-                                    "exceed Airflow's [core] max_map_length."),
-    "parallel_shards": Param(0, type="integer", minimum=0, maximum=16, title="Shards at once",
-                             description="0 (auto): running shards split every server's limit between them, "
-                                         "recounted every 2 s from their heartbeats. N: each shard always takes "
-                                         "1/N. How many run at once is set by the slots of the fleetgen_fleet pool."),
-    "headroom": Param(1.25, type="number", minimum=1, maximum=4, title="Queue headroom",
-                      description="In-flight per server = effective max_running_requests × this."),
+    "ready_timeout_s": _bounded(1800, minimum=10, maximum=7200, title="Readiness timeout (s)", section=TUNING,
+                                description="How long a server may take to load before its wait fails."),
+    "max_tokens": _bounded(4096, minimum=1, maximum=262144, title="Max output tokens", section=GENERATION,
+                           description="max_tokens of every request; the tuner sizes KV for prompt + this."),
+    "temperature": _bounded(0.6, minimum=0, maximum=2, integer=False, title="Temperature", section=GENERATION,
+                            description="Sampling temperature of every request (a prompt may override it)."),
+    "top_p": _bounded(0.95, minimum=0, maximum=1, integer=False, exclusive_minimum=True, title="Top-p",
+                      section=GENERATION,
+                      description="Nucleus sampling threshold of every request (a prompt may override it)."),
+    "shard_size": _bounded(5000, minimum=1, maximum=10_000_000, title="Prompts per shard", section=GENERATION,
+                           description="Prompts per generate_shard task; grown automatically when the shards would "
+                                       "exceed Airflow's [core] max_map_length."),
+    "parallel_shards": _bounded(0, minimum=0, maximum=16, title="Shards at once", section=GENERATION,
+                                description="0 (auto): running shards split every server's limit between them, "
+                                            "recounted every 2 s from their heartbeats. N: each shard always takes "
+                                            "1/N. How many run "
+                                            "at once is set by the slots of the fleetgen_fleet pool."),
+    "headroom": _bounded(1.25, minimum=1, maximum=4, integer=False, title="Queue headroom", section=GENERATION,
+                         description="In-flight per server = effective max_running_requests × this."),
     "reuse_completions": Param("scheduled", enum=["scheduled", "always", "never"], title="Reuse unchanged completions",
+                               section=GENERATION,
                                description="Copy a completion from the last successful run instead of generating it "
                                            "again when the prompt, the model (path, config and index hashes) and "
                                            "the sampling are unchanged. 'scheduled': on nightly runs, off for manual "
                                            "ones; 'always'; 'never'."),
-    "sample_interval_s": Param(5.0, type="number", minimum=0, maximum=300, title="Sampling interval (s)",
-                               description="While generating, every server's /metrics and every node's nvidia-smi "
-                                           "are sampled this often for the occupancy and GPU report; 0: off."),
-    "ready_timeout_s": Param(1800, type="integer", minimum=10, maximum=7200, title="Readiness timeout (s)",
-                             description="How long a server may take to load before its wait fails."),
-    "relaunch_servers": Param(False, type="boolean", title="Relaunch every server",
-                              description="Stop and relaunch every server, even one already running tonight's "
-                                          "plan (flags, model, SGLang version) that would otherwise be kept."),
-    "keep_servers_up": Param(True, type="boolean", title="Keep servers up",
-                             description="Leave the servers running after the run (a nightly job reuses them). "
-                                         "Off: stop them at the end, whether the run succeeded or not."),
-    "max_length_share": Param(0.2, type="number", minimum=0, maximum=1, title="Max share truncated (length)",
-                              description="Validation fails when more completions than this end by max_tokens."),
-    "min_reasoning_share": Param(0.9, type="number", minimum=0, maximum=1, title="Min share with reasoning",
-                                 description="Validation fails when fewer completions carry a reasoning trace."),
-    "max_empty_answer_share": Param(0.2, type="number", minimum=0, maximum=1, title="Max share of empty answers",
-                                    description="Validation fails when more completions have an empty answer."),
-    "max_error_share": Param(0.01, type="number", minimum=0, maximum=1, title="Max share of failed prompts",
-                             description="Validation fails when more prompts failed permanently (4xx)."),
+    "sample_interval_s": _bounded(5.0, minimum=0, maximum=300, integer=False, title="Sampling interval (s)",
+                                  section=GENERATION,
+                                  description="While generating, every server's /metrics and every node's "
+                                              "nvidia-smi are sampled this often for the occupancy and GPU report; "
+                                              "0: off."),
+    "max_length_share": _bounded(0.2, minimum=0, maximum=1, integer=False, title="Max share truncated (length)",
+                                 section=THRESHOLDS,
+                                 description="Validation fails when more completions than this end by max_tokens."),
+    "min_reasoning_share": _bounded(0.9, minimum=0, maximum=1, integer=False, title="Min share with reasoning",
+                                    section=THRESHOLDS,
+                                    description="Validation fails when fewer completions carry a reasoning trace."),
+    "max_empty_answer_share": _bounded(0.2, minimum=0, maximum=1, integer=False, title="Max share of empty answers",
+                                       section=THRESHOLDS,
+                                       description="Validation fails when more completions have an empty answer."),
+    "max_error_share": _bounded(0.01, minimum=0, maximum=1, integer=False, title="Max share of failed prompts",
+                                section=THRESHOLDS,
+                                description="Validation fails when more prompts failed permanently (4xx)."),
 }
 
 # The nightly schedule and its timezone come from the deployment's environment (Astro: .env), not a
@@ -113,6 +142,9 @@ SCHEDULE = CronTriggerTimetable(os.environ.get("FLEETGEN_SCHEDULE", "0 2 * * *")
 # Downstream training DAGs can be scheduled on this Asset; each event's extra names the run's folder.
 GENERATED_DATASET = Asset(name="sglang_generation_completions", uri="file:///fleetgen/sglang_generation/completions",
                           group="fleetgen")
+
+# The fleet description as the tasks that need it read it: load_fleet's XCom, pulled when the task renders.
+FLEET = "{{ ti.xcom_pull(task_ids='load_fleet') }}"
 
 DEFAULT_ARGS = {
     "owner": "ml-infra",
@@ -135,45 +167,60 @@ with DAG(
     tags=["sglang", "generation", "gpu"],
     render_template_as_native_obj=True,
 ) as dag:
-    fleet = task(tasks.load_fleet, task_id="load_fleet")()
-    nodes = task(tasks.node_names, task_id="node_names")(fleet)
+    # The fleet description reaches the tasks that need it through a template, not as an argument: one edge
+    # from load_fleet instead of one to nearly every task, so the graph reads like the job.
+    fleet = task(tasks.load_fleet, task_id="load_fleet", doc_md=TASK_DOCS["load_fleet"])()
+    nodes = task(tasks.node_names, task_id="node_names", doc_md=TASK_DOCS["node_names"])(fleet)
 
     with TaskGroup("tune") as tune:
-        inventories = task(tasks.probe_gpus, task_id="probe_gpus").partial(fleet=fleet).expand(
-            node=nodes)
+        inventories = task(tasks.probe_gpus, task_id="probe_gpus", map_index_template=NODE_LABEL,
+                           doc_md=TASK_DOCS["tune.probe_gpus"]).partial(fleet=FLEET).expand(node=nodes)
         # Reads the model's config.json over SSH (its context length) besides the prompts file: transient
         # errors retry, the prompts file's own problems fail at once (fail_fast).
-        prompt_scan = task(tasks.scan_prompts, task_id="scan_prompts")(fleet)
-        plans = task(tasks.derive_plan, task_id="derive_plan")(fleet, inventories, prompt_scan)
-        identity = task(tasks.model_identity, task_id="model_identity")(fleet)
-        live = task.short_circuit(tasks.go_live, task_id="go_live")()
+        prompt_scan = task(tasks.scan_prompts, task_id="scan_prompts", doc_md=TASK_DOCS["tune.scan_prompts"])(FLEET)
+        plans = task(tasks.derive_plan, task_id="derive_plan", doc_md=TASK_DOCS["tune.derive_plan"])(
+            FLEET, inventories, prompt_scan)
+        identity = task(tasks.model_identity, task_id="model_identity", doc_md=TASK_DOCS["tune.model_identity"])(
+            FLEET)
+        live = task.short_circuit(tasks.go_live, task_id="go_live", doc_md=TASK_DOCS["tune.go_live"])()
         plans >> live
+    fleet >> [prompt_scan, identity]
 
     with TaskGroup("servers") as servers:
-        stopped = task(server_tasks.stop_servers, task_id="stop_servers").partial(
-            fleet=fleet, plans=plans).expand(node=nodes)
-        launched = task(server_tasks.launch_servers, task_id="launch_servers", retries=0).partial(
-            fleet=fleet, plans=plans, stopped=stopped).expand(node=nodes)
-        to_wait = task(server_tasks.flatten, task_id="servers_to_wait")(launched)
+        stopped = task(server_tasks.stop_servers, task_id="stop_servers", map_index_template=NODE_LABEL,
+                       doc_md=TASK_DOCS["servers.stop_servers"]).partial(fleet=FLEET, plans=plans).expand(
+            node=nodes)
+        launched = task(server_tasks.launch_servers, task_id="launch_servers", retries=0,
+                        map_index_template=NODE_LABEL, doc_md=TASK_DOCS["servers.launch_servers"]).partial(
+            fleet=FLEET, plans=plans, stopped=stopped).expand(node=nodes)
+        to_wait = task(server_tasks.flatten, task_id="servers_to_wait",
+                       doc_md=TASK_DOCS["servers.servers_to_wait"])(launched)
         readiness = WaitReadyOperator.partial(
-            task_id="wait_ready", fleet=fleet, timeout_s="{{ params.ready_timeout_s }}", retries=0,
+            task_id="wait_ready", fleet=FLEET, timeout_s="{{ params.ready_timeout_s }}", retries=0,
+            map_index_template=SERVER_LABEL, doc_md=TASK_DOCS["servers.wait_ready"],
         ).expand(server=to_wait)
         live >> stopped >> launched
 
     with TaskGroup("generate") as generate:
-        shards = task(tasks.plan_shards, task_id="plan_shards")(prompt_scan)
+        shards = task(tasks.plan_shards, task_id="plan_shards", doc_md=TASK_DOCS["generate.plan_shards"])(
+            prompt_scan)
         results = task(tasks.generate_shard, task_id="generate_shard", retries=3, pool="fleetgen_fleet",
-                       max_active_tis_per_dagrun=16).partial(
-            readiness=readiness.output, fleet=fleet, model_identity=identity).expand(shard=shards)
+                       max_active_tis_per_dagrun=16, map_index_template=SHARD_LABEL,
+                       doc_md=TASK_DOCS["generate.generate_shard"]).partial(
+            readiness=readiness.output, fleet=FLEET, model_identity=identity).expand(shard=shards)
         readiness >> shards
 
     with TaskGroup("validate") as validate_group:
-        validation = task(tasks.validate, task_id="validate", retries=0)(prompt_scan, results)
-        run_report = task(tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET])(
-            plans, readiness.output, results, validation, identity, fleet)
+        validation = task(tasks.validate, task_id="validate", retries=0, doc_md=TASK_DOCS["validate.validate"])(
+            prompt_scan, results)
+        run_report = task(tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET],
+                          doc_md=TASK_DOCS["validate.report"])(
+            plans, readiness.output, results, validation, identity, FLEET)
 
-    released = task(server_tasks.release_servers, task_id="release_servers", trigger_rule="all_done").partial(
-        fleet=fleet).expand(node=nodes)
+    released = task(server_tasks.release_servers, task_id="release_servers", trigger_rule="all_done",
+                    map_index_template=NODE_LABEL, doc_md=TASK_DOCS["release_servers"]).partial(
+        fleet=FLEET).expand(node=nodes)
     [run_report, readiness] >> released
-    outcome = task(failures.run_outcome, task_id="run_outcome", trigger_rule="one_failed", retries=0)()
+    outcome = task(failures.run_outcome, task_id="run_outcome", trigger_rule="one_failed", retries=0,
+                   doc_md=TASK_DOCS["run_outcome"])()
     [run_report, released] >> outcome

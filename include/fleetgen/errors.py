@@ -47,8 +47,8 @@ _BACKOFF_STEPS = {
 
 _FAILURE_HINTS = {
     FailureKind.OOM_WEIGHTS: "the weights leave no room for the KV and state pools on this GPU: check for foreign "
-                             "processes in the probe's inventory; raise the DAG parameter memory_margin_mib only if "
-                             "something else takes memory after the probe",
+                             "processes in the probe's inventory; raise the DAG parameter memory_margin_mib (lowers "
+                             "--mem-fraction-static) only if something else takes memory after the probe",
     FailureKind.OOM_KV: "the KV pool did not fit: fleetgen re-plans smaller by itself; if it still fails, set the DAG "
                         "parameter max_running_requests lower (drives --max-running-requests and "
                         "--max-mamba-cache-size) or raise memory_margin_mib",
@@ -117,6 +117,10 @@ class ConfigError(FleetgenError):
     """Invalid user input: fleet file, settings file, DAG params."""
 
 
+class PathOutsideRun(ConfigError):
+    """A results view asked for a file outside the run's folder (or one that is not there)."""
+
+
 class ProbeError(FleetgenError):
     """nvidia-smi output that cannot be parsed, or a GPU that is not there."""
 
@@ -160,6 +164,16 @@ class ServerStartupError(ServerError):
         self.kind = kind  # a FailureKind value
         self.log_tail = list(log_tail or [])
         super().__init__(message, **context)
+
+    def _render(self) -> str:
+        # What to check next right under the headline, before the log tail: the first screen of a task log
+        # then says what failed and what to change.
+        where = self.context()
+        headline, _, rest = self.message.partition("\n")
+        lines = [f"[{where}] {headline}" if where else headline]
+        if self.hint:
+            lines.append(f"What to check next: {self.hint}")
+        return "\n".join(lines + ([rest] if rest else []))
 
 
 class ServerNotReady(ServerError):

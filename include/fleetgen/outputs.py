@@ -30,6 +30,8 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,12 @@ OPTIONAL_STATS_COLUMNS = ("reused_from",)
 ERROR_COLUMNS = ("id", "code", "message", "server", "at")
 
 SHARD_KINDS = ("completions", "stats", "errors", "shards", "metrics", "events", "gpu", "reuse")
+
+
+def default_output_root() -> str:
+    """Where runs write unless their conf says otherwise: ``$FLEETGEN_OUTPUT_ROOT`` of the deployment (the
+    DAG's default and the results view's fallback read it here)."""
+    return os.environ.get("FLEETGEN_OUTPUT_ROOT", "~/fleetgen-output")
 
 
 def run_folder_name(run_id: str) -> str:
@@ -138,3 +146,15 @@ def calibration_file(output_root: str | Path) -> Path:
 def run_root_of_report(report_json: str | Path) -> Path:
     """The run folder holding a ``report/report.json``."""
     return Path(report_json).parent.parent
+
+
+def read_failures(path: Path) -> list[dict]:
+    """The records of a run's ``failures.jsonl`` (a torn last line is skipped)."""
+    records = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records

@@ -228,6 +228,7 @@ def airflow_env(airflow_home: Path, settings_env: dict[str, str]) -> dict[str, s
     env.update({
         "AIRFLOW_HOME": str(airflow_home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__CORE__DAG_RUN_CONF_OVERRIDES_PARAMS": "True",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sglang_sim.demo import PROJECT_ROOT, SimEnvironment, airflow_cli, free_port_block
+from sglang_sim.demo import PROJECT_ROOT, SimEnvironment, airflow_cli
 
 DAG_ID = "sglang_generation"
 PG_ADMIN_URL = os.environ.get("FLEETGEN_PG_ADMIN_URL", "postgresql://root@127.0.0.1:5432/postgres")

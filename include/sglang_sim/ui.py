@@ -1,7 +1,10 @@
 """``make ui``: Airflow standalone (UI, scheduler, triggerer) against the demo's simulated fleet.
 
 Same setup as ``make demo`` (same folder, same airflow_settings.yaml), but instead of one
-``dags test`` it starts the whole of Airflow so the DAG can be triggered from its form.
+``dags test`` it starts the whole of Airflow so the DAG can be triggered from its form. The deployment's
+defaults point at the simulated fleet's prompts and output folder, so the form's defaults are a valid run
+and a scheduled run started by "unpause on trigger" finds its prompts. The browser tests start it the same
+way (``AirflowUI``).
 """
 
 from __future__ import annotations
@@ -12,9 +15,87 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from sglang_sim.demo import PROJECT_ROOT, SimEnvironment, airflow_cli, airflow_env, prepare_airflow
+
+
+@dataclass
+class AirflowUI:
+    """A simulated fleet and an ``airflow standalone`` serving the UI on ``port``; ``start``/``stop``."""
+
+    root: Path
+    port: int = 8080
+    password: str = "admin"
+    sim: dict = field(default_factory=lambda: {"time_scale": 100.0, "load_seconds": 20.0})
+    prompts: int = 3000
+    gpus_per_node: int = 7  # the committed fleet (airflow_settings.yaml) names 7 GPUs; fewer narrows it
+    extra_env: dict = field(default_factory=dict)
+    environment: SimEnvironment | None = None
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://localhost:{self.port}"
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.root / "airflow"
+
+    def start(self, log_path: Path | None = None) -> AirflowUI:
+        self.environment = SimEnvironment(root=self.root, sim=self.sim, prompts=self.prompts,
+                                          gpus_per_node=self.gpus_per_node).prepare().start()
+        env = airflow_env(self.airflow_home, self.environment.settings_env())
+        # An AIRFLOW_VAR_ variable wins over the metadata DB's: the fleet narrowed to this node's GPUs.
+        fleet = yaml.safe_load(env["AIRFLOW_VAR_FLEETGEN_FLEET"])
+        fleet["nodes"][0]["gpus"] = list(range(self.gpus_per_node))
+        env["AIRFLOW_VAR_FLEETGEN_FLEET"] = json.dumps(fleet)
+        env.update({"AIRFLOW__API__PORT": str(self.port), "AIRFLOW__API__BASE_URL": self.url,
+                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+                    # The deployment's defaults (the DAG's params read them): the form's defaults are a valid
+                    # run, and a scheduled run finds its prompts.
+                    "FLEETGEN_PROMPTS_PATH": str(self.environment.prompts_path),
+                    "FLEETGEN_OUTPUT_ROOT": str(self.environment.output_root), **self.extra_env})
+        prepare_airflow(self.airflow_home, env)
+        (self.airflow_home / "simple_auth_manager_passwords.json.generated").write_text(
+            json.dumps({"admin": self.password}))
+        output = log_path.open("wb") if log_path else None
+        self.process = subprocess.Popen(airflow_cli() + ["standalone"], env=env, start_new_session=True,
+                                        stdout=output, stderr=subprocess.STDOUT if output else None)
+        return self
+
+    def wait_until_up(self, timeout_s: float = 180) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"airflow standalone exited with {self.process.returncode}")
+            try:
+                if httpx.get(f"{self.url}/api/v2/monitor/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        raise TimeoutError(f"the Airflow UI did not answer on {self.url} within {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        # standalone ignores SIGINT when backgrounded: TERM its whole process group.
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=30)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        if self.environment is not None:
+            self.environment.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,32 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--password", default="admin", help="password of the 'admin' user")
     args = parser.parse_args(argv)
 
-    root = Path(args.dir).resolve()
-    environment = SimEnvironment(root=root, sim={"time_scale": 100.0, "load_seconds": 20.0}).prepare().start()
-    airflow_home = root / "airflow"
-    env = airflow_env(airflow_home, environment.settings_env())
-    env.update({"AIRFLOW__API__PORT": str(args.port), "AIRFLOW__API__BASE_URL": f"http://localhost:{args.port}",
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin"})
-    prepare_airflow(airflow_home, env)
-    (airflow_home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": args.password}))
-    conf = {"prompts_path": str(environment.prompts_path), "output_root": str(environment.output_root)}
-    print(f"Airflow UI: http://localhost:{args.port}  (user admin, password {args.password})\n"
-          f"Trigger 'sglang_generation' with this configuration (or fill the form):\n  {json.dumps(conf)}\n"
-          f"Stop with Ctrl-C.", flush=True)
-    standalone = subprocess.Popen(airflow_cli() + ["standalone"], env=env, start_new_session=True)
+    ui = AirflowUI(root=Path(args.dir).resolve(), port=args.port, password=args.password).start()
+    print(f"Airflow UI: {ui.url}  (user admin, password {args.password})\n"
+          f"The trigger form's defaults run on the simulated fleet: prompts {ui.environment.prompts_path}, "
+          f"outputs under {ui.environment.output_root}.\nStop with Ctrl-C.", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a TERM to us also stops Airflow and the fleet
     try:
-        return standalone.wait()
+        return ui.process.wait()
     except KeyboardInterrupt:
         return 0
     finally:
-        # standalone ignores SIGINT when backgrounded: TERM its whole process group.
-        try:
-            os.killpg(standalone.pid, signal.SIGTERM)
-            standalone.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        environment.stop()
+        ui.stop()
 
 
 if __name__ == "__main__":

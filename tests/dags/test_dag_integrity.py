@@ -73,3 +73,64 @@ def test_the_dag_declares_exactly_the_run_configuration(dagbag):
     dag = dagbag.dags["sglang_generation"]
     assert set(dag.params) == RunConfig.param_names()
     RunConfig.from_params({name: dag.params[name] for name in dag.params})  # every default is valid
+
+
+def test_every_default_is_valid_in_the_form_and_params_come_in_sections(dagbag):
+    dag = dagbag.dags["sglang_generation"]
+    sections = [dag.params.get_param(name).schema.get("section") for name in dag.params]
+    assert all(sections), "every param belongs to a section"
+    # The form groups params by section in the order they first appear: the everyday ones first.
+    assert list(dict.fromkeys(sections)) == ["Inputs", "Tuning", "Generation", "Validation thresholds"]
+    for name in dag.params:
+        param = dag.params.get_param(name)
+        schema_type = param.schema.get("type")
+        # The form calls a field required when its type does not allow null, and refuses an empty value.
+        if param.value in (None, ""):
+            assert isinstance(schema_type, list) and "null" in schema_type, name
+        param.resolve()  # the default passes its own schema
+
+
+def test_numeric_bounds_are_stated_and_agree_with_the_run_configuration(dagbag):
+    from fleetgen.airflow.run_config import RunConfig
+    from fleetgen.errors import ConfigError
+
+    dag = dagbag.dags["sglang_generation"]
+    defaults = {name: dag.params[name] for name in dag.params}
+    checked = 0
+    for name in dag.params:
+        schema = dag.params.get_param(name).schema
+        if schema.get("type") not in ("integer", "number"):
+            continue
+        high = schema["maximum"]
+        low = schema.get("minimum", schema.get("exclusiveMinimum"))
+        assert f"{high:,}" in dag.params.get_param(name).description, name
+        RunConfig.from_params({**defaults, name: high})
+        with pytest.raises(ConfigError, match=name):
+            RunConfig.from_params({**defaults, name: high + 1})
+        if "exclusiveMinimum" in schema:
+            with pytest.raises(ConfigError, match=name):
+                RunConfig.from_params({**defaults, name: low})
+        else:
+            RunConfig.from_params({**defaults, name: low})
+            with pytest.raises(ConfigError, match=name):
+                RunConfig.from_params({**defaults, name: low - 1})
+        checked += 1
+    assert checked == 14
+
+
+def test_every_task_has_docs_and_every_mapped_task_a_label(dagbag):
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    dag = dagbag.dags["sglang_generation"]
+    mapped = [t for t in dag.tasks if isinstance(t, MappedOperator)]
+    assert {t.task_id for t in mapped} >= {"tune.probe_gpus", "servers.wait_ready", "generate.generate_shard"}
+    for t in dag.tasks:
+        assert t.doc_md and len(t.doc_md.strip()) > 30, t.task_id
+    for t in mapped:
+        assert t.map_index_template, t.task_id
+
+
+def test_the_fleet_reaches_tasks_through_one_edge(dagbag):
+    """load_fleet is upstream of node_names and scan_prompts only: the other tasks pull it when they render."""
+    dag = dagbag.dags["sglang_generation"]
+    assert dag.get_task("load_fleet").downstream_task_ids == {"node_names", "tune.scan_prompts"}

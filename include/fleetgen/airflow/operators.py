@@ -83,11 +83,17 @@ class WaitReadyOperator(BaseOperator):
             raise ServerNotReady(
                 f"{where} not ready after {event['waited_s']:.0f} s; the log last said:\n"
                 f"{readiness.format_log_excerpt(tail)}", host=node, server=name,
-                hint=f"read {launched['log_path']} on {node}; raise the wait timeout if the model loads slowly")
+                hint=f"read {launched['log_path']} on {node}; raise the DAG parameter ready_timeout_s if the model "
+                     f"loads slowly")
         kind, fatal_line = FailureKind(event["kind"]), event["fatal_line"]
-        log.error("%s failed to start (%s): %s", where, kind.value, fatal_line)
+        log.error("%s failed to start (%s): %s\nWhat to change: %s", where, kind.value, fatal_line, kind.hint)
         if kind.can_back_off() and attempt < int(self.max_relaunches):
             return self._relaunch_smaller(context, launched, attempt, kind, fatal_line)
+        from fleetgen.tuning import ServerPlan, render_budget_table
+
+        if kind.can_back_off():  # a memory failure: the budget it was launched with tells what to shrink
+            log.error("The plan %s was last launched with:\n%s", name,
+                      render_budget_table(ServerPlan.from_dict(launched["plan"])))
         raise ServerStartupError(
             f"{where} died while starting: {fatal_line}\n(log {launched['log_path']}, after {attempt} relaunch(es); "
             f"last {len(tail)} lines:)\n{readiness.format_log_excerpt(tail)}",
@@ -102,10 +108,12 @@ class WaitReadyOperator(BaseOperator):
         mismatches = compare_expected(plan, limits)
         for line in mismatches:
             log.warning("expected vs effective on %s: %s", launched["name"], line)
+        expected = plan.expected
         log.info("%s ready after %.0f s: effective max_running_requests=%d, max_total_num_tokens=%d, "
-                 "max_mamba_cache_size=%s (expected %s)", launched["name"], event["waited_s"],
+                 "max_mamba_cache_size=%s (expected %s, %s, %s)", launched["name"], event["waited_s"],
                  limits.effective_max_running_requests, limits.max_total_num_tokens, limits.max_mamba_cache_size,
-                 plan.expected)
+                 expected.get("max_running_requests"), expected.get("max_total_num_tokens"),
+                 expected.get("max_mamba_cache_size"))
         return {"server": launched["name"], "host": launched["node"], "port": launched["port"],
                 "url": launched["url"], "gpu_ids": launched["gpu_ids"], "pid": launched["pid"],
                 **limits.to_dict(), "expected": plan.expected, "mismatches": mismatches, "relaunches": attempt,

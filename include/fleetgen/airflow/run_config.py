@@ -61,6 +61,8 @@ def _choice(params: Mapping[str, Any], name: str, choices: tuple[str, ...]) -> s
 
 def _text(params: Mapping[str, Any], name: str, *, required: bool) -> str:
     value = params[name]
+    if value is None and not required:  # the form sends null for an optional field left empty
+        return ""
     if not isinstance(value, str) or (required and not value.strip()):
         raise ConfigError(f"DAG parameter {name} must be {'a non-empty' if required else 'a'} string, got {value!r}",
                           hint=f"set {name} in the trigger form or the run's conf")
@@ -83,6 +85,14 @@ class Inputs:
                    output_root=Path(_text(params, "output_root", required=True)).expanduser(),
                    dry_run=_flag(params, "dry_run"), keep_servers_up=_flag(params, "keep_servers_up"),
                    relaunch_servers=_flag(params, "relaunch_servers"))
+
+    def require_prompts_file(self) -> None:
+        """A run (a scheduled one above all) whose prompts file is missing stops in its first task, with
+        one line naming the setting, instead of failing later in scan_prompts."""
+        if not self.prompts_path.is_file():
+            raise ConfigError(f"prompts file {self.prompts_path} not found on this worker: set the DAG parameter "
+                              f"prompts_path in the trigger form, or FLEETGEN_PROMPTS_PATH of the deployment "
+                              f"for scheduled runs")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ def _read_fleet(config: RunConfig) -> FleetSpec:
 
 @fail_fast
 def load_fleet() -> dict:
-    _, config, _ = run_context()
+    _, config, _ = run_context()  # the whole run configuration, checked once: unknown conf keys stop here
+    config.inputs.require_prompts_file()
     log.info("Reading the fleet description (%s)", config.inputs.fleet_file or f"Variable {FLEET_VARIABLE}")
     fleet = _read_fleet(config)
     servers = fleet.servers()
@@ -184,7 +185,6 @@ def _workload_plans(config: RunConfig, layout, spec: FleetSpec, plan_for: dict, 
 
 @fail_fast
 def model_identity(fleet: dict) -> dict:
-    from fleetgen.nodes import remote
     from fleetgen.tuning.model_files import model_identity as read_identity
 
     spec = fleet_from_json(fleet)
@@ -292,7 +292,8 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
     log.info("Validating %d expected completions in %s with Great Expectations", prompt_scan["count"], layout.root)
     try:
         expected = iter_prompt_ids(config.inputs.prompts_path, length_limit=prompt_scan.get("length_limit"))
-        summary = validate_run(layout.root, expected, config.validation)
+        summary = validate_run(layout.root, expected, config.validation,
+                               run_name=context["run_id"])  # the Data Docs name the Airflow run
     except ValidationFailed as failure:
         # The small JSON summary goes to XCom first, so the report and on-call can read it; then fail.
         context["ti"].xcom_push(key="validation_summary", value=failure.summary)

@@ -29,7 +29,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from fleetgen.generate import jsonio
 from fleetgen.outputs import RunLayout

@@ -90,6 +90,9 @@ class ServerInfo:
     top_level_total_tokens: int | None
     context_length: int | None
     version: str | None
+    # The simulated node (include/sglang_sim) adds internal_states[i]["sim"], its capacity model; SGLang
+    # has no such key. A report built on such servers says its figures are simulated.
+    simulated: bool = False
 
     @property
     def effective_max_running_requests(self) -> int:
@@ -112,6 +115,7 @@ class ServerInfo:
         return {"effective_max_running_requests": self.effective_max_running_requests,
                 "max_total_num_tokens": self.max_total_num_tokens, "max_mamba_cache_size": self.max_mamba_cache_size,
                 "context_length": self.context_length, "version": self.version, "dp_ranks": len(self.ranks),
+                **({"simulated": True} if self.simulated else {}),  # only the simulator's servers carry it
                 "ranks": [rank.to_dict() for rank in self.ranks],
                 "top_level_total_tokens": self.top_level_total_tokens}
 
@@ -119,7 +123,8 @@ class ServerInfo:
     def from_dict(cls, data: dict, *, server: str) -> ServerInfo:
         ranks = tuple(RankLimits(**rank) for rank in data.get("ranks") or ())
         return cls(server=server, ranks=ranks, top_level_total_tokens=data.get("top_level_total_tokens"),
-                   context_length=data.get("context_length"), version=data.get("version"))
+                   context_length=data.get("context_length"), version=data.get("version"),
+                   simulated=bool(data.get("simulated")))
 
 
 def _int_or_none(value, *, server: str, field: str) -> int | None:
@@ -157,15 +162,19 @@ def parse_server_info(info: dict, *, server: str) -> ServerInfo:
                                             field="max_total_num_tokens"),
         context_length=_int_or_none(info.get("context_length") or states[0].get("context_length"), server=server,
                                     field="context_length"),
-        version=info.get("version"))
+        version=info.get("version"),
+        simulated=any(isinstance(state, dict) and "sim" in state for state in states))
     if parsed.max_total_num_tokens is None:
         raise ServerError("/server_info has no max_total_num_tokens", server=server)
     return parsed
 
 
+LOG_LINE_CHARS = 400  # SGLang's server_args line alone runs to thousands of characters
+
+
 def format_log_excerpt(lines: list[str], limit: int = 50) -> str:
     tail = lines[-limit:]
-    return "\n".join(f"    | {line}" for line in tail)
+    return "\n".join(f"    | {line[:LOG_LINE_CHARS]}{' …' if len(line) > LOG_LINE_CHARS else ''}" for line in tail)
 
 
 # Values SGLang rewrites while resolving its arguments: (server_args field, value given) -> value reported.

@@ -194,11 +194,12 @@ def shard_size_within(count: int, shard_size: int, max_shards: int) -> int:
 
 
 def plan_shards(path: str | os.PathLike, *, shard_size: int, scan: PromptScan | None = None) -> list[dict]:
-    """Cut the valid prompts into shards of ``shard_size``: ``[{shard_id, input_path, start, count}]``.
+    """Cut the valid prompts into shards of ``shard_size``: ``[{shard_id, input_path, start, first, count}]``.
 
-    ``start`` is the byte offset of the shard's first valid prompt. Uses the scan's sparse index,
-    so each boundary costs at most INDEX_STRIDE lines of reading. When the scan applied a length
-    limit, each shard also carries it as ``length_limit`` so that it skips the same prompts.
+    ``start`` is the byte offset of the shard's first valid prompt, ``first`` its index among the valid
+    prompts (the shard's label in the Airflow UI). Uses the scan's sparse index, so each boundary costs at
+    most INDEX_STRIDE lines of reading. When the scan applied a length limit, each shard also carries it as
+    ``length_limit`` so that it skips the same prompts.
     """
     if not isinstance(shard_size, int) or shard_size < 1:
         raise PromptsError(f"shard_size must be a positive integer, got {shard_size!r}", path=str(path),
@@ -214,7 +215,7 @@ def plan_shards(path: str | os.PathLike, *, shard_size: int, scan: PromptScan | 
         for shard_id, first in enumerate(range(0, scan.count, shard_size)):
             cursor = _find_valid(handle, scan, first, cursor)
             shards.append({"shard_id": shard_id, "input_path": str(path), "start": cursor[1],
-                           "count": min(shard_size, scan.count - first)})
+                           "first": first, "count": min(shard_size, scan.count - first)})
             if scan.length_limit is not None:
                 shards[-1]["length_limit"] = dict(scan.length_limit)
     return shards

@@ -306,6 +306,8 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
     report["occupancy"] = occupancy(RunLayout(out), span=span, down_seconds={
         server: row["down_seconds"] for server, row in report["failures"]["per_server"].items()})
     report["gpus"] = gpu_usage(RunLayout(out), span=span, completion_tokens=report["totals"]["completion_tokens"])
+    # From what the servers said at readiness (/server_info), not from how the run was configured.
+    report["simulated"] = any(bool(item.get("simulated")) for item in readiness or [])
     report["shards"] = _shards(shard_results)
     report["validation"] = validation
     previous, unusable = _load_previous(previous_report)

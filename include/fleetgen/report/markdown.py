@@ -90,6 +90,9 @@ def _headline(report: dict) -> list[str]:
     reuse, servers = report["reuse"], report["servers"]
     return [f"# Generation run {report['run_id']}", "",
             f"Generated {report['generated_at']}. Validation: **{verdict}**.", "",
+            *(["> **Simulated fleet**: the servers reported the simulator's capacity model in /server_info; "
+               "every figure below comes from simulated GPUs, not measured ones.", ""]
+              if report.get("simulated") else []),
             f"- Throughput: **{_number(throughput['tokens_per_s'])} completion tokens/s** "
             f"(basis: {timing['basis']}; over the generation span "
             f"{_number(throughput['tokens_per_s_generation'])} tokens/s)",

@@ -20,13 +20,19 @@ _SIZE = (9, 4.5)
 _DPI = 100
 
 
-def _save(figure: Figure, path: Path) -> str:
+SIMULATED_MARK = "SIMULATED servers: not GPU measurements"
+
+
+def _save(figure: Figure, path: Path, simulated: bool = False) -> str:
     figure.tight_layout()
+    if simulated:  # a figure copied out of the report keeps saying where its numbers came from
+        figure.text(0.995, 0.005, SIMULATED_MARK, ha="right", va="bottom", fontsize=9, color="#b00020",
+                    fontweight="bold")
     figure.savefig(path, format="png", dpi=_DPI)
     return path.name
 
 
-def plot_throughput_over_time(timeline: dict, path: Path) -> str:
+def plot_throughput_over_time(timeline: dict, path: Path, *, simulated: bool = False) -> str:
     """Completion tokens/s per time bucket, overall and per server (tokens counted at finish time)."""
     figure = Figure(figsize=_SIZE)
     axes = figure.add_subplot()
@@ -40,10 +46,10 @@ def plot_throughput_over_time(timeline: dict, path: Path) -> str:
     axes.set_title("Throughput over time")
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small", ncol=2)
-    return _save(figure, path)
+    return _save(figure, path, simulated)
 
 
-def plot_output_tokens(histogram: dict, path: Path) -> str:
+def plot_output_tokens(histogram: dict, path: Path, *, simulated: bool = False) -> str:
     """Histogram of completion tokens per completion."""
     figure = Figure(figsize=_SIZE)
     axes = figure.add_subplot()
@@ -58,10 +64,10 @@ def plot_output_tokens(histogram: dict, path: Path) -> str:
     axes.set_ylabel("completions")
     axes.set_title("Output tokens per completion")
     axes.grid(alpha=0.3, axis="y")
-    return _save(figure, path)
+    return _save(figure, path, simulated)
 
 
-def plot_finish_reasons(counts: dict[str, int], path: Path) -> str:
+def plot_finish_reasons(counts: dict[str, int], path: Path, *, simulated: bool = False) -> str:
     figure = Figure(figsize=(6, 4))
     axes = figure.add_subplot()
     names = sorted(counts, key=counts.get, reverse=True)
@@ -69,10 +75,10 @@ def plot_finish_reasons(counts: dict[str, int], path: Path) -> str:
     axes.bar_label(bars, fmt="%d", fontsize="small")
     axes.set_ylabel("completions")
     axes.set_title("Finish reasons")
-    return _save(figure, path)
+    return _save(figure, path, simulated)
 
 
-def plot_per_server(per_server: dict[str, dict], path: Path) -> str:
+def plot_per_server(per_server: dict[str, dict], path: Path, *, simulated: bool = False) -> str:
     """Completion tokens/s of each server over the run's generation span (they add up to the total)."""
     figure = Figure(figsize=_SIZE)
     axes = figure.add_subplot()
@@ -83,10 +89,10 @@ def plot_per_server(per_server: dict[str, dict], path: Path) -> str:
     axes.set_xlabel("completion tokens / s")
     axes.set_title("Throughput per server")
     axes.grid(alpha=0.3, axis="x")
-    return _save(figure, path)
+    return _save(figure, path, simulated)
 
 
-def plot_occupancy(occupancy: dict, path: Path) -> str:
+def plot_occupancy(occupancy: dict, path: Path, simulated: bool = False) -> str:
     """Per server over time: running requests / effective cap (top), KV pool use (bottom)."""
     figure = Figure(figsize=(9, 7))
     top, bottom = figure.subplots(2, 1, sharex=True)
@@ -110,10 +116,10 @@ def plot_occupancy(occupancy: dict, path: Path) -> str:
     bottom.set_ylim(0, 1.05)
     bottom.set_xlabel(f"minutes since the first sample ({width:g} s buckets)")
     bottom.grid(alpha=0.3)
-    return _save(figure, path)
+    return _save(figure, path, simulated)
 
 
-def plot_gpus(gpus: dict, path: Path) -> str:
+def plot_gpus(gpus: dict, path: Path, simulated: bool = False) -> str:
     """Per GPU over time: nvidia-smi utilisation (top) and power draw (bottom)."""
     figure = Figure(figsize=(9, 7))
     top, bottom = figure.subplots(2, 1, sharex=True)
@@ -130,24 +136,26 @@ def plot_gpus(gpus: dict, path: Path) -> str:
     bottom.set_ylabel("power.draw W")
     bottom.set_xlabel(f"minutes since the first sample ({width:g} s buckets)")
     bottom.grid(alpha=0.3)
-    return _save(figure, path)
+    return _save(figure, path, simulated)
 
 
 def write_plots(report: dict, folder: Path) -> dict[str, str]:
     """Draw every plot the report has data for; return {plot name: file name in ``folder``}."""
     written: dict[str, str] = {}
+    simulated = bool(report.get("simulated"))
     if report["timeline"]["overall"]:
         written["throughput_over_time"] = plot_throughput_over_time(
-            report["timeline"], folder / "throughput_over_time.png")
+            report["timeline"], folder / "throughput_over_time.png", simulated=simulated)
     if report["completion_tokens"]["histogram"]["counts"]:
         written["output_tokens"] = plot_output_tokens(
-            report["completion_tokens"]["histogram"], folder / "output_tokens.png")
+            report["completion_tokens"]["histogram"], folder / "output_tokens.png", simulated=simulated)
     if report["finish_reasons"]:
-        written["finish_reasons"] = plot_finish_reasons(report["finish_reasons"], folder / "finish_reasons.png")
+        written["finish_reasons"] = plot_finish_reasons(report["finish_reasons"], folder / "finish_reasons.png",
+                                                       simulated=simulated)
     if report.get("occupancy"):
-        written["occupancy"] = plot_occupancy(report["occupancy"], folder / "occupancy.png")
+        written["occupancy"] = plot_occupancy(report["occupancy"], folder / "occupancy.png", simulated=simulated)
     if report.get("gpus"):
-        written["gpus"] = plot_gpus(report["gpus"], folder / "gpus.png")
+        written["gpus"] = plot_gpus(report["gpus"], folder / "gpus.png", simulated=simulated)
     if report["per_server"]:
-        written["per_server"] = plot_per_server(report["per_server"], folder / "per_server.png")
+        written["per_server"] = plot_per_server(report["per_server"], folder / "per_server.png", simulated=simulated)
     return written

@@ -32,6 +32,7 @@ import pandas as pd
 from fleetgen.errors import ValidationFailed
 # The table readers moved to their own module; re-exported so existing imports keep working.
 from fleetgen.outputs import RunLayout
+from fleetgen.validation.offline_docs import make_offline
 from fleetgen.validation.thresholds import ValidationThresholds
 from fleetgen.outputs import OPTIONAL_STATS_COLUMNS
 from fleetgen.validation.stats_table import ERROR_COLUMNS, STATS_COLUMNS, load_errors, load_stats  # noqa: F401
@@ -182,9 +183,10 @@ def _read_result(check: _Check, result: Any) -> dict:
 
 
 def _run_gx(tables: dict[str, pd.DataFrame], checks: list[_Check],
-            docs_dir: Path | None) -> tuple[list[dict], str | None]:
+            docs_dir: Path | None, run_name: str | None = None) -> tuple[list[dict], str | None]:
     _quiet_gx_import()
     import great_expectations as gx
+    from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.data_context.types.base import (
         DataContextConfig, InMemoryStoreBackendDefaults, ProgressBarsConfig)
 
@@ -211,7 +213,8 @@ def _run_gx(tables: dict[str, pd.DataFrame], checks: list[_Check],
             expectations=[check.expectation for check in checks if check.table == table_name]))
         definition = context.validation_definitions.add(
             gx.ValidationDefinition(name=f"fleetgen_{table_name}", data=batch, suite=suite))
-        outcome = definition.run(batch_parameters={"dataframe": frame}, result_format=result_format)
+        outcome = definition.run(batch_parameters={"dataframe": frame}, result_format=result_format,
+                                 run_id=RunIdentifier(run_name=run_name) if run_name else None)
         for result in outcome.results:
             name = (result.expectation_config.meta or {}).get("fleetgen_check")
             entries[name] = _read_result(by_name[name], result)
@@ -219,6 +222,7 @@ def _run_gx(tables: dict[str, pd.DataFrame], checks: list[_Check],
     if docs_dir:
         shutil.rmtree(docs_dir, ignore_errors=True)  # a retried task must not list an earlier attempt's pages
         context.build_data_docs(site_names=["fleetgen"])
+        make_offline(docs_dir)
         index = str(docs_dir / "index.html")
     return [entries[check.name] for check in checks], index
 
@@ -236,7 +240,7 @@ def _describe(entry: dict) -> str:
 
 
 def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: ValidationThresholds, *,
-                 build_docs: bool = True, raise_on_failure: bool = True) -> dict:
+                 build_docs: bool = True, raise_on_failure: bool = True, run_name: str | None = None) -> dict:
     """Validate a run's stats against ``thresholds``; return a small JSON-safe summary.
 
     The summary is also written to ``<out>/validation/summary.json``. On failure (and
@@ -250,7 +254,7 @@ def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: V
     coverage, expected_duplicates = _coverage(stats["id"], errors["id"], expected_ids)
     checks = _checks(thresholds, stats.columns)
     docs_dir = RunLayout(out).data_docs_dir if build_docs else None
-    entries, docs_index = _run_gx({"completions": stats, "coverage": coverage}, checks, docs_dir)
+    entries, docs_index = _run_gx({"completions": stats, "coverage": coverage}, checks, docs_dir, run_name)
 
     missing_ids = coverage.loc[coverage["outcome"] == "missing", "id"]
     duplicate_counts = coverage.loc[coverage["completions"] > 1, "completions"]

@@ -50,3 +50,13 @@ def test_server_info_survives_the_xcom_round_trip():
 def test_parse_server_info_errors_name_the_server():
     with pytest.raises(ServerError, match=r"\[server n:1\] /server_info has no internal_states"):
         readiness.parse_server_info({"max_total_num_tokens": 1}, server="n:1")
+
+
+def test_a_simulated_server_is_told_apart_by_the_sim_state_it_reports():
+    state = {"effective_max_running_requests_per_dp": 40, "max_mamba_cache_size": 200}
+    real = readiness.parse_server_info({"max_total_num_tokens": 1000, "internal_states": [state]}, server="n:1")
+    simulated = readiness.parse_server_info(
+        {"max_total_num_tokens": 1000, "internal_states": [{**state, "sim": {"decode_tokens_per_s": 1.0}}]},
+        server="n:1")
+    assert (real.simulated, simulated.simulated) == (False, True)
+    assert readiness.ServerInfo.from_dict(simulated.to_dict(), server="n:1").simulated

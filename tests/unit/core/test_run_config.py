@@ -52,3 +52,17 @@ def test_each_bad_value_is_named(name, value, message):
 
 def test_the_dag_declares_exactly_the_params_a_run_reads():
     assert RunConfig.param_names() == frozenset(PARAMS)
+
+
+def test_an_empty_fleet_file_from_the_form_means_the_variable():
+    assert RunConfig.from_params({**PARAMS, "fleet_file": None}).inputs.fleet_file == ""
+
+
+def test_a_missing_prompts_file_fails_in_one_line_naming_the_setting(tmp_path):
+    config = RunConfig.from_params({**PARAMS, "prompts_path": str(tmp_path / "absent.jsonl")})
+    with pytest.raises(ConfigError) as caught:
+        config.inputs.require_prompts_file()
+    assert "\n" not in str(caught.value)
+    assert "prompts_path" in str(caught.value) and "FLEETGEN_PROMPTS_PATH" in str(caught.value)
+    (tmp_path / "absent.jsonl").write_text("")
+    config.inputs.require_prompts_file()

@@ -203,3 +203,18 @@ def test_the_report_shows_where_the_workload_plan_is_on_its_path(tmp_path):
     report = json.loads(Path(brief["report_json"]).read_text())
     assert report["tuning"][0]["workload"] == step and report["tuning"][1]["workload"] is None
     assert "| 63 | 63 | 79 | 80 | - | one step (+25%) from 63 toward 80 |" in (out / "report" / "report.md").read_text()
+
+
+def test_figures_from_simulated_servers_say_so(tmp_path):
+    plan, readiness = plan_and_readiness(40)
+    for item in readiness:
+        item["simulated"] = True
+    out = write_run(tmp_path / "run", [good_row(index) for index in range(30)])
+    brief = build_report(out, run_id="sim", plan=plan, readiness=readiness, shard_results=None, validation=None,
+                         previous_report=None)
+    report = json.loads(Path(brief["report_json"]).read_text())
+    assert report["simulated"] is True
+    assert "**Simulated fleet**" in Path(brief["report_md"]).read_text()
+    _, real = report_of(tmp_path / "real", "real")
+    assert real["simulated"] is False
+    assert "Simulated" not in (tmp_path / "real" / "report" / "report.md").read_text()

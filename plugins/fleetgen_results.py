@@ -1,0 +1,137 @@
+"""fleetgen's results one click away from Airflow: extra links on the tasks and a view served by the API server.
+
+- Extra links: *Report* on ``validate.report``, *Data Docs* on ``validate.validate`` and ``validate.report``,
+  *Failures* on ``run_outcome`` and on any task that left a line in the run's ``failures.jsonl``.
+- The view (``/fleetgen/runs/<dag_id>/<run_id>/...``) renders the report, serves its plots and the Data Docs,
+  and lists the failures, reading only files inside the run's folder (``fleetgen.report.site``). It asks
+  Airflow's auth manager whether the caller may read the DAG's runs.
+
+The run's folder is ``<output_root>/<run folder>``, with ``output_root`` from the run's conf (the trigger
+form sends every param) or the deployment's default. The API server must see the workers' output root
+(the same machine, or shared storage).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote, urlparse
+
+from airflow.plugins_manager import AirflowPlugin
+from airflow.sdk import BaseOperatorLink
+
+DAG_ID = "sglang_generation"
+PREFIX = "/fleetgen"
+
+
+def _run_layout(dag_id: str, run_id: str):
+    """The run's output folder, from the run's conf in the metadata DB (the API server's side)."""
+    from sqlalchemy import select
+
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    from fleetgen.outputs import RunLayout, default_output_root
+
+    with create_session() as session:
+        conf = session.scalar(select(DagRun.conf).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    if conf is None and not _run_exists(dag_id, run_id):
+        return None
+    output_root = (conf or {}).get("output_root") or default_output_root()
+    return RunLayout.for_run(output_root, run_id)
+
+
+def _run_exists(dag_id: str, run_id: str) -> bool:
+    from sqlalchemy import select
+
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return session.scalar(select(DagRun.id).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)) is not None
+
+
+def run_url(dag_id: str, run_id: str, page: str) -> str:
+    from airflow.configuration import conf
+
+    root = urlparse(conf.get("api", "base_url", fallback="") or "").path.rstrip("/")
+    return f"{root}{PREFIX}/runs/{quote(dag_id, safe='')}/{quote(run_id, safe='')}/{page}"
+
+
+class _RunLink(BaseOperatorLink):
+    page = ""
+    tasks: frozenset[str] = frozenset()
+
+    def shown(self, ti_key) -> bool:
+        return ti_key.task_id in self.tasks
+
+    def get_link(self, operator, *, ti_key) -> str:
+        if ti_key.dag_id != DAG_ID or not self.shown(ti_key):
+            return ""
+        return run_url(ti_key.dag_id, ti_key.run_id, self.page)
+
+
+class ReportLink(_RunLink):
+    name = "Report"
+    page = "files/report/report.md"
+    tasks = frozenset({"validate.report"})
+
+
+class DataDocsLink(_RunLink):
+    name = "Data Docs"
+    page = "files/validation/data_docs/index.html"
+    tasks = frozenset({"validate.validate", "validate.report"})
+
+
+class FailuresLink(_RunLink):
+    name = "Failures"
+    page = "failures"
+
+    def shown(self, ti_key) -> bool:
+        if ti_key.task_id == "run_outcome":
+            return True
+        from fleetgen.outputs import read_failures
+
+        layout = _run_layout(ti_key.dag_id, ti_key.run_id)
+        return layout is not None and any(record.get("task_id") == ti_key.task_id
+                                          for record in read_failures(layout.failures))
+
+
+def _app():
+    from fastapi import Depends, FastAPI, HTTPException
+    from fastapi.responses import HTMLResponse, Response
+
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    from fleetgen.errors import PathOutsideRun
+    from fleetgen.report.site import RunPages
+
+    app = FastAPI(title="fleetgen results", docs_url=None, redoc_url=None, openapi_url=None)
+    can_read = [Depends(requires_access_dag("GET", DagAccessEntity.RUN))]
+
+    def pages(dag_id: str, run_id: str) -> RunPages:
+        layout = _run_layout(dag_id, run_id)
+        if layout is None:
+            raise HTTPException(404, f"no run {run_id} of {dag_id}")
+        return RunPages(layout, run_id, base=run_url(dag_id, run_id, ""))
+
+    @app.get("/runs/{dag_id}/{run_id}/files/{relative:path}", dependencies=can_read)
+    def run_file(dag_id: str, run_id: str, relative: str) -> Response:
+        try:
+            body, media = pages(dag_id, run_id).file(relative)
+        except PathOutsideRun as error:
+            raise HTTPException(404, error.message) from None
+        # The pages are self-contained: forbid the browser to fetch anything from elsewhere.
+        return Response(body, media_type=media, headers={"Content-Security-Policy": "default-src 'self' "
+                        "'unsafe-inline' data:; connect-src 'self'"})
+
+    @app.get("/runs/{dag_id}/{run_id}/failures", dependencies=can_read, response_class=HTMLResponse)
+    def run_failures(dag_id: str, run_id: str) -> str:
+        return pages(dag_id, run_id).failures()
+
+    return app
+
+
+class FleetgenResultsPlugin(AirflowPlugin):
+    name = "fleetgen_results"
+    global_operator_extra_links = [ReportLink(), DataDocsLink(), FailuresLink()]
+    fastapi_apps = [{"app": _app(), "url_prefix": PREFIX, "name": "fleetgen results"}]
