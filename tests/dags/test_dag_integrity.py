@@ -115,7 +115,7 @@ def test_numeric_bounds_are_stated_and_agree_with_the_run_configuration(dagbag):
             with pytest.raises(ConfigError, match=name):
                 RunConfig.from_params({**defaults, name: low - 1})
         checked += 1
-    assert checked == 14
+    assert checked == 15
 
 
 def test_every_task_has_docs_and_every_mapped_task_a_label(dagbag):
@@ -131,6 +131,8 @@ def test_every_task_has_docs_and_every_mapped_task_a_label(dagbag):
 
 
 def test_the_fleet_reaches_tasks_through_one_edge(dagbag):
-    """load_fleet is upstream of node_names and scan_prompts only: the other tasks pull it when they render."""
+    """load_fleet is upstream of node_names and the two first readers of the model (scan_prompts,
+    model_identity) only: the other tasks pull it when they render."""
     dag = dagbag.dags["sglang_generation"]
-    assert dag.get_task("load_fleet").downstream_task_ids == {"node_names", "tune.scan_prompts"}
+    assert dag.get_task("load_fleet").downstream_task_ids == {"node_names", "tune.scan_prompts",
+                                                              "tune.model_identity"}
