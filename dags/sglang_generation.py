@@ -12,7 +12,7 @@ import pendulum
 from airflow.sdk import DAG, Asset, Param, TaskGroup, task
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from fleetgen.airflow import failures, server_tasks, tasks
+from fleetgen.airflow import failures, generate_tasks, server_tasks, tasks, validate_tasks
 from fleetgen.airflow.operators import WaitReadyOperator
 from fleetgen.outputs import default_output_root
 from fleetgen.airflow.task_docs import NODE_LABEL, SERVER_LABEL, SHARD_LABEL, TASK_DOCS
@@ -202,18 +202,18 @@ with DAG(
         live >> stopped >> launched
 
     with TaskGroup("generate") as generate:
-        shards = task(tasks.plan_shards, task_id="plan_shards", doc_md=TASK_DOCS["generate.plan_shards"])(
+        shards = task(generate_tasks.plan_shards, task_id="plan_shards", doc_md=TASK_DOCS["generate.plan_shards"])(
             prompt_scan)
-        results = task(tasks.generate_shard, task_id="generate_shard", retries=3, pool="fleetgen_fleet",
+        results = task(generate_tasks.generate_shard, task_id="generate_shard", retries=3, pool="fleetgen_fleet",
                        max_active_tis_per_dagrun=16, map_index_template=SHARD_LABEL,
                        doc_md=TASK_DOCS["generate.generate_shard"]).partial(
             readiness=readiness.output, fleet=FLEET, model_identity=identity).expand(shard=shards)
         readiness >> shards
 
     with TaskGroup("validate") as validate_group:
-        validation = task(tasks.validate, task_id="validate", retries=0, doc_md=TASK_DOCS["validate.validate"])(
+        validation = task(validate_tasks.validate, task_id="validate", retries=0, doc_md=TASK_DOCS["validate.validate"])(
             prompt_scan, results)
-        run_report = task(tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET],
+        run_report = task(validate_tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET],
                           doc_md=TASK_DOCS["validate.report"])(
             plans, readiness.output, results, validation, identity, FLEET)
 

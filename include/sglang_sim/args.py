@@ -30,9 +30,8 @@ def human_int(text: str) -> int:
     return int(float(match.group(1)) * _SUFFIX.get(match.group(2).lower(), 1))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sglang serve")
-    add = p.add_argument
+def _model_flags(add) -> None:
+    """SGLang 0.5.23's model, tokenizer and multimodal flags."""
     # model and tokenizer
     add("--model-path", "--model", dest="model_path", required=True)
     add("--tokenizer-path")
@@ -57,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     # multimodal: a VLM served without its vision tower; feature transport pools (fields/mm.py, disagg.py)
     add("--language-model-only", action="store_true")
     add("--mm-feature-transport", choices=["cpu", "cuda_ipc", "cuda_vmm"])
+
+
+def _serving_flags(add) -> None:
+    """SGLang 0.5.23's serving, memory and scheduling flags."""
     # serving
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=30000)
@@ -86,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--enable-hierarchical-cache", action="store_true")
     add("--hicache-ratio", type=float, default=2.0)
     add("--hicache-size", type=int, default=0)
+
+
+def _parallel_and_graph_flags(add) -> None:
+    """SGLang 0.5.23's parallelism and CUDA graphs flags."""
     # parallelism
     add("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
     add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
@@ -109,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--disable-cuda-graph", action="store_true")
     add("--enable-torch-compile", action="store_true")
     add("--torch-compile-max-bs", type=int, default=32)
+
+
+def _state_speculative_and_backend_flags(add) -> None:
+    """SGLang 0.5.23's state pools, speculative decoding, kernels, logging, --config flags."""
     # Mamba / linear-attention state
     add("--max-mamba-cache-size", type=int)
     add("--mamba-full-memory-ratio", type=float)
@@ -143,7 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--watchdog-timeout", type=float, default=300)
     # configuration file (sglang/srt/server_args.py): YAML merged before the command line's own flags
     add("--config", type=str)
-    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    for add_group in (_model_flags, _serving_flags, _parallel_and_graph_flags, _state_speculative_and_backend_flags):
+        add_group(parser.add_argument)
+    return parser
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -1,18 +1,18 @@
-"""Task callables of the ``sglang_generation`` DAG: each reads the run configuration, calls the core, logs
-one line before and one after, and returns small JSON for XCom (data goes to files)."""
+"""Task callables of the ``sglang_generation`` DAG, the fleet and ``tune`` group: each reads the run configuration,
+calls the core, logs one line before and one after, and returns small JSON for XCom (data goes to files).
+The other groups: ``server_tasks``, ``generate_tasks``, ``validate_tasks``."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 
-from fleetgen.airflow import failures, lifecycle
+from fleetgen.airflow import lifecycle
 from fleetgen.airflow.context import fail_fast, mapped_values, run_context
 from fleetgen.airflow.hooks import NodeShell
 from fleetgen.airflow.run_config import RunConfig
-from fleetgen.errors import ConfigError, ValidationFailed
+from fleetgen.errors import ConfigError
 from fleetgen.nodes import probe
 from fleetgen.nodes.fleet import FleetSpec, fleet_from_json, load_fleet_file, load_fleet_text
 
@@ -196,134 +196,9 @@ def model_identity(fleet: dict) -> dict:
     return identity
 
 
-def _generation_settings(config: RunConfig, spec: FleetSpec):
-    from fleetgen.generate import GenerationSettings
-
-    generation = config.generation
-    return GenerationSettings(model=spec.model.served_name, max_tokens=generation.max_tokens,
-                              temperature=generation.temperature, top_p=generation.top_p,
-                              sample_interval_s=generation.sample_interval_s)
-
-
-def _generation_key(identity: dict, settings) -> str:
-    from fleetgen.generate.reuse import generation_key
-
-    return generation_key(identity, max_tokens=settings.max_tokens, temperature=settings.temperature,
-                          top_p=settings.top_p, extra_body=settings.extra_body)
-
-
 def go_live() -> bool:
     _, config, _ = run_context()
     if config.inputs.dry_run:
         log.info("dry_run is set: the plan above was printed; no server is touched")
         return False
     return True
-
-
-@fail_fast
-def plan_shards(prompt_scan: dict) -> list[dict]:
-    from airflow.sdk import conf
-
-    from fleetgen.prompts import scan as prompts
-
-    _, config, _ = run_context()
-    scan = prompts.PromptScan.from_dict(prompt_scan)
-    requested = config.generation.shard_size
-    max_shards = conf.getint("core", "max_map_length")
-    shard_size = prompts.shard_size_within(scan.count, requested, max_shards)
-    if shard_size != requested:
-        log.warning("%d prompts in shards of %d would map more than [core] max_map_length=%d tasks; using shards "
-                    "of %d instead (raise max_map_length to keep smaller shards)", scan.count, requested,
-                    max_shards, shard_size)
-    shards = prompts.plan_shards(config.inputs.prompts_path, shard_size=shard_size, scan=scan)
-    log.info("Planned %d shard(s) of up to %d prompts over %s", len(shards), shard_size, config.inputs.prompts_path)
-    return shards
-
-
-@fail_fast
-def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identity: dict) -> dict:
-    from fleetgen.airflow.sharing import running_shards_counter
-    from fleetgen.generate import run_shard, shard_endpoints
-    from fleetgen.generate.reuse import find_reuse_source, reuse_enabled
-    from fleetgen.nodes.gpu_sampling import GpuSampling
-
-    context, config, layout = run_context()
-    spec = fleet_from_json(fleet)
-    parallel = config.generation.parallel_shards
-    endpoints = shard_endpoints(mapped_values(readiness), headroom=config.generation.headroom, parallel_shards=parallel)
-    # 0 (auto): start with the whole limit and follow how many shards of this run are generating.
-    sharing = running_shards_counter(context["ti"]) if parallel == 0 else None
-    log.info("Generating shard %d (%d prompts from byte %d) on %d server(s), in-flight limits %s%s",
-             shard["shard_id"], shard["count"], shard["start"], len(endpoints),
-             {e.name: e.max_in_flight for e in endpoints},
-             ", shared with the other running shards" if sharing else f" (1/{parallel} of each server's)")
-    settings = _generation_settings(config, spec)
-    source = None
-    run_type = getattr(context.get("dag_run"), "run_type", None)
-    if reuse_enabled(config.generation.reuse_completions, getattr(run_type, "value", run_type)):
-        source = find_reuse_source(config.inputs.output_root, layout.root.name,
-                                   _generation_key(model_identity, settings), log=log)
-        log.info("Reusing unchanged completions from %s", source.run_folder if source else
-                 "no earlier run (none with the same model and sampling has an index)")
-
-    def open_stream(node: str, command: str):  # one SSH session per node for the whole shard
-        return NodeShell(node, spec.node(node).ssh_conn_id).stream(command, describe=f"GPU sampling on {node}")
-
-    sampling = GpuSampling(nodes=[node.name for node in spec.nodes], open_stream=open_stream, layout=layout,
-                           shard_id=int(shard["shard_id"]), interval_s=settings.sample_interval_s, log=log) \
-        if settings.sample_interval_s > 0 else contextlib.nullcontext()
-    with sampling:
-        result = run_shard(shard, endpoints, layout.root, settings, api_key=lifecycle.api_key(spec), log=log,
-                           sharing=sharing, try_number=context["ti"].try_number, reuse=source)
-    if result["lost_try"]:
-        failures.record_lost_try(layout, context["ti"].task_id, result["lost_try"])
-    log.info("Shard %d done: %d completed, %d failed, %d already done before; %d output tokens in %.1f s",
-             shard["shard_id"], result["done"], result["failed"], result.get("skipped_already_done", 0),
-             result["completion_tokens"], result["seconds"])
-    return result
-
-
-@fail_fast
-def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
-    from fleetgen.prompts.scan import iter_prompt_ids
-    from fleetgen.validation.suite import validate_run
-
-    context, config, layout = run_context()
-    log.info("Validating %d expected completions in %s with Great Expectations", prompt_scan["count"], layout.root)
-    try:
-        expected = iter_prompt_ids(config.inputs.prompts_path, length_limit=prompt_scan.get("length_limit"))
-        summary = validate_run(layout.root, expected, config.validation,
-                               run_name=context["run_id"])  # the Data Docs name the Airflow run
-    except ValidationFailed as failure:
-        # The small JSON summary goes to XCom first, so the report and on-call can read it; then fail.
-        context["ti"].xcom_push(key="validation_summary", value=failure.summary)
-        raise
-    log.info("Validation passed: %d rows, every prompt exactly once; Data Docs at %s", summary["rows"],
-             summary.get("data_docs"))
-    return summary
-
-
-@fail_fast
-def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], validation: dict,
-           model_identity: dict, fleet: dict) -> dict:
-    from fleetgen.generate.reuse import write_reuse_index
-    from fleetgen.report.build import build_report
-    from fleetgen.report.previous import find_previous_report
-
-    context, config, layout = run_context()
-    # Validation passed (this task runs only then): the run's completions may be reused from now on.
-    settings = _generation_settings(config, fleet_from_json(fleet))
-    indexed = write_reuse_index(layout, key=_generation_key(model_identity, settings), run_id=context["run_id"])
-    log.info("Indexed %d completion(s) for later runs to reuse (%s)", indexed, layout.reuse_index)
-    previous = find_previous_report(config.inputs.output_root, layout.root.name)
-    log.info("Writing the run report to %s (previous run: %s)", layout.report_dir, previous or "none")
-    # Throughput is measured over the generation itself (first request sent to last completion), not
-    # the run's wall time, which also holds server start-up and validation.
-    summary = build_report(layout.root, run_id=context["run_id"], plan=list(plans), readiness=mapped_values(readiness),
-                           shard_results=mapped_values(shard_results), validation=validation, previous_report=previous)
-    for asset in context["task"].outlets:  # the finished dataset, for downstream training DAGs
-        context["outlet_events"][asset].extra = {"run_id": context["run_id"], "out_dir": str(layout.root),
-                                                 "completions": str(layout.kind_dir("completions")),
-                                                 "rows": validation.get("rows"), "report": summary["report_json"]}
-    log.info("Report: %s; %.1f output tokens/s overall", summary["report_md"], summary["tokens_per_s"])
-    return summary

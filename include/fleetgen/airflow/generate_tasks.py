@@ -1,0 +1,93 @@
+"""Task callables of the ``generate`` group: plan the shards, then generate each one."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from fleetgen.airflow import failures, lifecycle
+from fleetgen.airflow.context import fail_fast, mapped_values, run_context
+from fleetgen.airflow.hooks import NodeShell
+from fleetgen.airflow.run_config import RunConfig
+from fleetgen.nodes.fleet import FleetSpec, fleet_from_json
+
+log = logging.getLogger("fleetgen")
+
+
+def generation_settings(config: RunConfig, spec: FleetSpec):
+    from fleetgen.generate import GenerationSettings
+
+    generation = config.generation
+    return GenerationSettings(model=spec.model.served_name, max_tokens=generation.max_tokens,
+                              temperature=generation.temperature, top_p=generation.top_p,
+                              sample_interval_s=generation.sample_interval_s)
+
+
+def generation_key(identity: dict, settings) -> str:
+    from fleetgen.generate.reuse import generation_key
+
+    return generation_key(identity, max_tokens=settings.max_tokens, temperature=settings.temperature,
+                          top_p=settings.top_p, extra_body=settings.extra_body)
+
+
+@fail_fast
+def plan_shards(prompt_scan: dict) -> list[dict]:
+    from airflow.sdk import conf
+
+    from fleetgen.prompts import scan as prompts
+
+    _, config, _ = run_context()
+    scan = prompts.PromptScan.from_dict(prompt_scan)
+    requested = config.generation.shard_size
+    max_shards = conf.getint("core", "max_map_length")
+    shard_size = prompts.shard_size_within(scan.count, requested, max_shards)
+    if shard_size != requested:
+        log.warning("%d prompts in shards of %d would map more than [core] max_map_length=%d tasks; using shards "
+                    "of %d instead (raise max_map_length to keep smaller shards)", scan.count, requested,
+                    max_shards, shard_size)
+    shards = prompts.plan_shards(config.inputs.prompts_path, shard_size=shard_size, scan=scan)
+    log.info("Planned %d shard(s) of up to %d prompts over %s", len(shards), shard_size, config.inputs.prompts_path)
+    return shards
+
+
+@fail_fast
+def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identity: dict) -> dict:
+    from fleetgen.airflow.sharing import running_shards_counter
+    from fleetgen.generate import run_shard, shard_endpoints
+    from fleetgen.generate.reuse import find_reuse_source, reuse_enabled
+    from fleetgen.nodes.gpu_sampling import GpuSampling
+
+    context, config, layout = run_context()
+    spec = fleet_from_json(fleet)
+    parallel = config.generation.parallel_shards
+    endpoints = shard_endpoints(mapped_values(readiness), headroom=config.generation.headroom, parallel_shards=parallel)
+    # 0 (auto): start with the whole limit and follow how many shards of this run are generating.
+    sharing = running_shards_counter(context["ti"]) if parallel == 0 else None
+    log.info("Generating shard %d (%d prompts from byte %d) on %d server(s), in-flight limits %s%s",
+             shard["shard_id"], shard["count"], shard["start"], len(endpoints),
+             {e.name: e.max_in_flight for e in endpoints},
+             ", shared with the other running shards" if sharing else f" (1/{parallel} of each server's)")
+    settings = generation_settings(config, spec)
+    source = None
+    run_type = getattr(context.get("dag_run"), "run_type", None)
+    if reuse_enabled(config.generation.reuse_completions, getattr(run_type, "value", run_type)):
+        source = find_reuse_source(config.inputs.output_root, layout.root.name,
+                                   generation_key(model_identity, settings), log=log)
+        log.info("Reusing unchanged completions from %s", source.run_folder if source else
+                 "no earlier run (none with the same model and sampling has an index)")
+
+    def open_stream(node: str, command: str):  # one SSH session per node for the whole shard
+        return NodeShell(node, spec.node(node).ssh_conn_id).stream(command, describe=f"GPU sampling on {node}")
+
+    sampling = GpuSampling(nodes=[node.name for node in spec.nodes], open_stream=open_stream, layout=layout,
+                           shard_id=int(shard["shard_id"]), interval_s=settings.sample_interval_s, log=log) \
+        if settings.sample_interval_s > 0 else contextlib.nullcontext()
+    with sampling:
+        result = run_shard(shard, endpoints, layout.root, settings, api_key=lifecycle.api_key(spec), log=log,
+                           sharing=sharing, try_number=context["ti"].try_number, reuse=source)
+    if result["lost_try"]:
+        failures.record_lost_try(layout, context["ti"].task_id, result["lost_try"])
+    log.info("Shard %d done: %d completed, %d failed, %d already done before; %d output tokens in %.1f s",
+             shard["shard_id"], result["done"], result["failed"], result.get("skipped_already_done", 0),
+             result["completion_tokens"], result["seconds"])
+    return result

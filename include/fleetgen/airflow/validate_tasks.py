@@ -1,0 +1,58 @@
+"""Task callables of the ``validate`` group: Great Expectations over the stats, then the run report."""
+
+from __future__ import annotations
+
+import logging
+
+from fleetgen.airflow.generate_tasks import generation_key, generation_settings
+from fleetgen.airflow.context import fail_fast, mapped_values, run_context
+from fleetgen.errors import ValidationFailed
+from fleetgen.nodes.fleet import fleet_from_json
+
+log = logging.getLogger("fleetgen")
+
+
+@fail_fast
+def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
+    from fleetgen.prompts.scan import iter_prompt_ids
+    from fleetgen.validation.suite import validate_run
+
+    context, config, layout = run_context()
+    log.info("Validating %d expected completions in %s with Great Expectations", prompt_scan["count"], layout.root)
+    try:
+        expected = iter_prompt_ids(config.inputs.prompts_path, length_limit=prompt_scan.get("length_limit"))
+        summary = validate_run(layout.root, expected, config.validation,
+                               run_name=context["run_id"])  # the Data Docs name the Airflow run
+    except ValidationFailed as failure:
+        # The small JSON summary goes to XCom first, so the report and on-call can read it; then fail.
+        context["ti"].xcom_push(key="validation_summary", value=failure.summary)
+        raise
+    log.info("Validation passed: %d rows, every prompt exactly once; Data Docs at %s", summary["rows"],
+             summary.get("data_docs"))
+    return summary
+
+
+@fail_fast
+def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], validation: dict,
+           model_identity: dict, fleet: dict) -> dict:
+    from fleetgen.generate.reuse import write_reuse_index
+    from fleetgen.report.build import build_report
+    from fleetgen.report.previous import find_previous_report
+
+    context, config, layout = run_context()
+    # Validation passed (this task runs only then): the run's completions may be reused from now on.
+    settings = generation_settings(config, fleet_from_json(fleet))
+    indexed = write_reuse_index(layout, key=generation_key(model_identity, settings), run_id=context["run_id"])
+    log.info("Indexed %d completion(s) for later runs to reuse (%s)", indexed, layout.reuse_index)
+    previous = find_previous_report(config.inputs.output_root, layout.root.name)
+    log.info("Writing the run report to %s (previous run: %s)", layout.report_dir, previous or "none")
+    # Throughput is measured over the generation itself (first request sent to last completion), not
+    # the run's wall time, which also holds server start-up and validation.
+    summary = build_report(layout.root, run_id=context["run_id"], plan=list(plans), readiness=mapped_values(readiness),
+                           shard_results=mapped_values(shard_results), validation=validation, previous_report=previous)
+    for asset in context["task"].outlets:  # the finished dataset, for downstream training DAGs
+        context["outlet_events"][asset].extra = {"run_id": context["run_id"], "out_dir": str(layout.root),
+                                                 "completions": str(layout.kind_dir("completions")),
+                                                 "rows": validation.get("rows"), "report": summary["report_json"]}
+    log.info("Report: %s; %.1f output tokens/s overall", summary["report_md"], summary["tokens_per_s"])
+    return summary
