@@ -271,7 +271,10 @@ def test_a_failing_run_names_the_server_and_the_parameter_to_change(page, airflo
     faults.mkdir(exist_ok=True)
     (faults / f"{port}.json").write_text(json.dumps({"fail_at_launch": "oom"}))
     try:
-        response = api.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": {}})
+        # The servers of the earlier runs are on tonight's plan and would be kept: relaunch them, so the
+        # injected launch fault fires.
+        response = api.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None,
+                                                                    "conf": {"relaunch_servers": True}})
         assert response.status_code == 200, response.text
         run_id = response.json()["dag_run_id"]
         assert wait_for_run(api, run_id) == "failed"

@@ -68,7 +68,7 @@ def test_a_nightly_run_keeps_the_servers_on_plan_and_regenerates_nothing_unchang
     # and the plan is pinned (the workload mode would step it night after night, and a changed plan relaunches).
     conf = {"fleet_file": str(fleet_file()), "prompts_path": str(sim_env.prompts_path),
             "output_root": str(sim_env.output_root), "shard_size": 60, "ready_timeout_s": 120,
-            "reuse_completions": "always", "pin_full_context_plan": True}
+            "reuse_completions": "always", "pin_full_context_plan": True, "relaunch_servers": False}
     first = dag.test(run_conf=conf)
     assert first.state == "success"
     second = dag.test(run_conf=conf)
