@@ -79,7 +79,7 @@ class Faults:
             return cls(**data)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"invalid faults: {exc}", path=path,
-                              hint="see fleetgen/sim/faults.py for each key's meaning") from exc
+                              hint="see include/sglang_sim/faults.py for each key's meaning") from exc
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v != getattr(Faults(), k)}

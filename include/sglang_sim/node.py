@@ -99,7 +99,7 @@ class SimSettings:
             return cls(**data)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"invalid sim settings: {exc}", path=path,
-                              hint="see SimSettings in fleetgen/sim/node.py") from exc
+                              hint="see SimSettings in include/sglang_sim/node.py") from exc
 
 
 @dataclass(frozen=True)
