@@ -35,23 +35,43 @@ DEMO_API_KEY_FILE = "api_key"
 B200_MIB = 183359
 
 
-def free_port_block(count: int, start: int | None = None, stop: int = 60000) -> int:
-    """First port P >= start such that P..P+count-1 are all free on loopback (start: random, so that
-    environments set up side by side rarely race for the same block)."""
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux default 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port_block(count: int, start: int | None = None, stop: int | None = None) -> int:
+    """First port P >= start such that P..P+count-1 are free on loopback and not handed out before by this
+    process. Blocks are chosen below the kernel's ephemeral range: a port picked now is often bound only a
+    minute later (a server launched by a DAG run), and an outgoing connection must not take it meanwhile.
+    start: random, so that environments set up side by side rarely race for the same block."""
     import random
 
-    port = start if start is not None else random.randrange(20000, 40000, 100)
+    stop = stop or max(_ephemeral_floor(), 20000 + 2 * count + 200)
+    port = start if start is not None else random.randrange(20000, max(20100, stop - count - 100), 100)
     while port + count < stop:
-        for offset in range(count):
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port + offset))
-                except OSError:
-                    port = port + offset + 1
-                    break
-        else:
+        taken = next((offset for offset in range(count)
+                      if port + offset in _HANDED_OUT or not _bindable(port + offset)), None)
+        if taken is None:
+            _HANDED_OUT.update(range(port, port + count))
             return port
+        port = port + taken + 1
     raise RuntimeError(f"no {count} consecutive free ports between {start} and {stop}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass

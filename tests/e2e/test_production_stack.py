@@ -75,7 +75,7 @@ def _task_instances(api, run_id) -> list[dict]:
     return api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 100}).json()["task_instances"]
 
 
-def _wait(api, run_id, *, until, timeout_s=300):
+def _wait(api, stack, run_id, *, until, timeout_s=300):
     """Poll the run until ``until(run, task_instances)`` is true; fails when the run ends first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -85,15 +85,28 @@ def _wait(api, run_id, *, until, timeout_s=300):
             return run, tis
         if run["state"] in ("success", "failed"):
             pytest.fail(f"run {run_id} ended {run['state']} before the awaited condition: "
-                        f"{[(t['task_id'], t['map_index'], t['state']) for t in tis]}")
+                        f"{_not_succeeded(stack, run_id, tis)}")
         time.sleep(0.5)
     pytest.fail(f"run {run_id}: condition not met after {timeout_s} s")
 
 
 def _not_succeeded(stack, run_id, tis) -> str:
+    """The tasks that did not succeed, the run's failures file and the end of each failed task's log."""
     failures = _run_dir(stack, run_id) / "failures.jsonl"
+    failed = {t["task_id"] for t in tis if t["state"] == "failed"}
     return (f"{[(t['task_id'], t['map_index'], t['state']) for t in tis if t['state'] != 'success']}; "
-            f"failures: {failures.read_text() if failures.exists() else 'none'}; logs under {stack.log_path('x').parent}")
+            f"failures: {failures.read_text() if failures.exists() else 'none'}; logs under {stack.log_path('x').parent}"
+            + "".join(_log_tail(path) for path in _task_logs(stack, run_id, failed)))
+
+
+def _task_logs(stack, run_id, task_ids) -> list[Path]:
+    run_dirs = (stack.log_path("x").parent / "tasks").glob(f"dag_id={DAG_ID}/run_id={run_id}")
+    return sorted(path for run_dir in run_dirs for task_id in task_ids
+                  for path in (run_dir / f"task_id={task_id}").rglob("*.log"))
+
+
+def _log_tail(path: Path, lines: int = 25) -> str:
+    return f"\n--- {path} (last {lines} lines)\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def _finished(run, _tis):
@@ -137,11 +150,11 @@ def _who_ran_what(api, run_id) -> dict[int, list[str]]:
 def test_run_spreads_shards_over_both_workers_and_survives_a_scheduler_restart(api, stack):
     started = time.monotonic()
     run_id = _trigger(api, stack, time_scale=6.0, shard_size=40)  # 4 shards, 2 at a time (pool slots)
-    _wait(api, run_id, until=lambda run, tis: len(_shards_running(tis)) >= 1)
+    _wait(api, stack, run_id, until=lambda run, tis: len(_shards_running(tis)) >= 1)
     # Restart the scheduler while shards generate: the new one adopts the running tries and schedules the rest.
     stack.kill("scheduler", signal.SIGTERM)
     stack.start_component("scheduler")
-    run, tis = _wait(api, run_id, until=_finished)
+    run, tis = _wait(api, stack, run_id, until=_finished)
     print(f"\nrun {run_id}: {run['state']} in {time.monotonic() - started:.0f} s (scheduler restarted mid-generation)")
     assert run["state"] == "success", _not_succeeded(stack, run_id, tis)
     shards = [t for t in tis if t["task_id"] == SHARD_TASK]
@@ -159,13 +172,13 @@ def test_a_worker_killed_mid_shard_is_retried_on_the_other_and_nothing_is_lost(a
     def mid_shard(task_instance) -> bool:  # some of its prompts written, most still to come
         return 5 <= _completed_lines(run_dir, task_instance["map_index"]) <= 40
 
-    _, tis = _wait(api, run_id, until=lambda run, tis: any(mid_shard(t) for t in _shards_running(tis)))
+    _, tis = _wait(api, stack, run_id, until=lambda run, tis: any(mid_shard(t) for t in _shards_running(tis)))
     victim = next(t for t in _shards_running(tis) if mid_shard(t))
     worker = victim["hostname"]
     done_before_kill = _completed_lines(run_dir, victim["map_index"])
     stack.kill(worker, signal.SIGKILL)  # the worker, its pool and the shard's task process, at once
     killed_at = time.monotonic()
-    run, tis = _wait(api, run_id, until=_finished, timeout_s=300)
+    run, tis = _wait(api, stack, run_id, until=_finished, timeout_s=300)
     print(f"\nrun {run_id}: {run['state']} in {time.monotonic() - started:.0f} s; killed {worker} during shard "
           f"{victim['map_index']} after {done_before_kill} completions; finished {time.monotonic() - killed_at:.0f} s "
           f"after the kill")
