@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from sglang_sim.demo import SimEnvironment, airflow_cli, airflow_env, prepare_airflow
+from sglang_sim.demo import DAGS_TEST_ENV, SimEnvironment, airflow_cli, airflow_env, prepare_airflow
 from sglang_sim.synthetic import synthetic_prompt
 
 NEW_SHARE = 0.02
@@ -49,7 +49,7 @@ def run_night(env: dict, conf: dict, log_path: Path, output_root: Path, before: 
     started = time.monotonic()
     with log_path.open("w") as log_file:
         result = subprocess.run(airflow_cli() + ["dags", "test", "sglang_generation", "-c", json.dumps(conf)],
-                                env=env, stdout=log_file, stderr=subprocess.STDOUT)
+                                env={**env, **DAGS_TEST_ENV}, stdout=log_file, stderr=subprocess.STDOUT)
     seconds = time.monotonic() - started
     reports = [path for path in output_root.glob("*/report/report.json") if path.parent.parent.name not in before]
     if result.returncode != 0 or len(reports) != 1:

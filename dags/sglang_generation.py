@@ -198,6 +198,8 @@ with DAG(
         readiness = WaitReadyOperator.partial(
             task_id="wait_ready", fleet=FLEET, timeout_s="{{ params.ready_timeout_s }}", retries=0,
             map_index_template=SERVER_LABEL, doc_md=TASK_DOCS["servers.wait_ready"],
+            # unset: the trigger's default hold against Airflow's fast-resume race (airflow/triggers.py)
+            resume_settle_s=os.environ.get("FLEETGEN_RESUME_SETTLE_S"),
         ).expand(server=to_wait)
         live >> stopped >> launched
 

@@ -237,6 +237,11 @@ class SimEnvironment:
         self._sshd.clear()
 
 
+# `airflow dags test` runs each trigger in its own process, inline: no executor event can race a fast
+# resume, so wait_ready need not hold its first event (fleetgen/airflow/triggers.py).
+DAGS_TEST_ENV = {"FLEETGEN_RESUME_SETTLE_S": "0"}
+
+
 def airflow_env(airflow_home: Path, settings_env: dict[str, str]) -> dict[str, str]:
     """Environment for Airflow processes: the settings as AIRFLOW_CONN_*/AIRFLOW_VAR_* too (the
     triggerer of `dags test` resolves connections from the environment, not the database)."""
@@ -295,7 +300,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"Running the DAG sglang_generation on a simulated 7 x B200 node (log: {log_path}) ...", flush=True)
         with log_path.open("w") as log_file:
             result = subprocess.run(airflow_cli() + ["dags", "test", "sglang_generation", "-c", json.dumps(conf)],
-                                    env=env, stdout=log_file, stderr=subprocess.STDOUT)
+                                    env={**env, **DAGS_TEST_ENV}, stdout=log_file, stderr=subprocess.STDOUT)
         wall = time.monotonic() - started
         report_path = newest_report(environment.output_root)
         if result.returncode != 0 or report_path is None:

@@ -154,6 +154,9 @@ class ProdStack:
         """What every component shares: metadata DB, executor, broker, secrets, API URLs, storage."""
         secrets = shared_secrets(self.airflow_home / "secrets.json")
         env = dict(os.environ)
+        # Real executor and triggerer: wait_ready keeps its hold against the fast-resume race, whatever the
+        # calling process set for in-process runs (fleetgen/airflow/triggers.py); extra_env may set it.
+        env.pop("FLEETGEN_RESUME_SETTLE_S", None)
         env.update(self.environment.settings_env())
         env.update({
             "AIRFLOW_HOME": str(self.airflow_home),

@@ -50,6 +50,9 @@ class AirflowUI:
         self.environment = SimEnvironment(root=self.root, sim=self.sim, prompts=self.prompts,
                                           gpus_per_node=self.gpus_per_node).prepare().start()
         env = airflow_env(self.airflow_home, self.environment.settings_env())
+        # A real scheduler and triggerer: wait_ready keeps its hold against the fast-resume race, whatever
+        # the calling process set for in-process runs (fleetgen/airflow/triggers.py).
+        env.pop("FLEETGEN_RESUME_SETTLE_S", None)
         # An AIRFLOW_VAR_ variable wins over the metadata DB's: the fleet narrowed to this node's GPUs.
         fleet = yaml.safe_load(env["AIRFLOW_VAR_FLEETGEN_FLEET"])
         fleet["nodes"][0]["gpus"] = list(range(self.gpus_per_node))

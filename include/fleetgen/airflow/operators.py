@@ -32,7 +32,8 @@ class WaitReadyOperator(BaseOperator):
     def __init__(self, *, server: Any, fleet: Any, timeout_s: Any = 1800, poll_s: float = 1.0,
                  max_relaunches: Any = 3, ssh_reconnect_attempts: Any = DEFAULT_RECONNECT_ATTEMPTS,
                  ssh_reconnect_budget_s: Any = DEFAULT_RECONNECT_BUDGET_S,
-                 ssh_command_timeout_s: Any = DEFAULT_COMMAND_TIMEOUT_S, **kwargs) -> None:
+                 ssh_command_timeout_s: Any = DEFAULT_COMMAND_TIMEOUT_S, resume_settle_s: float | None = None,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.server = server
         self.fleet = fleet
@@ -43,6 +44,8 @@ class WaitReadyOperator(BaseOperator):
         self.ssh_reconnect_attempts = ssh_reconnect_attempts
         self.ssh_reconnect_budget_s = ssh_reconnect_budget_s
         self.ssh_command_timeout_s = ssh_command_timeout_s
+        # None: the trigger's DEFAULT_RESUME_SETTLE_S (Airflow's fast-resume race, triggers.py).
+        self.resume_settle_s = resume_settle_s
 
     def _trigger(self, launched: dict, attempt: int):
         from fleetgen.airflow.triggers import ReadinessTrigger
@@ -54,7 +57,8 @@ class WaitReadyOperator(BaseOperator):
             timeout_s=float(self.timeout_s), poll_s=self.poll_s, api_key_conn_id=fleet.server.api_key_conn_id,
             context={"launched": launched, "attempt": attempt},
             reconnect_attempts=int(self.ssh_reconnect_attempts), reconnect_budget_s=float(self.ssh_reconnect_budget_s),
-            command_timeout_s=float(self.ssh_command_timeout_s))
+            command_timeout_s=float(self.ssh_command_timeout_s),
+            **({} if self.resume_settle_s is None else {"resume_settle_s": float(self.resume_settle_s)}))
 
     def execute(self, context) -> None:
         log.info("Waiting for %s (GPU %s, pid %s) to become ready; watching %s", self.server["name"],

@@ -30,6 +30,12 @@ from fleetgen.nodes.reconnect import (DEFAULT_COMMAND_TIMEOUT_S, DEFAULT_RECONNE
                                       DEFAULT_RECONNECT_BUDGET_S, ReconnectBudget)
 
 LOG_TAIL_LINES = 50
+# Airflow 3.3 can fail a deferred task whose trigger fires within seconds of the defer: the worker's
+# "success" for the defer exit, drained by the scheduler after the task has resumed, reads as a task
+# killed externally (apache/airflow#72716). Holding the first event this long after the trigger starts
+# keeps the resume behind that stale event; a model load takes minutes, so only an already-ready
+# (kept) server waits for it.
+DEFAULT_RESUME_SETTLE_S = 15.0
 
 
 class ConnectionSetupError(Exception):
@@ -54,7 +60,8 @@ class ReadinessTrigger(BaseTrigger):
                  poll_s: float = 1.0, api_key_conn_id: str | None = None, started_at: float | None = None,
                  context: dict | None = None, reconnect_attempts: int = DEFAULT_RECONNECT_ATTEMPTS,
                  reconnect_budget_s: float = DEFAULT_RECONNECT_BUDGET_S,
-                 command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S) -> None:
+                 command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S,
+                 resume_settle_s: float = DEFAULT_RESUME_SETTLE_S) -> None:
         super().__init__()
         self.server = server
         self.ssh_conn_id = ssh_conn_id
@@ -68,6 +75,7 @@ class ReadinessTrigger(BaseTrigger):
         self.reconnect_attempts = int(reconnect_attempts)
         self.reconnect_budget_s = float(reconnect_budget_s)
         self.command_timeout_s = float(command_timeout_s)
+        self.resume_settle_s = float(resume_settle_s)
         self._log_lines: list[str] = []
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -76,7 +84,7 @@ class ReadinessTrigger(BaseTrigger):
             "timeout_s": self.timeout_s, "poll_s": self.poll_s, "api_key_conn_id": self.api_key_conn_id,
             "started_at": self.started_at, "context": self.context,
             "reconnect_attempts": self.reconnect_attempts, "reconnect_budget_s": self.reconnect_budget_s,
-            "command_timeout_s": self.command_timeout_s,
+            "command_timeout_s": self.command_timeout_s, "resume_settle_s": self.resume_settle_s,
         })
 
     async def _api_headers(self) -> dict[str, str]:
@@ -109,6 +117,7 @@ class ReadinessTrigger(BaseTrigger):
         import asyncssh
         import httpx
 
+        run_started = time.monotonic()
         headers = await self._api_headers()
         budget = ReconnectBudget(attempts=self.reconnect_attempts, seconds=self.reconnect_budget_s)
         ssh = None
@@ -122,9 +131,12 @@ class ReadinessTrigger(BaseTrigger):
                         event = await self._poll(ssh, http)
                         budget.reset()
                     except asyncssh.HostKeyNotVerifiable as exc:
-                        yield await self._host_key_event(exc)
+                        event = await self._host_key_event(exc)
+                        await self._settle(run_started)
+                        yield event
                         return
                     except ConnectionSetupError as exc:
+                        await self._settle(run_started)
                         yield self._event("unreachable", error=str(exc), log_tail=self._log_lines)
                         return
                     except _connection_errors() as exc:
@@ -133,11 +145,21 @@ class ReadinessTrigger(BaseTrigger):
                     if event is None and time.time() - self.started_at > self.timeout_s:
                         event = self._event("timeout", log_tail=self._log_lines)
                     if event is not None:
+                        await self._settle(run_started)
                         yield event
                         return
                     await asyncio.sleep(pause)
             finally:
                 self._drop(ssh)
+
+    async def _settle(self, run_started: float) -> None:
+        """Hold an event that came sooner than ``resume_settle_s`` after the trigger started (see
+        DEFAULT_RESUME_SETTLE_S)."""
+        remaining = self.resume_settle_s - (time.monotonic() - run_started)
+        if remaining > 0:
+            self.log.info("%s: holding the event %.1f s so the task resumes after Airflow has seen it defer",
+                          self.server.get("name"), remaining)
+            await asyncio.sleep(remaining)
 
     def _ready_event(self, info: dict) -> TriggerEvent:
         # the pre-load memory line, when still in the tail, feeds the calibration (tuning/calibration.py)
