@@ -207,16 +207,18 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
 
 def resolved_page_size(profile: MemoryProfile, options: LaunchOptions, gpus: list[dict], bounds: TunerBounds) -> int:
     """The KV page size SGLang will run a plan for ``gpus`` with (``tuning/platform.py``): the page the
-    workload mode's KV demand rounds to."""
+    workload mode's KV demand rounds to, under the opt-ins the plan applies (no_buffer runs at page 1).
+    It knows no server, so its errors name none."""
+    options, _ = _apply_opt_ins(profile, options, bounds, {}, [])
     _, resolved, _ = _platform_profile(profile, ModelGeometry.from_dict(profile.geometry), options, bounds, {},
                                        gpu_generation(str(gpus[0].get("name", ""))),
-                                       min(int(g["total_mib"]) for g in gpus), [], "", "")
+                                       min(int(g["total_mib"]) for g in gpus), [], None, None)
     return resolved.page_size or 1
 
 
 def _platform_profile(base_profile: MemoryProfile, geometry: ModelGeometry, options: LaunchOptions,
                       bounds: TunerBounds, flags: dict, generation: str | None, gpu_total_mib: int, notes: list[str],
-                      host: str, server: str) -> tuple[MemoryProfile, LaunchOptions, bool]:
+                      host: str | None, server: str | None) -> tuple[MemoryProfile, LaunchOptions, bool]:
     """The profile under the flags SGLang will resolve on this GPU: the radix strategy the plan pins,
     the attention backend and page size, and Qwen3-VL's Hopper feature pool. Updates ``flags``."""
     def reprofile(opts: LaunchOptions) -> MemoryProfile:
@@ -240,7 +242,7 @@ def _platform_profile(base_profile: MemoryProfile, geometry: ModelGeometry, opti
 
 
 def _resolve_attention(geometry: ModelGeometry, profile: MemoryProfile, options: LaunchOptions, flags: dict,
-                       generation: str | None, notes: list[str], host: str, server: str):
+                       generation: str | None, notes: list[str], host: str | None, server: str | None):
     """The attention backend and KV page size SGLang will pick (tuning/platform.py); under the no_buffer
     radix strategy, the flags SGLang then requires (arg_groups/mamba_hook.py::validate_mamba_no_buffer:
     overlap scheduling off, page size 1, a backend other than trtllm_mha), or the reason it cannot."""

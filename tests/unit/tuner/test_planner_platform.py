@@ -1,0 +1,231 @@
+"""The plan under the flags SGLang resolves on each GPU: the no_buffer radix strategy's attention flags,
+Qwen3-VL's feature pool on large Hopper GPUs, prefill graphs off for multimodal models, unknown GPUs,
+the page size the workload mode rounds to, and the platform the calibration reads back."""
+
+import pytest
+
+from fleetgen.errors import PlanError
+from fleetgen.tuning.planner import TunerBounds, Workload, plan_server, resolved_page_size
+from fleetgen.tuning.profile import GIB, MIB, LaunchOptions, profile_model
+from fleetgen.tuning.sizing import size_pools
+
+B200_MIB, H200_MIB, L40S_MIB = 183_359, 143_771, 46_068
+# The seed's speculative flags without its pinned radix strategy, so the no_buffer bound applies.
+SEED_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", "4", "--context-length", "8192"]
+NO_BUFFER_ERROR = ("the no_buffer Mamba radix strategy needs page size 1 and an attention backend other than "
+                   "trtllm_mha, but the extra args pin --attention-backend {backend} / --page-size {page} (SGLang "
+                   "refuses to start)\nWhat to check next: drop --attention-backend/--page-size from the extra args, "
+                   "or turn the no_buffer_radix bound off")
+# A small Qwen3-VL (text tower of a 2B model, the usual 24-layer vision tower).
+QWEN3_VL = {"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+            "text_config": {"model_type": "qwen3_vl_text", "hidden_size": 2048, "num_hidden_layers": 28,
+                            "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                            "intermediate_size": 6144, "max_position_embeddings": 262144, "vocab_size": 151936,
+                            "torch_dtype": "bfloat16"},
+            "vision_config": {"depth": 24, "num_hidden_layers": 24, "hidden_size": 1024}}
+SHORT = Workload(max_output_tokens=1024, prompt_tokens_mean=200.0, prompt_tokens_max=900, prompt_count=1000)
+
+
+def _row(index=0, *, name="NVIDIA B200", total_mib=B200_MIB):
+    return {"index": index, "uuid": f"GPU-{index}", "name": name, "total_mib": total_mib, "used_mib": 0,
+            "free_mib": total_mib, "processes": []}
+
+
+def _plan(profile, options, *, gpus=None, bounds=None, workload=None):
+    return plan_server(host="gpu-node-1", gpu_ids=[g["index"] for g in gpus or [_row()]], port=30000,
+                       gpus=gpus or [_row()], profile=profile, options=options, workload=workload or SHORT,
+                       bounds=bounds or TunerBounds())
+
+
+def _row_bytes(plan, item):
+    return next(r["bytes"] for r in plan.budget if r["item"].strip() == item)
+
+
+@pytest.fixture
+def seed(cases):
+    options = LaunchOptions.from_args(SEED_ARGS)
+    return profile_model(cases.load_config("seed-qwen3.6-27b.json"), cases.SEED_WEIGHTS_BYTES, options), options
+
+
+@pytest.fixture
+def qwen3_vl():
+    options = LaunchOptions()
+    return profile_model(QWEN3_VL, 4 * 10**9, options), options
+
+
+# -- no_buffer radix strategy on Blackwell: SGLang needs page size 1 and no trtllm_mha --------------
+
+def test_no_buffer_on_blackwell_switches_to_triton_with_page_one(cases, seed):
+    profile, options = seed
+    plan = _plan(profile, options, bounds=TunerBounds(no_buffer_radix=True), workload=cases.SEED_WORKLOAD)
+    assert {key: plan.flags[key] for key in ("--mamba-radix-cache-strategy", "--disable-overlap-schedule",
+                                             "--attention-backend", "--page-size")} == {
+        "--mamba-radix-cache-strategy": "no_buffer", "--disable-overlap-schedule": True,
+        "--attention-backend": "triton", "--page-size": 1}
+    args = " ".join(plan.command_args())
+    assert "--attention-backend triton" in args and "--page-size 1" in args and "--disable-overlap-schedule" in args
+    resolved = plan.inputs["resolved_profile"]
+    assert resolved["radix_strategy"] == "no_buffer" and resolved["overlap_schedule"] is False
+    assert ("no_buffer radix strategy: --attention-backend triton --page-size 1 instead of SGLang's trtllm_mha "
+            "with page size 64 on this GPU") in plan.notes
+    assert plan.inputs["platform"]["attention_backend"] == "triton" and plan.inputs["platform"]["page_size"] == 1
+    # The KV pool is sized at page 1: not floored to a multiple of 64 tokens.
+    sizing = size_pools(profile.__class__.from_dict(plan.inputs["resolved_profile"]),
+                        pre_load_free_bytes=_row_bytes(plan, "pre-load free (SGLang baseline)"),
+                        mem_fraction_static=plan.flags["--mem-fraction-static"],
+                        max_running_requests=plan.flags["--max-running-requests"],
+                        max_mamba_cache_size=plan.flags["--max-mamba-cache-size"], context_length=8192, page_size=1)
+    assert sizing.max_total_num_tokens == plan.expected["max_total_num_tokens"]
+
+
+def test_no_buffer_keeps_the_users_own_overlap_switch(seed):
+    profile, _ = seed
+    options = LaunchOptions.from_args(SEED_ARGS + ["--disable-overlap-schedule"])
+    plan = _plan(profile, options, bounds=TunerBounds(no_buffer_radix=True))
+    assert "--disable-overlap-schedule" not in plan.flags  # the extra args already carry it
+    assert plan.flags["--attention-backend"] == "triton" and plan.flags["--page-size"] == 1
+
+
+def test_no_buffer_with_a_backend_that_pages_by_one_adds_no_attention_flags(seed):
+    profile, _ = seed
+    options = LaunchOptions.from_args(SEED_ARGS + ["--attention-backend", "flashinfer"])
+    plan = _plan(profile, options, bounds=TunerBounds(no_buffer_radix=True))
+    assert plan.flags["--mamba-radix-cache-strategy"] == "no_buffer"
+    assert "--attention-backend" not in plan.flags and "--page-size" not in plan.flags
+    assert not any(note.startswith("no_buffer radix strategy:") for note in plan.notes)
+
+
+@pytest.mark.parametrize("extra, backend, page", [(["--page-size", "64"], None, 64),
+                                                  (["--attention-backend", "trtllm_mha"], "trtllm_mha", None)])
+def test_no_buffer_against_pinned_attention_flags_is_a_plan_error(seed, extra, backend, page):
+    profile, _ = seed
+    options = LaunchOptions.from_args(SEED_ARGS + extra)
+    with pytest.raises(PlanError) as failure:
+        _plan(profile, options, bounds=TunerBounds(no_buffer_radix=True))
+    assert str(failure.value) == ("[host gpu-node-1, server gpu-node-1:30000] "
+                                  + NO_BUFFER_ERROR.format(backend=backend, page=page))
+
+
+# -- the page size the workload mode rounds KV demand to -----------------------------------------------
+
+def test_resolved_page_size_is_the_page_the_plan_runs_with(cases, seed):
+    profile, options = seed
+    llama_options = LaunchOptions()
+    llama = profile_model(cases.load_config("llama-3.1-8b-style.json"), 16 * 10**9, llama_options)
+    assert resolved_page_size(profile, options, [_row()], TunerBounds()) == 64  # trtllm_mha on Blackwell
+    assert resolved_page_size(profile, options, [_row(name="NVIDIA H200", total_mib=H200_MIB)], TunerBounds()) == 1
+    assert resolved_page_size(llama, llama_options, [_row(name="Tesla T4", total_mib=15_360)], TunerBounds()) == 1
+    assert resolved_page_size(llama, llama_options, [_row(0), _row(1)], TunerBounds()) == 64
+    # The no_buffer bound runs the plan at page 1 (triton), so its KV demand rounds to 1 too.
+    bounds = TunerBounds(no_buffer_radix=True)
+    assert _plan(profile, options, bounds=bounds).inputs["platform"]["page_size"] == 1
+    assert resolved_page_size(profile, options, [_row()], bounds) == 1
+
+
+def test_resolved_page_size_for_qwen3_vl_on_hopper(qwen3_vl):
+    profile, options = qwen3_vl
+    assert resolved_page_size(profile, options, [_row(name="NVIDIA H200", total_mib=H200_MIB)], TunerBounds()) == 1
+
+
+def test_resolved_page_size_error_names_no_empty_host(seed):
+    profile, _ = seed
+    options = LaunchOptions.from_args(SEED_ARGS + ["--page-size", "64"])
+    with pytest.raises(PlanError) as failure:
+        resolved_page_size(profile, options, [_row()], TunerBounds(no_buffer_radix=True))
+    assert str(failure.value) == NO_BUFFER_ERROR.format(backend=None, page=64)
+
+
+# -- GPUs -----------------------------------------------------------------------------------------------
+
+def test_unknown_gpu_is_noted_and_planned_with_the_generic_backend(cases):
+    options = LaunchOptions()
+    profile = profile_model(cases.load_config("llama-3.1-8b-style.json"), 2 * 10**9, options)
+    plan = _plan(profile, options, gpus=[_row(name="Tesla T4", total_mib=15_360)])
+    assert "unknown GPU generation: assuming SGLang's non-Hopper, non-Blackwell attention backend" in plan.notes
+    assert plan.inputs["platform"]["generation"] is None
+
+
+def test_plan_records_the_platform_the_calibration_reads_back(cases, seed):
+    profile, options = seed
+    plan = _plan(profile, options, workload=cases.SEED_WORKLOAD)
+    assert plan.inputs["platform"] == {
+        "generation": "sm100", "attention_backend": "trtllm_mha", "page_size": 64, "chunked_prefill_size": 2048,
+        "decode_max_bs": plan.expected["max_running_requests"],
+        "mem_fraction_static": plan.flags["--mem-fraction-static"]}
+    resolved = plan.inputs["resolved_profile"]
+    assert resolved["radix_strategy"] == plan.flags["--mamba-radix-cache-strategy"] == "extra_buffer"
+
+
+def test_sglang_defaults_mode_records_sglangs_own_chunk_and_graph_batch(cases, seed):
+    profile, options = seed
+    plan = _plan(profile, options, bounds=TunerBounds(mode="sglang_defaults"))
+    assert plan.inputs["platform"]["chunked_prefill_size"] == 16384  # B200 row of SGLang's GPU table
+    assert plan.inputs["platform"]["decode_max_bs"] == 512
+
+
+# -- Qwen3-VL on a large Hopper GPU: the CUDA-IPC feature pool ---------------------------------------
+
+def test_qwen3_vl_on_h200_reserves_one_gib_below_400_requests(qwen3_vl):
+    profile, options = qwen3_vl
+    plan = _plan(profile, options, gpus=[_row(name="NVIDIA H200", total_mib=H200_MIB)],
+                 bounds=TunerBounds(max_running_requests=100))
+    assert plan.expected["max_running_requests"] == 100
+    assert _row_bytes(plan, "multimodal cache reservation") == GIB
+    assert ("Qwen3-VL on a large Hopper GPU: SGLang reserves the CUDA-IPC image feature pool (1 GiB, 3 GiB at "
+            ">= 400 running requests) instead of the VLM embedding cache") in plan.notes
+
+
+def test_qwen3_vl_on_h200_reserves_three_gib_at_400_requests_or_more(qwen3_vl):
+    profile, options = qwen3_vl
+    plan = _plan(profile, options, gpus=[_row(name="NVIDIA H200", total_mib=H200_MIB)])
+    requests = plan.expected["max_running_requests"]
+    assert requests >= 400
+    assert _row_bytes(plan, "multimodal cache reservation") == 3 * GIB
+    # The expected pool is SGLang's arithmetic with the 3 GiB pool taken out of the static budget.
+    resolved = profile.__class__.from_dict(plan.inputs["resolved_profile"])
+    assert resolved.multimodal_reserve_bytes == 3 * GIB
+    sizing = size_pools(resolved, pre_load_free_bytes=_row_bytes(plan, "pre-load free (SGLang baseline)"),
+                        mem_fraction_static=plan.flags["--mem-fraction-static"], max_running_requests=requests,
+                        max_mamba_cache_size=None, context_length=plan.flags["--context-length"])
+    assert sizing.max_total_num_tokens == plan.expected["max_total_num_tokens"]
+
+
+def test_qwen3_vl_pinned_requests_set_the_pool_in_sglang_defaults_mode(qwen3_vl):
+    profile, _ = qwen3_vl
+    options = LaunchOptions.from_args(["--max-running-requests", "500"])
+    plan = _plan(profile, options, gpus=[_row(name="NVIDIA H200", total_mib=H200_MIB)],
+                 bounds=TunerBounds(mode="sglang_defaults"))
+    assert _row_bytes(plan, "multimodal cache reservation") == 3 * GIB
+
+
+def test_qwen3_vl_on_a_small_gpu_keeps_the_vlm_cache(qwen3_vl):
+    profile, options = qwen3_vl
+    plan = _plan(profile, options, gpus=[_row(name="NVIDIA L40S", total_mib=L40S_MIB)])
+    assert _row_bytes(plan, "multimodal cache reservation") == 100 * MIB
+    assert not any("Hopper" in note for note in plan.notes)
+
+
+@pytest.mark.parametrize("mode", ["tuned", "sglang_defaults"])
+def test_multimodal_model_outside_sglangs_list_reserves_no_prefill_graphs(qwen3_vl, mode):
+    """SGLang turns the prefill CUDA graph off for Qwen3-VL (not in its multimodal allow-list), so the
+    reserve holds no prefill graph memory; on a 45 GiB GPU no 10 GiB floor hides the difference."""
+    profile, options = qwen3_vl
+    plan = _plan(profile, options, gpus=[_row(name="NVIDIA L40S", total_mib=L40S_MIB)],
+                 bounds=TunerBounds(mode=mode))
+    chunk, decode_bs = plan.inputs["platform"]["chunked_prefill_size"], plan.inputs["platform"]["decode_max_bs"]
+    assert _row_bytes(plan, "SGLang reserve") == int((512 + 1.5 * max(chunk, 2048) + 128 + 2 * decode_bs) * MIB)
+
+
+def test_no_buffer_refuses_a_pinned_page_other_than_one_on_any_backend(seed):
+    profile, _ = seed
+    options = LaunchOptions.from_args(SEED_ARGS + ["--attention-backend", "flashinfer", "--page-size", "16"])
+    with pytest.raises(PlanError) as failure:
+        _plan(profile, options, bounds=TunerBounds(no_buffer_radix=True))
+    assert str(failure.value) == ("[host gpu-node-1, server gpu-node-1:30000] "
+                                  + NO_BUFFER_ERROR.format(backend="flashinfer", page=16))
+
+
+def test_resolved_page_size_when_the_extra_args_already_pin_the_strategy(seed_profile, seed_options):
+    """The no_buffer bound does not apply over the user's own extra_buffer: Blackwell's page 64 stays."""
+    assert resolved_page_size(seed_profile, seed_options, [_row()], TunerBounds(no_buffer_radix=True)) == 64
