@@ -157,16 +157,26 @@ def json_safe(value: Any) -> Any:
 
 
 
+def _raised_error(exception_info: dict) -> str | None:
+    """The message of an exception GX caught while computing an expectation's metrics, if any. GX 1.x keys
+    ``exception_info`` by metric (``{MetricConfigurationID: {"raised_exception", "exception_message", ...}}``);
+    a flat ``{"raised_exception", ...}`` is read too."""
+    infos = [exception_info] if "raised_exception" in exception_info else list(exception_info.values())
+    messages = [str(info.get("exception_message")) for info in infos
+                if isinstance(info, dict) and info.get("raised_exception")]
+    return "; ".join(dict.fromkeys(messages)) if messages else None
+
+
 def _read_result(check: _Check, result: Any) -> dict:
     body = result.result or {}
     entry: dict[str, Any] = {"name": check.name, "table": check.table,
                              "expectation": result.expectation_config.type,
                              "column": result.expectation_config.kwargs.get("column"),
                              "success": bool(result.success), "bound": check.bound}
-    exception = result.exception_info or {}
-    if exception.get("raised_exception"):
+    error = _raised_error(result.exception_info or {})
+    if error is not None:
         entry["success"] = False
-        entry["error"] = str(exception.get("exception_message"))[:500]
+        entry["error"] = error[:500]
     if check.kind == "mean":
         mean = body.get("observed_value")
         entry["observed"] = round(float(mean), 4) if mean is not None else None
