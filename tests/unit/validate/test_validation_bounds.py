@@ -198,3 +198,4 @@ def test_unknown_ids_are_listed_in_the_order_the_stats_hold_them(tmp_path):
     summary = validate_run(write_run(tmp_path / "run", data, shards=1), ids(5), THRESHOLDS, build_docs=False,
                            raise_on_failure=False)
     assert summary["unknown_ids"] == {"count": 2, "first_ids": ["stranger-a", "stranger-b"]}
+
