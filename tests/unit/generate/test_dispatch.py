@@ -13,7 +13,7 @@ from fleetgen.generate import run_shard_async
 from fleetgen.generate.dispatch import WorkQueue
 from fleetgen.prompts.scan import Prompt, plan_shards
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]  # a hang (a broken dispatcher) fails in seconds
 API_KEY = "sk-very-secret-key-123"
 
 

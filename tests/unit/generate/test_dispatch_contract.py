@@ -13,7 +13,7 @@ from generate_fakes import FakeFleet, fast_settings, shard_output, write_prompts
 from fleetgen.errors import AllServersDown, GenerationError
 from fleetgen.generate import run_shard_async
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]  # a hang (a broken dispatcher) fails in seconds
 
 
 def _finished_ids(out):
@@ -91,7 +91,7 @@ async def test_the_breaker_trips_exactly_at_its_count(tmp_path):
 
 async def test_a_busy_but_healthy_server_is_not_marked_down_by_the_stall_watchdog(tmp_path):
     shard = write_prompts(tmp_path / "p.jsonl", 6)
-    fleet = FakeFleet(1, limit=3, delay_s=0.4)  # slower than the stall check, /health answers 200
+    fleet = FakeFleet(1, limit=3, delay_s=0.2)  # 4x the stall check, /health answers 200
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(stall_check_s=0.05),
                                     transport=fleet.transport(), progress_interval_s=0.01)
     assert summary["done"] == 6 and summary["servers"]["s0:1"]["marked_down"] == []
@@ -100,7 +100,7 @@ async def test_a_busy_but_healthy_server_is_not_marked_down_by_the_stall_watchdo
 
 async def test_a_hung_server_is_marked_down_and_its_requests_go_elsewhere(tmp_path):
     shard = write_prompts(tmp_path / "p.jsonl", 10)
-    fleet = FakeFleet(2, limit=2, delay_s={"s0:1": 0.03, "s1:1": 3600})  # s1 never answers
+    fleet = FakeFleet(2, limit=2, delay_s={"s0:1": 0.03, "s1:1": 2.0})  # s1 silent 20x the stall check
     fleet.health["s1:1"] = lambda name: (_ for _ in ()).throw(httpx.ConnectTimeout("no answer"))
     summary = await asyncio.wait_for(
         run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(stall_check_s=0.1),
