@@ -259,7 +259,8 @@ async def test_every_server_down_on_a_resumed_shard_counts_earlier_and_new_promp
         await run_shard_async(shard, again.endpoints(), tmp_path / "out", settings, transport=again.transport(),
                               progress_interval_s=0.01)
     head, *lines = caught.value.message.split("\n")
-    assert re.fullmatch(r"every server has been down for \d+ s; progress is saved \(5 done, 5 left\):", head), head
+    down_for = re.fullmatch(r"every server has been down for (\d+) s; progress is saved \(5 done, 5 left\):", head)
+    assert down_for and int(down_for.group(1)) <= 60, head  # measured since the last server went down
     assert len(lines) == 2 and all(re.fullmatch(rf"  s{n}:1: down since {STAMP} \(connection: ConnectError: gone\)",
                                                 line) for n, line in enumerate(lines)), lines
 
@@ -557,16 +558,19 @@ async def test_a_shard_count_share_leaves_the_room_the_other_shard_uses_on_each_
         "shard 0: 2 shard(s) share the fleet; in-flight caps now s0:1=1, s1:1=2"]
 
 
-async def test_progress_is_saved_on_the_way_every_mark_interval(tmp_path, monkeypatch):
+async def test_progress_is_saved_on_the_way_every_mark_interval(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(dispatch, "MARK_INTERVAL_S", 0.01)
     shard = write_prompts(tmp_path / "p.jsonl", 30)
     fleet = FakeFleet(1, limit=1, delay_s=0.004)
     marks = []
     fleet.behaviour["s0:1"] = lambda pid, n: marks.append(
         (tmp_path / "out" / "shards" / "shard-00000.mark.json").exists()) if n == 25 else None
-    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport(), progress_interval_s=0.005)
+    with caplog.at_level("INFO"):
+        summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                                        transport=fleet.transport(), progress_interval_s=0.005)
     assert summary["done"] == 30 and marks == [True]
+    progress = [m for m in messages(caplog) if m.startswith("shard 0: ") and " done (" in m and "in flight: " in m]
+    assert len(progress) >= 2  # lines on the way, and the last one
 
 
 async def test_a_failing_share_count_is_logged_with_its_cause(tmp_path, caplog):
