@@ -56,8 +56,9 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
 
-# Mutation testing of the critical modules (mutation/modules.toml), not part of `make test`: 3-15 minutes
-# a module on 2 cores, over an hour for all. MODULES=remote,store picks some; MUTATION_WORKERS caps the workers.
+# Mutation testing of the critical modules (mutation/modules.toml), not part of `make test`. By default only
+# the modules whose source or mapped tests changed since their recorded result; MODULES=remote,store picks
+# some, MODULES=all runs every one (over an hour on 2 cores). MUTATION_WORKERS caps the workers.
 MUTATION_STAMP := $(VENV)/.mutation-installed
 MODULES ?=
 MUTATION_WORKERS ?= 2

@@ -1,6 +1,10 @@
 """Mutation testing of the critical modules: mutmut over each module against its own fast tests.
 
-Usage: python scripts/mutation.py [--modules a,b] [--workers N] [--summary-only]
+Usage: python scripts/mutation.py [--modules a,b | --all] [--workers N] [--summary-only]
+
+Without --modules or --all only the modules whose inputs changed are run: each result in
+mutation/summary.json carries the SHA-256 of the module's source and its mapped tests when measured, so
+an everyday run costs the modules a change touched, not the hour a full run takes on 2 cores.
 
 mutmut derives module names from file paths and only knows the `src/` layout, so each module runs in
 a staging folder (mutation/.work/<name>/) whose `src` and `tests` point at this checkout; the
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import hashlib
 import json
 import os
 import pathlib
@@ -43,6 +48,23 @@ def load_reasons() -> dict[str, str]:
     return tomllib.loads(path.read_text()).get("reasons", {}) if path.exists() else {}
 
 
+def inputs_digest(module: dict) -> str:
+    """SHA-256 over the module's source and its mapped test files: a result is current while it matches."""
+    digest = hashlib.sha256()
+    for relative in [f"include/{module['source']}", *module["tests"]]:
+        path = ROOT / relative
+        digest.update(relative.encode() + b"\0" + (path.read_bytes() if path.exists() else b"") + b"\0")
+    return digest.hexdigest()
+
+
+def stale_modules(modules: dict[str, dict]) -> list[str]:
+    """Modules never measured, or whose source or tests changed since summary.json's result."""
+    path = MUTATION_DIR / "summary.json"
+    measured = json.loads(path.read_text()).get("modules", {}) if path.exists() else {}
+    return [name for name, module in modules.items()
+            if measured.get(name, {}).get("inputs_sha256") != inputs_digest(module)]
+
+
 def _stage(name: str, module: dict) -> pathlib.Path:
     """A staging folder: src -> include/, tests -> tests/, and a pyproject naming what to mutate."""
     stage = WORK_DIR / name
@@ -70,6 +92,7 @@ def _stage(name: str, module: dict) -> pathlib.Path:
 
 def run_module(name: str, module: dict, workers: int) -> None:
     stage = _stage(name, module)
+    (stage / "inputs.sha256").write_text(inputs_digest(module) + "\n")  # what this run measures
     mutmut = pathlib.Path(sys.executable).with_name("mutmut")
     started = time.monotonic()
     print(f"== {name}: {module['source']} against {' '.join(module['tests'])}", flush=True)
@@ -133,7 +156,10 @@ def summarize(modules: dict[str, dict]) -> dict:
                       else "not checked" if code is None else f"exit {code}")
             survivors.append({"mutant": mutant, "status": status, "change": _mutant_diff(functions, mutant),
                               "reason": reasons.get(mutant, "")})
-        out[name] = {"source": module["source"], "tests": module["tests"], "mutants": counted,
+        digest_file = WORK_DIR / name / "inputs.sha256"
+        out[name] = {"source": module["source"], "tests": module["tests"],
+                     "inputs_sha256": digest_file.read_text().strip() if digest_file.exists() else None,
+                     "mutants": counted,
                      "unchecked": unchecked, "killed": killed, "alive": len(alive),
                      "score": round(killed / counted, 4) if counted else None,
                      "survivors": survivors}
@@ -173,15 +199,22 @@ def write_summary(results: dict) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modules", default=os.environ.get("MODULES", ""),
-                        help="comma-separated names from mutation/modules.toml (default: all)")
+                        help="comma-separated names from mutation/modules.toml (default: those whose source or "
+                             "tests changed since their result in summary.json)")
+    parser.add_argument("--all", action="store_true", help="run every module")
     parser.add_argument("--workers", type=int, default=int(os.environ.get("MUTATION_WORKERS", "2")))
     parser.add_argument("--summary-only", action="store_true", help="rebuild the summary from the last runs")
     args = parser.parse_args()
     modules = load_modules()
-    chosen = [m for m in args.modules.split(",") if m] or list(modules)
+    chosen = (list(modules) if args.all or args.modules == "all"
+              else [m for m in args.modules.split(",") if m] or stale_modules(modules))
     unknown = sorted(set(chosen) - set(modules))
     if unknown:
         parser.error(f"unknown modules {unknown}; known: {sorted(modules)}")
+    if not args.modules and not args.all and not args.summary_only:
+        current = [name for name in modules if name not in chosen]
+        print(f"up to date (source and tests unchanged since measured): {', '.join(current) or 'none'}; "
+              f"to run: {', '.join(chosen) or 'none'} (--all or MODULES=all runs every module)", flush=True)
     if not args.summary_only:
         for name in chosen:  # re-read per module: a long run picks up test lists edited meanwhile
             run_module(name, load_modules()[name], args.workers)
