@@ -199,3 +199,23 @@ def test_unknown_ids_are_listed_in_the_order_the_stats_hold_them(tmp_path):
                            raise_on_failure=False)
     assert summary["unknown_ids"] == {"count": 2, "first_ids": ["stranger-a", "stranger-b"]}
 
+
+
+def test_each_failed_expectation_is_logged_and_the_hint_says_where_to_look(tmp_path, caplog):
+    out = write_run(tmp_path / "run", rows(20))
+    with caplog.at_level(logging.WARNING, logger="fleetgen.validation.suite"):
+        with pytest.raises(ValidationFailed) as caught:
+            validate_run(out, ids(22), THRESHOLDS, build_docs=False)
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert warnings == ["expectation failed no_missing_ids: observed 2, expected 0 prompts without a completion or "
+                        "an error record; sample ids: p00020, p00021"]
+    assert caught.value.hint == (f"open {out / 'validation' / 'summary.json'} for every expectation; missing ids "
+                                 "usually mean a shard did not finish (re-run generate for it), errors are listed in "
+                                 "errors/*.jsonl")
+
+
+def test_with_data_docs_the_hint_points_at_them(tmp_path):
+    out = write_run(tmp_path / "run", rows(20))
+    with pytest.raises(ValidationFailed) as caught:
+        validate_run(out, ids(21), THRESHOLDS)
+    assert caught.value.hint.startswith(f"open {out / 'validation' / 'data_docs' / 'index.html'} for every expectation;")
