@@ -219,3 +219,12 @@ def test_with_data_docs_the_hint_points_at_them(tmp_path):
     with pytest.raises(ValidationFailed) as caught:
         validate_run(out, ids(21), THRESHOLDS)
     assert caught.value.hint.startswith(f"open {out / 'validation' / 'data_docs' / 'index.html'} for every expectation;")
+
+
+def test_distinct_errors_of_one_expectation_are_all_named_once():
+    info = {"metric-a": {"raised_exception": True, "exception_message": "column missing"},
+            "metric-b": {"raised_exception": True, "exception_message": "column missing"},
+            "metric-c": {"raised_exception": True, "exception_message": "bad dtype"},
+            "metric-d": {"raised_exception": False, "exception_message": "ignored"}}
+    assert suite._raised_error(info) == "column missing; bad dtype"
+    assert suite._raised_error({}) is None
