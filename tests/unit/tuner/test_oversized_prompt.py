@@ -82,3 +82,11 @@ def test_a_prompts_own_max_tokens_counts_against_the_context(tmp_path):
                     + json.dumps({"id": "b", "prompt": "x" * 400, "sampling": {"max_tokens": 1000}}) + "\n")
     scan = scan_prompts(path, length_limit=LengthLimit(context_tokens=1000, max_tokens=500, source="test"))
     assert (scan.count, scan.too_long) == (1, 1)  # 100 + 500 fits; 100 + 1000 does not
+
+
+def test_every_prompt_set_aside_is_counted(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"id": name, "prompt": "x" * size}) + "\n"
+                            for name, size in (("a", 400), ("b", 8000), ("c", 400), ("d", 9000), ("e", 12000))))
+    scan = scan_prompts(path, length_limit=LengthLimit(context_tokens=1000, max_tokens=500, source="test"))
+    assert (scan.count, scan.too_long) == (2, 3)
