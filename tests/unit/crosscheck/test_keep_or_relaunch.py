@@ -9,6 +9,7 @@ import pytest
 
 from fleetgen.nodes import remote
 from fleetgen.nodes.readiness import args_as_flags, launch_differences
+import sglang_sim
 from sglang_sim import __version__ as SIM_VERSION
 from sglang_sim.args import parse_args
 from sglang_sim.faults import Faults
@@ -27,7 +28,8 @@ SEED_EXTRA_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps"
                    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
                    "--mamba-radix-cache-strategy", "extra_buffer", "--context-length", "8192",
                    "--reasoning-parser", "qwen3"]
-MODELS = Path(__file__).resolve().parents[3] / "include" / "sglang_sim" / "models"
+# Beside the simulator package, wherever it is imported from (mutation testing stages a copy of it).
+MODELS = Path(sglang_sim.__file__).resolve().parent / "models"
 PLAN_FLAGS = {"--mem-fraction-static": 0.93, "--max-running-requests": 40, "--max-mamba-cache-size": 200,
               "--disable-radix-cache": False}
 
