@@ -53,7 +53,7 @@ def free_port_block(count: int, start: int | None = None, stop: int | None = Non
     start: random, so that environments set up side by side rarely race for the same block."""
     import random
 
-    stop = stop or max(_ephemeral_floor(), 20000 + 2 * count + 200)
+    stop = stop or _ephemeral_floor()
     port = start if start is not None else random.randrange(20000, max(20100, stop - count - 100), 100)
     while port + count < stop:
         taken = next((offset for offset in range(count)
@@ -62,7 +62,7 @@ def free_port_block(count: int, start: int | None = None, stop: int | None = Non
             _HANDED_OUT.update(range(port, port + count))
             return port
         port = port + taken + 1
-    raise RuntimeError(f"no {count} consecutive free ports between {start} and {stop}")
+    raise RuntimeError(f"no {count} consecutive free ports below {stop} from {start or 20000}")
 
 
 def _bindable(port: int) -> bool:

@@ -130,15 +130,10 @@ class ReadinessTrigger(BaseTrigger):
                             ssh = await self._connect()
                         event = await self._poll(ssh, http)
                         budget.reset()
-                    except asyncssh.HostKeyNotVerifiable as exc:
+                    except asyncssh.HostKeyNotVerifiable as exc:  # never retried
                         event = await self._host_key_event(exc)
-                        await self._settle(run_started)
-                        yield event
-                        return
-                    except ConnectionSetupError as exc:
-                        await self._settle(run_started)
-                        yield self._event("unreachable", error=str(exc), log_tail=self._log_lines)
-                        return
+                    except ConnectionSetupError as exc:  # reconnecting cannot help
+                        event = self._event("unreachable", error=str(exc), log_tail=self._log_lines)
                     except _connection_errors() as exc:
                         ssh = self._drop(ssh)
                         event, pause = await self._after_ssh_failure(exc, budget, http)
