@@ -54,7 +54,7 @@ def free_port_block(count: int, start: int | None = None, stop: int | None = Non
     import random
 
     stop = stop or _ephemeral_floor()
-    port = start if start is not None else random.randrange(20000, max(20100, stop - count - 100), 100)
+    first = port = start if start is not None else random.randrange(20000, max(20100, stop - count - 100), 100)
     while port + count < stop:
         taken = next((offset for offset in range(count)
                       if port + offset in _HANDED_OUT or not _bindable(port + offset)), None)
@@ -62,7 +62,7 @@ def free_port_block(count: int, start: int | None = None, stop: int | None = Non
             _HANDED_OUT.update(range(port, port + count))
             return port
         port = port + taken + 1
-    raise RuntimeError(f"no {count} consecutive free ports below {stop} from {start or 20000}")
+    raise RuntimeError(f"no {count} consecutive free ports between {first} and {stop}")
 
 
 def _bindable(port: int) -> bool:
