@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from utilization import capacity  # noqa: E402  (one capacity formula for both b
 from fleetgen.outputs import RunLayout  # noqa: E402
 from sglang_sim.demo import DEMO_API_KEY_FILE, SimEnvironment, airflow_cli, airflow_env, free_port_block  # noqa: E402
 from sglang_sim.prod import settings_document  # noqa: E402
+from sglang_sim.sessions import STOP_GRACE_S, terminate_sessions  # noqa: E402
 
 DAG_ID = "sglang_generation"
 SHARD_TASK = "generate.generate_shard"
@@ -160,11 +160,8 @@ def run(args: argparse.Namespace, root: Path) -> int:
         print(f"dag_utilization fleet={rate / workload:.3f} shards={peak}")
         return 0
     finally:
-        try:
-            os.killpg(standalone.pid, signal.SIGTERM)
-            standalone.wait(timeout=60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
+        terminate_sessions([standalone.pid], signal.SIGTERM, STOP_GRACE_S)
+        standalone.wait(timeout=10)
         environment.stop()
 
 

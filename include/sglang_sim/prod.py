@@ -25,6 +25,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from sglang_sim.demo import PROJECT_ROOT, SimEnvironment, airflow_cli
+from sglang_sim.sessions import STOP_GRACE_S, terminate_sessions
 
 DAG_ID = "sglang_generation"
 PG_ADMIN_URL = os.environ.get("FLEETGEN_PG_ADMIN_URL", "postgresql://root@127.0.0.1:5432/postgres")
@@ -262,50 +263,28 @@ class ProdStack:
             time.sleep(2)
         raise TimeoutError(f"the stack was not healthy after {timeout_s:.0f} s: {problem}; logs in {self.log_path('x').parent}")
 
-    def kill(self, component: str, sig: int = signal.SIGKILL) -> None:
-        """Signal every process of a component's session, as if its machine died: a worker's pool and the
-        task processes too (each task runs in a process group of its own, but in the worker's session)."""
+    def kill(self, component: str, sig: int = signal.SIGKILL, grace_s: float = STOP_GRACE_S) -> bool:
+        """Signal every process of a component's session, as a machine's shutdown or an orchestrator does
+        (a worker's pool and the task processes too: each task runs in a process group of its own, but in
+        the worker's session). What still runs ``grace_s`` later is killed. True when it exited in time."""
         process = self.processes[component]
-        for pid in session_members(process.pid):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        process.wait(timeout=60)
+        stuck = terminate_sessions([process.pid], sig, grace_s)
+        process.wait(timeout=10)
+        if stuck:
+            print(f"{component} did not exit within {grace_s:.0f} s of {signal.Signals(sig).name}: killed "
+                  f"(SIGKILL); its log: {self.log_path(component)}", file=sys.stderr, flush=True)
+        return not stuck
 
     def stop(self) -> None:
-        for component in reversed(list(self.processes)):
-            process = self.processes[component]
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    continue
-        for component, process in self.processes.items():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-            for pid in session_members(process.pid):  # what did not stop, task processes included
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        leaders = {process.pid: component for component, process in reversed(self.processes.items())
+                   if process.poll() is None}
+        stuck = terminate_sessions(list(leaders), signal.SIGTERM, STOP_GRACE_S)
+        for process in self.processes.values():
             process.wait(timeout=10)
+        if stuck:
+            print(f"killed (SIGKILL) after {STOP_GRACE_S} s: {', '.join(leaders[pid] for pid in stuck)}",
+                  file=sys.stderr, flush=True)
         self.processes.clear()
-
-
-def session_members(session_id: int) -> list[int]:
-    """The pids of every process in a session (the components are started as session leaders)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == session_id:
-                    members.append(int(entry))
-            except (ProcessLookupError, PermissionError):
-                continue
-    return members
 
 
 def settings_document(settings) -> dict:
@@ -362,18 +341,10 @@ def down(args: argparse.Namespace) -> int:
         print(f"no stack recorded in {state_path}: nothing to stop")
         return 0
     state = json.loads(state_path.read_text())
-    leaders = [*state["pids"].values(), *state["sshd_pids"]]
-    for pid in leaders:
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    time.sleep(20)  # Celery's warm shutdown; then whatever is left of each session goes
-    for pid in [member for leader in leaders for member in session_members(leader)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    stuck = terminate_sessions([*state["pids"].values(), *state["sshd_pids"]], signal.SIGTERM, STOP_GRACE_S)
+    names = {pid: name for name, pid in state["pids"].items()}
+    if stuck:
+        print(f"killed (SIGKILL) after {STOP_GRACE_S} s: {', '.join(names.get(pid, f'sshd {pid}') for pid in stuck)}")
     environment = SimEnvironment(root=root, nodes=state["nodes"], gpus_per_node=state["gpus_per_node"])
     environment.base_port = state["base_port"]
     environment.stop_servers()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from sglang_sim.demo import PROJECT_ROOT, SimEnvironment, airflow_cli, airflow_env, prepare_airflow
+from sglang_sim.sessions import STOP_GRACE_S, terminate_sessions
 
 
 @dataclass
@@ -87,16 +87,10 @@ class AirflowUI:
         raise TimeoutError(f"the Airflow UI did not answer on {self.url} within {timeout_s:.0f} s")
 
     def stop(self) -> None:
-        # standalone ignores SIGINT when backgrounded: TERM its whole process group.
+        # standalone ignores SIGINT when backgrounded: TERM its whole session, task processes included.
         if self.process is not None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=30)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+            terminate_sessions([self.process.pid], signal.SIGTERM, STOP_GRACE_S)
+            self.process.wait(timeout=10)
         if self.environment is not None:
             self.environment.stop()
 

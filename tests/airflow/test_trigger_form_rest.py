@@ -18,6 +18,7 @@ DAG_ID = "sglang_generation"
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
+    from sglang_sim.sessions import STOP_GRACE_S, terminate_sessions
     from sglang_sim.sshd import free_port, wait_for_port
 
     home = tmp_path_factory.mktemp("airflow-api")
@@ -48,8 +49,8 @@ def api(tmp_path_factory):
         yield client
         client.close()
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        terminate_sessions([server.pid], signal.SIGTERM, STOP_GRACE_S)
+        server.wait(timeout=10)
 
 
 def _trigger(api, conf):

@@ -1,6 +1,7 @@
 """The production-shaped stack's pure parts: what is missing is named, secrets are shared, each worker differs
 only where it must."""
 
+import signal
 import socket
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from sglang_sim import prod
+from sglang_sim import prod, sessions
 from sglang_sim.demo import SimEnvironment
 
 
@@ -62,11 +63,61 @@ def test_a_killed_component_takes_the_processes_of_its_whole_session():
                                "time.sleep(60)'])\ntime.sleep(60)"], start_new_session=True)
     try:
         deadline = time.monotonic() + 20
-        while len(prod.session_members(leader.pid)) < 2 and time.monotonic() < deadline:
+        while len(sessions.session_members(leader.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        members = prod.session_members(leader.pid)
+        members = sessions.session_members(leader.pid)
         assert len(members) == 2 and leader.pid in members
     finally:
-        for pid in prod.session_members(leader.pid):
+        for pid in sessions.session_members(leader.pid):
             subprocess.run(["kill", "-9", str(pid)], check=False)
         leader.wait(timeout=10)
+
+
+def _session(code: str) -> subprocess.Popen:
+    leader = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    assert leader.stdout.readline() == b"ready\n"
+    return leader
+
+
+def test_a_component_that_exits_on_sigterm_is_not_waited_for_and_what_it_left_behind_is_killed():
+    # The leader exits at once (a zombie until reaped); its child, in a process group of its own, ignores SIGTERM.
+    leader = _session("import signal, subprocess, sys, time\n"
+                      "child = subprocess.Popen([sys.executable, '-c', 'import os, signal, time; os.setpgid(0, 0); "
+                      "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(120)'], "
+                      "stdout=subprocess.PIPE)\n"
+                      "child.stdout.readline(); print('ready', flush=True); time.sleep(120)")
+    members = sessions.session_members(leader.pid)
+    assert len(members) == 2
+    assert sessions.terminate_sessions([leader.pid], grace_s=20) == []
+    assert leader.wait(timeout=10) == -15
+    deadline = time.monotonic() + 10
+    while sessions.session_members(leader.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sessions.session_members(leader.pid) == []
+
+
+# Airflow 3.3's scheduler on SIGTERM: the handler logs, and when the signal lands inside a log write it
+# waits on the (non-reentrant) lock that very write holds. Here the main thread holds the lock outright.
+STUCK_IN_SIGTERM_HANDLER = ("import signal, threading, time\n"
+                            "lock = threading.Lock()\n"
+                            "signal.signal(signal.SIGTERM, lambda *_: lock.acquire())\n"
+                            "with lock:\n"
+                            "    print('ready', flush=True)\n"
+                            "    while True:\n"
+                            "        time.sleep(0.05)\n")
+
+
+def test_a_component_stuck_in_its_sigterm_handler_is_named_and_killed_after_the_grace():
+    leader = _session(STUCK_IN_SIGTERM_HANDLER)
+    assert sessions.terminate_sessions([leader.pid], grace_s=1) == [leader.pid]
+    assert leader.wait(timeout=10) == -9
+
+
+def test_a_stack_component_stuck_on_sigterm_is_reported_with_its_log(tmp_path, capsys):
+    stack = prod.ProdStack(environment=SimEnvironment(root=tmp_path, nodes=1, gpus_per_node=1))
+    stack.processes["scheduler"] = _session(STUCK_IN_SIGTERM_HANDLER)
+    assert stack.kill("scheduler", signal.SIGTERM, grace_s=1) is False
+    assert stack.processes["scheduler"].returncode == -9
+    error = capsys.readouterr().err
+    assert error.startswith("scheduler did not exit within 1 s of SIGTERM: killed (SIGKILL)")
+    assert str(tmp_path / "logs" / "scheduler.log") in error
