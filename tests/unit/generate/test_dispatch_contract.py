@@ -119,14 +119,23 @@ async def test_a_hung_server_is_marked_down_and_its_requests_go_elsewhere(tmp_pa
     assert mark["valid_before"] == 10
 
 
-@pytest.mark.parametrize("status, words", [(404, "HTTP 404: nope for /v1/chat/completions"), (403, "HTTP 403: nope")])
-async def test_a_wrong_url_or_key_stops_the_shard_at_once_naming_the_server(tmp_path, status, words):
+KEY_HINT = "the server refused the API key: check the key in the run's connection/secret matches the servers' --api-key"
+
+
+@pytest.mark.parametrize("status, words, hint", [
+    (404, "HTTP 404: nope for /v1/chat/completions",
+     "check the server URL and that it is an OpenAI-compatible SGLang server"),
+    (403, "HTTP 403: nope", KEY_HINT),
+    (401, "HTTP 401: nope", KEY_HINT),
+])
+async def test_a_wrong_url_or_key_stops_the_shard_at_once_naming_the_server(tmp_path, status, words, hint):
     shard = write_prompts(tmp_path / "p.jsonl", 30)
     fleet = FakeFleet(1, limit=1)
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(status, json={"error": {"message": "nope"}})
     with pytest.raises(GenerationError) as caught:
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
     assert caught.value.message == words and (caught.value.shard, caught.value.server) == (0, "s0:1")
+    assert caught.value.hint == hint
     assert fleet.requests["s0:1"] == 1 and shard_output(tmp_path / "out")["errors"] == []
 
 

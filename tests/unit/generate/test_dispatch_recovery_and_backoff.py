@@ -502,20 +502,6 @@ async def test_a_server_without_metrics_is_named_once_in_the_log(tmp_path, caplo
         "); its occupancy has gaps")
 
 
-@pytest.mark.parametrize("status, hint", [
-    (401, "the server refused the API key: check the key in the run's connection/secret matches the servers' "
-          "--api-key"),
-    (404, "check the server URL and that it is an OpenAI-compatible SGLang server"),
-])
-async def test_a_refused_key_or_a_wrong_url_says_what_to_check(tmp_path, status, hint):
-    shard = write_prompts(tmp_path / "p.jsonl", 3)
-    fleet = FakeFleet(1, limit=1)
-    fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(status, json={"error": {"message": "no"}})
-    with pytest.raises(GenerationError) as caught:
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
-    assert caught.value.hint == hint
-
-
 async def test_a_server_another_shard_found_hung_has_this_shards_requests_abandoned_at_once(tmp_path, monkeypatch):
     monkeypatch.setattr(dispatch, "HEALTH_POLL_S", 0.005)
     shard = write_prompts(tmp_path / "p.jsonl", 30)
