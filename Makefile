@@ -7,6 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # SGLang 0.5.23 on CPU in its own venv: the tests check the tuner's flags against SGLang's real parser.
 SGLANG_STAMP := .sglang-venv/.built
+# The real SGLang server on CPU for tests/real_sglang/: what launch_server needs, on top of the SGLang venv.
+SGLANG_SERVER_STAMP := .sglang-venv/.server-built
+SGLANG_SERVER_INPUTS := scripts/sglang-server-venv.sh tests/real_sglang/stand_ins/torchvision_meta_stub.pth \
+	$(wildcard tests/real_sglang/patches/*)
 PYTEST_ARGS ?=
 # The browser tests drive Debian's Chromium (Playwright cannot download browser builds here).
 CHROMIUM ?= /usr/bin/chromium
@@ -26,6 +30,10 @@ $(SGLANG_STAMP): scripts/sglang-venv.sh
 	bash scripts/sglang-venv.sh
 	touch $(SGLANG_STAMP)
 
+$(SGLANG_SERVER_STAMP): $(SGLANG_STAMP) $(SGLANG_SERVER_INPUTS)
+	bash scripts/sglang-server-venv.sh
+	touch $(SGLANG_SERVER_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/python -m sglang_sim.demo
 
@@ -37,7 +45,7 @@ openssh:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; \
 	else echo "openssh-server is not installed and we are not root: the OpenSSH end-to-end variants will be skipped"; fi
 
-test: $(STAMP) $(SGLANG_STAMP) openssh chromium
+test: $(STAMP) $(SGLANG_STAMP) $(SGLANG_SERVER_STAMP) openssh chromium
 	FLEETGEN_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Installed with apt when running as root; otherwise the browser tests say how to provide it and skip.

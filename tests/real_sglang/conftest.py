@@ -1,0 +1,55 @@
+"""Fixtures for the tests against the real SGLang 0.5.23 server on CPU (marker ``real_sglang``).
+
+Each server starts once per test session (about 30 s each on two cores) and is stopped with SIGTERM at the end.
+Without the server venv the tests are skipped with what to run; under CI (CI=true) that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.real_sglang import server as real
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.real_sglang)
+            item.add_marker(pytest.mark.slow)
+
+
+def require_real_sglang() -> None:
+    reason = real.missing()
+    if reason is None:
+        return
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI must build the real SGLang server: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    require_real_sglang()
+    return real.write_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+
+
+def _free_port() -> int:
+    from sglang_sim.demo import free_port_block
+
+    return free_port_block(1)
+
+
+@pytest.fixture(scope="session")
+def real_dense_server(tiny_models, tmp_path_factory):
+    """A real dense server (LlamaForCausalLM, random weights), ready."""
+    server = real.RealServer(model_dir=tiny_models["dense"], port=_free_port(),
+                             log_path=tmp_path_factory.mktemp("real-dense") / "server.log").start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,160 @@
+"""The real SGLang 0.5.23 server on this CPU-only machine: paths, flags and a launcher for the tests.
+
+The server runs from ``.sglang-venv`` (``scripts/sglang-venv.sh`` then ``scripts/sglang-server-venv.sh``) with
+``tests/real_sglang/stand_ins`` on its ``PYTHONPATH`` (the ``sgl_kernel`` stand-in). docs/real-sglang.md says what
+each flag and variable below is for and what the real server answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+VENV = PROJECT_ROOT / ".sglang-venv"
+PYTHON = VENV / "bin" / "python"
+SERVER_STAMP = VENV / ".server-built"
+STAND_INS = Path(__file__).resolve().parent / "stand_ins"
+TINY_MODELS = Path(__file__).resolve().parent / "tiny_models.py"
+MODULE = "sglang.launch_server"
+VERSION = "0.5.23"
+
+# The environment the server needs on a CPU-only machine: the CPU engine (else rotary embedding imports vllm),
+# the sgl_kernel stand-in, one OpenMP thread per process (two cores serve several servers and the tests).
+ENV = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(STAND_INS), "OMP_NUM_THREADS": "1"}
+# A KV pool the tests pin: without it SGLang sizes the pool from free host RAM (tens of millions of tokens).
+KV_TOKENS = 32768
+# What a user with a CPU node passes as server.extra_args; random weights, no weight files.
+CPU_FLAGS = ("--load-format", "dummy", "--device", "cpu", "--attention-backend", "torch_native",
+             "--sampling-backend", "pytorch", "--disable-cuda-graph", "--grammar-backend", "none")
+# Hybrid (Gated DeltaNet) models on CPU: extra_buffer needs Mamba state snapshots the CPU platform lacks,
+# and no_buffer needs the overlap scheduler off (sglang/srt/arg_groups/mamba_hook.py).
+HYBRID_FLAGS = ("--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule")
+
+
+def missing() -> str | None:
+    """Why the real server cannot run here, or None."""
+    if not PYTHON.exists():
+        return f"{PYTHON} is missing: run `make test` (it builds .sglang-venv) or scripts/sglang-venv.sh"
+    if not SERVER_STAMP.exists():
+        return f"{SERVER_STAMP} is missing: run scripts/sglang-server-venv.sh (make test does)"
+    return None
+
+
+def write_tiny_models(dest: Path) -> dict[str, Path]:
+    """``{"dense": folder, "hybrid": folder}`` under ``dest`` (tests/real_sglang/tiny_models.py)."""
+    subprocess.run([str(PYTHON), str(TINY_MODELS), str(dest)], check=True)
+    return {name: dest / name for name in ("dense", "hybrid")}
+
+
+def launch_argv(model_dir: Path, port: int, *flags: str, kv_tokens: int | None = KV_TOKENS) -> list[str]:
+    argv = [str(PYTHON), "-m", MODULE, "--model-path", str(model_dir), *CPU_FLAGS,
+            "--host", "127.0.0.1", "--port", str(port), "--enable-metrics"]
+    if kv_tokens is not None:
+        argv += ["--max-total-tokens", str(kv_tokens)]
+    return argv + list(flags)
+
+
+def get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def post_json(url: str, body: dict, timeout: float = 120.0) -> tuple[int, dict | bytes]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        raw, status = error.read(), error.code
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw
+
+
+@dataclass
+class RealServer:
+    """One ``sglang.launch_server`` process in its own session, its output in ``log_path``."""
+
+    model_dir: Path
+    port: int
+    log_path: Path
+    flags: tuple[str, ...] = ()
+    kv_tokens: int | None = KV_TOKENS
+    env: dict = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+    health_codes: list = field(default_factory=list)  # every /health status seen while starting
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "RealServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                launch_argv(self.model_dir, self.port, *self.flags, kv_tokens=self.kv_tokens),
+                env={**os.environ, **ENV, **self.env}, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout_s: float = 240.0) -> "RealServer":
+        """Until ``/health`` answers 200; raises RuntimeError with the log's end if the server exits first."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the real SGLang server on port {self.port} exited with "
+                                   f"{self.process.returncode}:\n{self.log_tail()}")
+            try:
+                status, _ = get(f"{self.url}/health", timeout=5)
+                self.health_codes.append(status)
+                if status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"the real SGLang server on port {self.port} was not ready after {timeout_s:.0f} s:\n"
+                           f"{self.log_tail()}")
+
+    def wait_exit(self, timeout_s: float = 240.0) -> int:
+        """The exit status of a server expected to fail at start-up."""
+        try:
+            return self.process.wait(timeout=timeout_s)
+        finally:
+            self.stop()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 30.0) -> int | None:
+        """SIGTERM to the server's session (SGLang drains and exits), SIGKILL after ``grace_s``."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # children left behind, if any
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        return self.process.returncode
