@@ -86,7 +86,7 @@ def _serving_flags(add) -> None:
     add("--stream-interval", type=int, default=1)
     add("--random-seed", type=int)
     add("--enable-memory-saver", action="store_true")
-    add("--enable-hierarchical-cache", action="store_true")
+    add("--enable-hierarchical-cache", "--enable-hicache", dest="enable_hierarchical_cache", action="store_true")
     add("--hicache-ratio", type=float, default=2.0)
     add("--hicache-size", type=int, default=0)
 
@@ -97,9 +97,10 @@ def _parallel_and_graph_flags(add) -> None:
     add("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
     add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
     add("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
-    add("--ep-size", "--expert-parallel-size", dest="ep_size", type=int, default=1)
-    add("--attn-dp-size", type=int, default=1)
+    add("--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int, default=1)
+    add("--attn-dp-size", "--attention-data-parallel-size", dest="attn_dp_size", type=int, default=1)
     add("--enable-dp-attention", action="store_true")
+    add("--device")  # accepted and reported; the simulated server is a GPU server whatever it says
     add("--base-gpu-id", type=int, default=0)
     add("--gpu-id-step", type=int, default=1)
     add("--nnodes", type=int, default=1)

@@ -7,10 +7,13 @@ request finishes, the KV pool runs out, a new request arrives, or the admission 
 decoding for its prefill (extend tokens x prefill time per token), as a prefill step interrupts
 decode batches. The scheduling rules are SGLang's (docs/sglang-scheduler.md §2-§4):
 
-- a running request holds ``ceil_page(prompt + generated + decode reserve)`` KV tokens
-  (``ScheduleBatch.new_tokens_required_next_decode``);
+- a (re-)prefill samples the request's next token, each decode step one more; a running request with
+  ``generated`` output tokens holds ``ceil_page(prompt + generated - 1 + decode reserve)`` KV tokens (the
+  newest token's KV is written by the next step: ``ScheduleBatch.new_tokens_required_next_decode``);
 - admission (``PrefillAdder.add_one_req``): ``extend + min(max_new - generated, 4096) + page`` must be
-  below ``free - sum(running remaining budget x new_token_ratio) - this pass's admissions``;
+  below ``free - sum(running remaining budget x new_token_ratio) - this pass's admissions``; a pass that
+  stops there with requests running marks the batch full, and no pass runs until a request leaves it
+  (``batch_is_full`` in ``Scheduler.get_new_batch_prefill``);
 - ``new_token_ratio`` starts at 0.7 x conservativeness, decays by ``(init - 0.14 x init) / 600`` per
   decode step, is re-estimated after a retraction and reset when idle (``NewTokenRatioTracker``);
 - when the next decode step does not fit, ``retract_decode`` removes the requests with the fewest
@@ -27,7 +30,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from sglang_sim.perf import Timing
@@ -36,7 +39,8 @@ from sglang_sim.simlog import log
 # requests finishing within this much wall time of each other complete in one wake-up
 COALESCE_WALL_S = 0.001
 # SGLang re-runs admission every scheduler iteration; the simulation does it every few decode steps
-# (the ratio moves by 0.001 per step, so the admitted count differs by at most one request).
+# (the ratio moves by 0.001 per step, so the admitted count differs by at most one request). Only a pass
+# cut short by --max-prefill-tokens waits for it: one refused for KV marks the batch full.
 ADMISSION_CHECK_STEPS = 8
 
 # --decode-log-interval: a "Decode batch" line every this many decode steps (logged at the first event after)
@@ -102,11 +106,14 @@ class _Job:
     future: asyncio.Future
     arrival: float
     admitted: float = 0.0
-    generated: int = 0       # tokens generated before the current admission (kept across retractions)
+    generated: int = 0       # output tokens at the current admission, its prefill's own token included
+                             # (kept across retractions, as Req.output_ids is)
     start: float = 0.0       # shared progress at the current admission
     finish_at: float = 0.0   # shared progress at which it is done
     retractions: int = 0
     seq: int = 0
+    joined: int = 0          # when it last joined the running batch: its place in ScheduleBatch.reqs
+    metered: bool = True     # counted in the stats (a health check's generation is not: log_metrics=False)
 
     def generated_at(self, progress: float) -> int:
         return min(self.output_tokens, self.generated + int(progress - self.start))
@@ -123,6 +130,10 @@ class EngineStats:
     last_retracted: int = 0
     peak_used_tokens: int = 0
     decode_steps: float = 0.0
+    # Scheduler.decode_moment_totals: steps, sum of batch sizes, of step microseconds, of squared batch sizes,
+    # of batch x step microseconds, generated tokens (simulated time)
+    decode_moments: list = field(default_factory=lambda: [0.0] * 6)
+    prefill_busy_us: float = 0.0  # Scheduler.total_prefill_busy_us, simulated
 
 
 class BatchEngine:
@@ -148,10 +159,17 @@ class BatchEngine:
         self._timer: asyncio.TimerHandle | None = None
         self._seq = itertools.count()
         self._frozen = False
+        # ScheduleBatch.batch_is_full: a pass refused a request for KV while requests ran; cleared when one
+        # leaves the batch (finish or retraction)
+        self._batch_full = False
         self._rates = [timing.request_rate(b) for b in range(capacity + 1)]
         self._logged_interval = 0
         # called with the engine every DECODE_LOG_INTERVAL decode steps (the server formats the line)
         self.decode_logger: Callable[["BatchEngine"], None] | None = None
+        # called with (engine, new requests, their extend tokens, requests running before) for each prefill batch
+        self.prefill_logger: Callable[["BatchEngine", int, int, int], None] | None = None
+        self.dp_rank: int | None = None  # the DP rank this engine is, for its log lines' prefix
+        self.mamba_slots_per_request: int | None = None  # hybrid models: Mamba slots a running request holds
 
     # ---- public ----
     @property
@@ -192,16 +210,32 @@ class BatchEngine:
     def full_batch_throughput(self) -> float:
         return self.rate(self.capacity) * self.capacity
 
-    def submit(self, prompt_tokens: int, output_tokens: int, max_new_tokens: int | None = None) -> asyncio.Future:
+    def submit(self, prompt_tokens: int, output_tokens: int, max_new_tokens: int | None = None, *,
+               metered: bool = True) -> asyncio.Future:
         """Queue a request that will generate ``output_tokens`` of at most ``max_new_tokens`` (the
-        sampling budget SGLang reserves for; defaults to ``output_tokens``)."""
+        sampling budget SGLang reserves for; defaults to ``output_tokens``); an unmetered one (a health
+        check) is left out of the stats."""
+        future = self._queue(prompt_tokens, output_tokens, max_new_tokens, metered=metered)
+        if not self._frozen:
+            self._update()
+        return future
+
+    def submit_many(self, requests: list[tuple[int, int, int | None]]) -> list[asyncio.Future]:
+        """Queue ``(prompt_tokens, output_tokens, max_new_tokens)`` requests that reach the scheduler
+        together, as a batch ``/generate`` does (one ``BatchTokenizedGenerateReqInput``): one admission
+        pass sees them all, each one admitted reserving its whole budget against the next."""
+        futures = [self._queue(*request) for request in requests]
+        if not self._frozen:
+            self._update()
+        return futures
+
+    def _queue(self, prompt_tokens: int, output_tokens: int, max_new_tokens: int | None, *,
+               metered: bool = True) -> asyncio.Future:
         future = self.clock.loop.create_future()
         output = max(1, output_tokens)
         job = _Job(max(1, prompt_tokens), output, max(output, max_new_tokens or output), future,
-                   self.clock.now(), seq=next(self._seq))
+                   self.clock.now(), seq=next(self._seq), metered=metered)
         self._waiting.append(job)
-        if not self._frozen:
-            self._update()
         return future
 
     def freeze(self) -> None:
@@ -215,7 +249,7 @@ class BatchEngine:
         return -(-tokens // self.page_size) * self.page_size
 
     def _held_by(self, job: _Job, progress: float) -> int:
-        return self._pages(job.prompt_tokens + job.generated_at(progress) + self.decode_reserve_tokens)
+        return self._pages(job.prompt_tokens + job.generated_at(progress) - 1 + self.decode_reserve_tokens)
 
     def _held(self, progress: float) -> int:
         return sum(self._held_by(job, progress) for _, _, job in self._running)
@@ -224,8 +258,14 @@ class BatchEngine:
     def _advance(self, now: float) -> None:
         start = max(self._last, self._stall_until)
         if self._running and now > start:
-            self._progress += (now - start) * self.rate(len(self._running))
-            self.stats.decode_steps += (now - start) / self.timing.step_seconds(len(self._running))
+            batch = len(self._running)
+            step_us = self.timing.step_seconds(batch) * 1e6
+            steps = (now - start) / self.timing.step_seconds(batch)
+            self._progress += (now - start) * self.rate(batch)
+            self.stats.decode_steps += steps
+            for index, value in enumerate((1, batch, step_us, batch * batch, batch * step_us,
+                                           (now - start) * self.rate(batch) * batch)):
+                self.stats.decode_moments[index] += steps * value if index < 5 else value
         self._last = max(self._last, now)
 
     def _update(self) -> None:
@@ -270,21 +310,36 @@ class BatchEngine:
                                           min(self._held(progress), self.max_total_tokens))
 
     def _admit(self, now: float) -> None:
-        """One prefill pass of ``PrefillAdder`` over the FCFS queue."""
-        if not self._waiting or len(self._running) >= self.capacity:
+        """``Scheduler.get_new_batch_prefill``: a ``PrefillAdder`` pass over the FCFS queue unless the batch
+        is full. A pass into an empty batch is followed by another before any decode step: the admitted
+        prefill batch becomes the running batch, which starts without the flag, and SGLang's next iteration
+        tries the queue again with them counted at the ratio."""
+        if not self._running:
+            self._batch_full = False  # an empty batch has no request left to leave
+        if self._batch_full or not self._waiting or len(self._running) >= self.capacity:
             return
+        was_empty = not self._running
+        if self._admit_pass(now) and was_empty and self._running:
+            self._admit_pass(now)
+
+    def _admit_pass(self, now: float) -> bool:
+        """One prefill pass; True when it stopped at a request the KV could not take (``NO_TOKEN``)."""
+        running_before = bool(self._running)
         ratio = self.new_token_ratio
         free = self.max_total_tokens - self.used_tokens
         offset = sum(min(job.max_new_tokens - job.generated_at(self._progress), CLIP_MAX_NEW_TOKENS) * ratio
                      for _, _, job in self._running)
         input_budget = self.max_prefill_tokens
-        admitted = 0
+        admitted = new_tokens = 0
         while self._waiting and len(self._running) < self.capacity:
             job = self._waiting[0]
             extend = job.prompt_tokens + job.generated
             max_new = min(max(job.max_new_tokens - job.generated, 0), CLIP_MAX_NEW_TOKENS)
             if not extend + max_new + self.page_size < free - offset:
-                break  # NO_TOKEN
+                # NO_TOKEN: the flag lands on the running batch; into an empty one it is lost with it
+                self._batch_full = running_before
+                self._log_prefill(admitted, new_tokens)
+                return True
             if admitted and self._pages(extend) >= input_budget:
                 break  # the pass's --max-prefill-tokens are spent; the next pass takes it
             self._waiting.popleft()
@@ -293,17 +348,33 @@ class BatchEngine:
             admitted += 1
             self._stall_until = max(self._stall_until, now) + extend * self.timing.prefill_s_per_token
             job.admitted = now if not job.retractions else job.admitted
+            job.generated += 1  # the prefill's logits sample a token
             job.start = self._progress
             job.finish_at = self._progress + (job.output_tokens - job.generated)
+            job.joined = next(self._seq)
             heapq.heappush(self._running, (job.finish_at, job.seq, job))
+            new_tokens += extend
+        self._log_prefill(admitted, new_tokens)
+        return False
+
+    def _log_prefill(self, admitted: int, new_tokens: int) -> None:
+        """A prefill batch ran: its busy time, and its log line."""
+        if not admitted:
+            return
+        self.stats.prefill_busy_us += new_tokens * self.timing.prefill_s_per_token * 1e6
+        if self.prefill_logger is not None:
+            self.prefill_logger(self, admitted, new_tokens, len(self._running) - admitted)
 
     def _retract(self, progress: float) -> None:
         """``retract_decode`` at shared progress ``progress``: fewest generated tokens first (ties: the
         longest prompt), until the next step fits; keeps at least one request."""
-        old_ratio = self.new_token_ratio
+        # the decode steps at ``progress`` (a late wake-up has counted steps past it): a token per step a request
+        steps = self.stats.decode_steps - (self._progress - progress) / self.timing.accept_length
+        old_ratio = self.ratio.value(steps)
         before = self._held(progress)
-        order = sorted((job for _, _, job in self._running),
-                       key=lambda j: (j.generated_at(progress), -j.prompt_tokens), reverse=True)
+        # a stable sort of the batch in its order: among equal keys the last to join goes first
+        batch = sorted((job for _, _, job in self._running), key=lambda j: j.joined)
+        order = sorted(batch, key=lambda j: (j.generated_at(progress), -j.prompt_tokens), reverse=True)
         retracted: list[_Job] = []
         held = before
         while held > self.max_total_tokens and len(order) > 1:
@@ -318,6 +389,7 @@ class BatchEngine:
             held -= self._held_by(aborted, progress)
         self._running = [(job.finish_at, job.seq, job) for job in order]
         heapq.heapify(self._running)
+        self._batch_full = False
         stats = self.stats
         stats.last_retracted = len(retracted)
         stats.retracted_requests += len(retracted)
@@ -326,21 +398,30 @@ class BatchEngine:
         running = [job for _, _, job in self._running]
         new_ratio = min(1.0, (sum(j.generated_at(progress) for j in running) + RETRACT_DECODE_STEPS * len(running))
                         / (sum(j.max_new_tokens for j in running) + 1))
-        self.ratio.set(new_ratio, stats.decode_steps)
+        # the step that retracts does not decay it: Scheduler.update_running_batch decays only without a
+        # retraction (sglang/srt/managers/scheduler.py)
+        self.ratio.set(new_ratio, steps + 1)
+        # Scheduler.update_running_batch's line (sglang/srt/managers/scheduler.py); a hybrid pool adds the
+        # Mamba slots the retraction freed
+        mamba = "" if self.mamba_slots_per_request is None else \
+            f", #mamba_num_gained: {(len(retracted) + (aborted is not None)) * self.mamba_slots_per_request}"
         log(f"KV cache pool is full. Retract requests. #retracted_reqs: {len(retracted)}, "
-            f"#new_tokens_gained: {before - held}, #new_token_ratio: {old_ratio:.4f} -> {new_ratio:.4f}")
+            f"#new_tokens_gained: {before - held}{mamba}, #new_token_ratio: {old_ratio:.4f} -> {new_ratio:.4f}",
+            rank=0, dp_rank=self.dp_rank)
         self._waiting.extend(retracted)
         if aborted is not None:
-            log(f"retract_decode: aborted last request {aborted.seq} due to OOM")
+            log(f"retract_decode: aborted last request {aborted.seq} due to OOM", rank=0, dp_rank=self.dp_rank)
             if not aborted.future.done():
                 aborted.future.set_exception(RuntimeError(
                     "Out of memory even after retracting all other requests in the decode batch. "
                     "Aborting the last request."))
 
     def _finish(self, job: _Job, now: float) -> None:
-        self.stats.finished += 1
-        self.stats.generated_tokens += job.output_tokens
-        self.stats.prompt_tokens += job.prompt_tokens
+        self._batch_full = False
+        if job.metered:
+            self.stats.finished += 1
+            self.stats.generated_tokens += job.output_tokens
+            self.stats.prompt_tokens += job.prompt_tokens
         if not job.future.done():
             steps = max(1, round(job.output_tokens / self.timing.accept_length))
             job.future.set_result(JobResult(job.output_tokens, job.admitted - job.arrival,
@@ -375,6 +456,10 @@ class BatchEngine:
             remaining = min(remaining, exhaustion - self._progress)
         begin = max(now, self._stall_until)
         when = begin + max(0.0, remaining) / self.rate(batch)
-        if self._waiting and batch < self.capacity:
+        if self._waiting and batch < self.capacity and not self._batch_full:
             when = min(when, begin + ADMISSION_CHECK_STEPS * self.timing.step_seconds(batch))
+        if self.decode_logger is not None:
+            # wake for the next "Decode batch" line, which SGLang prints while a request runs alone too
+            steps = (self._logged_interval + 1) * DECODE_LOG_INTERVAL - self.stats.decode_steps
+            when = min(when, begin + max(0.0, steps) * self.timing.step_seconds(batch))
         self._timer = self.clock.loop.call_at(self.clock.wall_at(when), self._update)

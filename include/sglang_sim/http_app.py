@@ -28,10 +28,13 @@ from starlette.routing import Route
 
 from sglang_sim import observability
 from sglang_sim.service import Service
+from sglang_sim.simlog import log
 from sglang_sim.textgen import (estimate_chat_tokens, estimate_text_tokens, messages_text, plan_output,
                                   render_text)
 
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+# the model a chat response names when the request names none (sglang/srt/entrypoints/openai/protocol.py)
+DEFAULT_MODEL_NAME = "default"
 
 
 def _json(data, status: int = 200) -> Response:
@@ -95,16 +98,21 @@ class Api:
     async def health(self, request: Request) -> Response:
         if (denied := await self._gate(request)) is not None:
             return denied
+        if self.svc.draining:
+            log("Health check request received during shutdown. Returning 503.")
+            return Response(status_code=503)
         if not self.svc.ready:
             return Response(status_code=503)
-        if request.url.path == "/health_generate":
+        # /health and /health_generate alike (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION defaults on): healthy
+        # when the scheduler is producing tokens, else after a one-token generation of its own
+        if not any(engine.running for engine in self.svc.engines):
             await self.svc.generate(1, 1, counted=False)
         return Response(status_code=200)
 
     async def ready(self, request: Request) -> Response:
         if (denied := await self._gate(request)) is not None:
             return denied
-        return Response(status_code=200 if self.svc.ready else 503)
+        return Response(status_code=200 if self.svc.ready and not self.svc.draining else 503)
 
     async def model_info(self, request: Request) -> Response:
         return await self._gate(request) or _json(self.svc.model_info())
@@ -176,25 +184,35 @@ class Api:
         created = int(time.time())
         finish = plan.finish_reason
         matched = self.svc.model.eos_token_id if finish == "stop" else None
+        # the scheduler counts reasoning tokens of a request in thinking mode, which needs a reasoning parser
+        # (sglang/srt/entrypoints/openai/serving_chat.py _get_reasoning_from_request)
+        reasoning_tokens = plan.reasoning_tokens if self.svc.args.reasoning_parser else 0
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + result.completion_tokens,
                  "completion_tokens": result.completion_tokens, "prompt_tokens_details": None,
-                 "reasoning_tokens": plan.reasoning_tokens,
-                 "completion_tokens_details": {"reasoning_tokens": plan.reasoning_tokens}
-                 if plan.reasoning_tokens else None}
+                 "reasoning_tokens": reasoning_tokens,
+                 "completion_tokens_details": {"reasoning_tokens": reasoning_tokens} if reasoning_tokens else None}
         if body.get("stream"):
             return self._chat_stream(body, rid, created, reasoning, content, finish, matched, usage)
-        message = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": None}
+        # ChatMessage leaves tool_calls out when there are none (sglang/srt/entrypoints/openai/protocol.py)
+        message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+        version = self.svc.args.weight_version
         return _json({"id": rid, "object": "chat.completion", "created": created,
-                      "model": body.get("model") or self.svc.served_model_name,
+                      "model": body.get("model") or DEFAULT_MODEL_NAME,
                       "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
                                    "matched_stop": matched}],
-                      "usage": usage, "metadata": {"weight_version": self.svc.args.weight_version}})
+                      "usage": usage,
+                      # sglang/srt/utils/weight_versions.py: the versions that produced each span of the output
+                      "metadata": {"weight_version": version, "weight_versions": [
+                          {"version": version, "start": 0, "end": result.completion_tokens}]}})
 
     def _chat_stream(self, body, rid, created, reasoning, content, finish, matched, usage) -> Response:
-        model = body.get("model") or self.svc.served_model_name
+        model = body.get("model") or DEFAULT_MODEL_NAME
 
-        def chunk(delta: dict, finish_reason=None, **extra) -> str:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, **extra}
+        def chunk(delta: dict, finish_reason=None, matched_stop=None) -> str:
+            # sglang/srt/entrypoints/openai/sse_utils.py: a delta always carries reasoning_content (null or
+            # text) and leaves out an unset role or content; a choice always carries matched_stop
+            choice = {"index": 0, "delta": {"reasoning_content": None, **delta}, "logprobs": None,
+                      "finish_reason": finish_reason, "matched_stop": matched_stop}
             return "data: " + json.dumps({"id": rid, "object": "chat.completion.chunk", "created": created,
                                           "model": model, "choices": [choice]}, separators=(",", ":")) + "\n\n"
 

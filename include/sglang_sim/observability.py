@@ -10,6 +10,7 @@ texts and labels.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timezone
 
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
@@ -34,8 +35,11 @@ def load_snapshot(service, engine, dp_rank: int, include: set[str] | None) -> di
             "max_running_requests": plan.max_running_requests, "token_usage": round(used / capacity, 4),
             "gen_throughput": round(engine.throughput(), 2), "cache_hit_rate": 0.0,
             "utilization": round(engine.running / max(1, plan.max_running_requests), 4),
-            "total_prefill_uncached_tokens": engine.stats.prompt_tokens, "total_prefill_busy_us": 0,
-            "decode_moments": None}
+            "total_prefill_uncached_tokens": engine.stats.prompt_tokens,
+            "total_prefill_busy_us": int(engine.stats.prefill_busy_us),
+            # Scheduler.decode_moment_totals: null until the first decode step
+            "decode_moments": [round(v, 3) for v in engine.stats.decode_moments]
+            if engine.stats.decode_moments[0] > 0 else None}
     if include is not None and "all" not in include:
         if not include <= LOAD_SECTIONS:
             raise LoadsError(f"Invalid include sections: {include - LOAD_SECTIONS}. "
@@ -46,13 +50,18 @@ def load_snapshot(service, engine, dp_rank: int, include: set[str] | None) -> di
     sections = {"memory": ("memory", {"weight_gb": round(service.weights_bytes / service.launch.tp / GB, 3),
                                       "kv_cache_gb": round(plan.kv_bytes / GB, 3),
                                       "graph_gb": round(graphs.total_bytes / GB, 3), "token_capacity": capacity}),
+                # sent by every server, "null" outside PD disaggregation (scheduler_components/load_inquirer.py)
+                "disaggregation": ("disagg", {"mode": "null", "prefill_bootstrap_queue_reqs": 0,
+                                              "prefill_inflight_queue_reqs": 0, "decode_prealloc_queue_reqs": 0,
+                                              "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
+                                              "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0}),
                 "queues": ("queues", {"waiting": engine.waiting, "grammar": 0, "paused": 0, "retracted": 0,
                                       "prealloc_ready": 0})}
     if service.launch.spec_algorithm and engine.stats.finished:
         accept = service.timing.accept_length
         sections["speculative"] = ("spec", {"accept_length": accept,
                                             "accept_rate": (accept - 1) / max(1, service.launch.spec_steps)})
-    for field in ("memory", "speculative", "queues"):
+    for field in ("memory", "speculative", "disaggregation", "queues"):
         if field in sections and (wanted or sections[field][0] in include):
             core[field] = sections[field][1]
     return core
@@ -94,11 +103,17 @@ def _labels(values: dict) -> str:
 
 def metrics_text(service) -> str:
     """``GET /metrics``: SGLang's scheduler gauges and counters (one series for TP rank 0 of the server,
-    summed over DP workers) and the tokenizer's request and token counters."""
+    summed over DP workers) and the tokenizer's request and token counters.
+
+    SGLang registers every scheduler gauge whatever the model, so a dense server reports ``sglang:mamba_usage``
+    0 and one without speculative decoding ``sglang:spec_accept_length`` 0. Labelled counters have no sample
+    until their first increment (prometheus_client), so the retraction counters appear with the first
+    retraction."""
     scheduler = {"model_name": service.served_model_name, "engine_type": "unified", "tp_rank": 0, "pp_rank": 0,
                  "moe_ep_rank": 0}
     engines = service.engines
     counters = service.scheduler_counters()
+    accept = service.timing.accept_length if service.launch.spec_algorithm else 0.0
     gauges = [("sglang:num_running_reqs", "The number of running requests.", sum(e.running for e in engines)),
               ("sglang:num_queue_reqs", "The number of requests in the waiting queue.",
                sum(e.waiting for e in engines)),
@@ -106,23 +121,25 @@ def metrics_text(service) -> str:
               ("sglang:token_usage", "The token usage.", counters["token_usage"]),
               ("sglang:full_token_usage", "The token usage for full attention layers.", counters["full_token_usage"]),
               ("sglang:gen_throughput", "The generation throughput (token/s).", sum(e.throughput() for e in engines)),
-              ("sglang:num_retracted_reqs", "The number of retracted requests.", counters["num_retracted_reqs"]),
-              ("sglang:new_token_ratio", "The new token ratio.", counters["new_token_ratio"])]
-    if service.plan.mamba_ratio:
-        gauges.append(("sglang:mamba_usage", "The token usage for Mamba layers.", counters["mamba_usage"]))
-    if service.launch.spec_algorithm:
-        gauges.append(("sglang:spec_accept_length", "Mean acceptance length of speculative decoding (accepted "
-                       "drafts + bonus token per forward).", service.timing.accept_length))
+              ("sglang:new_token_ratio", "The new token ratio.", counters["new_token_ratio"]),
+              ("sglang:mamba_usage", "The token usage for Mamba layers.", counters["mamba_usage"]),
+              ("sglang:spec_accept_length", "Mean acceptance length of speculative decoding (accepted "
+               "drafts + bonus token per forward).", accept)]
     lines = []
     for name, help_text, value in gauges:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{_labels(scheduler)} {float(value)}"]
-    retractions = [("sglang:num_retracted_requests", "Total number of retracted requests.",
-                    counters["num_retracted_requests_total"]),
-                   ("sglang:num_retracted_input_tokens", "Total number of retracted input tokens.",
-                    counters["num_retracted_input_tokens_total"]),
-                   ("sglang:num_retracted_output_tokens", "Total number of retracted output tokens.",
-                    counters["num_retracted_output_tokens_total"])]
-    lines += _counters(retractions, scheduler)
+    # a gauge of prometheus_client's multiprocess mode "all": one series per process, labelled with its pid
+    retracted = "sglang:num_retracted_reqs"
+    lines += [f"# HELP {retracted} The number of retracted requests.", f"# TYPE {retracted} gauge",
+              f"{retracted}{_labels({**scheduler, 'pid': os.getpid()})} {float(counters['num_retracted_reqs'])}"]
+    if counters["num_retracted_requests_total"]:
+        retractions = [("sglang:num_retracted_requests", "Total number of retracted requests.",
+                        counters["num_retracted_requests_total"]),
+                       ("sglang:num_retracted_input_tokens", "Total number of retracted input tokens.",
+                        counters["num_retracted_input_tokens_total"]),
+                       ("sglang:num_retracted_output_tokens", "Total number of retracted output tokens.",
+                        counters["num_retracted_output_tokens_total"])]
+        lines += _counters(retractions, scheduler)
     tokenizer = {"model_name": service.served_model_name, "engine_type": "unified", "is_streaming": "false"}
     lines += _counters([("sglang:prompt_tokens", "Number of prefill tokens processed.",
                          sum(e.stats.prompt_tokens for e in engines)),

@@ -3,6 +3,12 @@
 The warm-up polls ``GET /model_info`` and posts ``/generate`` ("The capital city of France is",
 8 tokens, temperature 0) to itself over HTTP; only then does ``/health`` answer 200 and the log say
 ``The server is fired up and ready to roll!``. ``--skip-server-warmup`` skips the request.
+
+SIGTERM drains as SGLang does (``sglang/srt/managers/tokenizer_manager.py`` ``SignalHandler.sigterm_handler``,
+``sigterm_watchdog``): the server logs it, ``/health`` answers 503, the requests in flight finish (new ones are
+still served) with a ``Gracefully exiting...`` line on the way, then it exits 0. SGLang looks every 5 s; the
+simulator every ``DRAIN_POLL_S`` and logs the line on the same 5 s period and once more at the end. A hung server
+exits at once, as SGLang does once its health check has failed.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 
 import uvicorn
 
@@ -18,6 +25,8 @@ from sglang_sim.http_app import build_app
 from sglang_sim.service import Service
 from sglang_sim.simlog import log
 
+DRAIN_POLL_S = 0.05
+DRAIN_LOG_INTERVAL_S = 5.0
 WARMUP_BODY = {"text": "The capital city of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
 
 
@@ -59,6 +68,43 @@ async def _warmup(server: uvicorn.Server, service: Service) -> None:
     log("The server is fired up and ready to roll!")
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server with SGLang's SIGTERM: drain first (other signals as uvicorn handles them)."""
+
+    def __init__(self, config: uvicorn.Config, service: Service) -> None:
+        super().__init__(config)
+        self.service = service
+
+    def handle_exit(self, sig, frame) -> None:
+        if sig != signal.SIGTERM:
+            return super().handle_exit(sig, frame)
+        # SGLang's handler runs from the event loop, which passes it no arguments
+        log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+        self.service.draining = True
+
+
+async def _drain(server: uvicorn.Server, service: Service) -> None:
+    """Once SIGTERM arrived: wait for the requests in flight, then stop serving."""
+    while not service.draining:
+        await asyncio.sleep(DRAIN_POLL_S)
+    if service.hung:
+        log("Signal SIGTERM received while health check failed. Force exiting.")
+        server.should_exit = True
+        return
+    loop = asyncio.get_running_loop()
+    logged_at = None
+    while True:
+        remaining = sorted(service.in_flight)
+        if logged_at is None or not remaining or loop.time() - logged_at >= DRAIN_LOG_INTERVAL_S:
+            log(f"Gracefully exiting... Remaining number of requests {len(remaining)}. "
+                f"Remaining requests remaining_rids={remaining!r}.")
+            logged_at = loop.time()
+        if not remaining:
+            break
+        await asyncio.sleep(DRAIN_POLL_S)
+    server.should_exit = True
+
+
 async def _report_load(service: Service) -> None:
     """Keep the node's view of this server's GPU load fresh, for the fake nvidia-smi."""
     node, gpus = service.gpu_load_target
@@ -74,10 +120,12 @@ async def _serve(service: Service) -> int:
     reporter = asyncio.create_task(_report_load(service)) if service.gpu_load_target else None
     config = uvicorn.Config(build_app(service), host=args.host, port=args.port, log_level="warning",
                             access_log=False, lifespan="off", http="httptools", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
+    server = _Server(config, service)
     warmup = asyncio.create_task(_warmup(server, service))
+    drain = asyncio.create_task(_drain(server, service))
     await server.serve()
     warmup.cancel()
+    drain.cancel()
     if reporter is not None:
         reporter.cancel()
     return 1 if service.warmup_failed or not server.started else 0

@@ -28,7 +28,7 @@ from sglang_sim.pools import (GB, PoolPlan, cuda_oom_error, kv_oom_error, mamba_
                                 weights_oom_error)
 from sglang_sim.resolve import Launch, LaunchError, resolve_launch
 from sglang_sim.gpu_load import remove_load
-from sglang_sim.simlog import log
+from sglang_sim.simlog import log, prefix, set_parallel
 
 MIB = 1 << 20
 # share of sim.load_seconds spent in each start-up phase
@@ -60,11 +60,11 @@ def _exception_text(exc_type: str, message: str) -> str:
 
 
 def _die_in_scheduler(err: LaunchError, rank: int = 0) -> int:
-    log(f"Scheduler hit an exception: {_exception_text(err.exc_type, err.message)}", rank=rank)
-    sys.stderr.write("\n" + _exception_text(
-        "RuntimeError", f"Rank {rank} scheduler died during initialization (exit code: 1). If exit code is -9 "
-        "(SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.") + "\n")
-    sys.stderr.flush()
+    # the scheduler's traceback ends in a newline, hence the blank line (sglang/srt/managers/scheduler.py)
+    log(f"Scheduler hit an exception: {_exception_text(err.exc_type, err.message)}\n", rank=rank)
+    # the launcher's SIGQUIT handler, which then kills the process tree (sglang/srt/entrypoints/engine.py)
+    log("Received sigquit from a child process. It usually means the child failed.")
+    log(f"kill_process_tree called: parent_pid={os.getpid()}, include_parent=True, pid={os.getpid()}")
     return 1
 
 
@@ -102,7 +102,9 @@ class Startup:
                                      self.used_bytes[index], what)
         for rank, index in enumerate(self.gpus):
             self.used_bytes[index] += per_gpu_bytes
-            self.node.set_holder(index, self.pid, f"sglang::scheduler_TP{rank % 1000}", self.used_mib[index])
+            # the scheduler's process title (sglang/srt/managers/scheduler.py): ranks as in its log prefix
+            title = "sglang::scheduler" + prefix(rank % 1000).replace(" ", "_")
+            self.node.set_holder(index, self.pid, title, self.used_mib[index])
 
     def release(self) -> None:
         for index in self.gpus:
@@ -144,11 +146,13 @@ def _log_pools(model: ModelShape, launch: Launch, plan: PoolPlan) -> None:
         conv = plan.mamba_conv_slot_bytes
         ssm = plan.mamba_slot_bytes - conv
         slots = plan.max_mamba_cache_size + 1
-        inter = (plan.spec_state_requests + 1) * launch.spec_draft_tokens if launch.spec_algorithm else 0
-        log(f"Mamba Cache is allocated. max_mamba_cache_size: {plan.max_mamba_cache_size}, conv_state size: "
-            f"{slots * conv / GB:.2f}GB, ssm_state size: {slots * ssm / GB:.2f}GB "
-            f"intermediate_ssm_state_cache size: {inter * ssm / GB:.2f}GB "
-            f"intermediate_conv_window_cache size: {inter * conv / GB:.2f}GB", rank=0)
+        message = (f"Mamba Cache is allocated. max_mamba_cache_size: {plan.max_mamba_cache_size}, conv_state size: "
+                   f"{slots * conv / GB:.2f}GB, ssm_state size: {slots * ssm / GB:.2f}GB ")
+        if launch.spec_algorithm:  # the draft states' caches exist only under speculative decoding
+            inter = (plan.spec_state_requests + 1) * launch.spec_draft_tokens
+            message += (f"intermediate_ssm_state_cache size: {inter * ssm / GB:.2f}GB "
+                        f"intermediate_conv_window_cache size: {inter * conv / GB:.2f}GB ")
+        log(message, rank=0)  # sglang/srt/mem_cache/memory_pool.py, trailing space included
     _log_kv(launch, model, plan.max_total_num_tokens, plan.kv_bytes)
 
 
@@ -156,7 +160,7 @@ def run(argv: list[str]) -> int:
     started = time.monotonic()
     args = parse_args(argv)
     shown = {k: ("***" if k == "api_key" and v else v) for k, v in vars(args).items()}
-    log("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")")
+    log(f"server_args={shown!r}")  # a dict, as SGLang prints it (sglang/srt/entrypoints/engine.py)
     try:
         node = SimNode.from_env()
         model, config, weights = load_model_dir(args.model_path)
@@ -178,6 +182,7 @@ def run(argv: list[str]) -> int:
     except ValueError as err:
         sys.stderr.write(_exception_text("ValueError", str(err)) + "\n")
         return 1
+    set_parallel(tp_size=launch.tp, dp_size=launch.dp * launch.attn_dp)
     for message in launch.messages:
         log(message)
     startup = None
@@ -198,8 +203,15 @@ def run(argv: list[str]) -> int:
 
 def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, weights, draft_model,
                      draft_weights, faults, started):
+    scheduler_start = time.monotonic()
     settings = node.sim
     load = settings.load_seconds
+    if args.load_format == "dummy":
+        # random weights, no files: SGLang's DummyModelLoader allocates every parameter
+        # (sglang/srt/model_loader/loader.py)
+        weights = model.param_count() * model.dtype_bytes if weights is None else weights
+        if draft_model is not None and draft_weights is None:
+            draft_weights = draft_model.param_count() * draft_model.dtype_bytes
     for path, found in ((args.model_path, weights), (args.speculative_draft_model_path, draft_weights)):
         if path and found is None:
             raise LaunchError("RuntimeError", f"Cannot find any model weights with `{path}`",
@@ -222,6 +234,7 @@ def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, 
     per_gpu_weights = (weights + draft_weights) // launch.tp
     startup.allocate(per_gpu_weights, "weights")
     time.sleep(load * PHASES["weights"] + faults.slow_start_seconds)
+    weight_seconds = time.monotonic() - weight_start
     available = startup.free_bytes()
     log(f"Load weight end. elapsed={time.monotonic() - weight_start:.2f} s, type={model.architecture}, "
         f"avail mem={available / GB:.2f} GB, mem usage={per_gpu_weights / GB:.2f} GB.", rank=0)
@@ -238,18 +251,20 @@ def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, 
     plan = size_pools(model, launch, pre_free, available, draft_model)
     for warning in plan.warnings:
         log(warning, rank=0)
+    pools_start = time.monotonic()
     startup.allocate(plan.target_pool_bytes, "pools")
     _log_pools(model, launch, plan)
     if plan.draft_kv_bytes:  # the draft worker's own pool, same token count (Scheduler.init_memory_pools)
         startup.allocate(plan.draft_kv_bytes, "draft_pool")
         _log_kv(launch, model, plan.max_total_num_tokens, plan.draft_kv_bytes)
     time.sleep(load * PHASES["pools"])
+    pools_seconds = time.monotonic() - pools_start
     log(f"Memory pool end. avail mem={startup.free_bytes() / GB:.2f} GB", rank=0)
 
     graphs = graph_memory(model, launch, plan.max_running_requests, settings.runtime_workspace_mib)
     free = startup.free_bytes()
+    capture_start = time.monotonic()
     if launch.decode_graph or launch.prefill_graph:
-        capture_start = time.monotonic()
         log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={free / GB:.2f} GB", rank=0)
         gpu_total = min(node.gpu(i).total_mib for i in startup.gpus) * MIB
         process = startup.used_bytes[startup.gpus[0]]
@@ -258,6 +273,7 @@ def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, 
             raise LaunchError("Exception", failure, kind="oom_cuda_graph", in_scheduler=True)
     startup.allocate(graphs.total_bytes, "graphs")
     time.sleep(load * PHASES["graphs"])
+    capture_seconds = time.monotonic() - capture_start if launch.decode_graph or launch.prefill_graph else 0.0
     if launch.decode_graph or launch.prefill_graph:
         log(f"Capture cuda graph end. Time elapsed: {time.monotonic() - capture_start:.2f} s. "
             f"mem usage={graphs.total_bytes / GB:.2f} GB. avail mem={startup.free_bytes() / GB:.2f} GB.", rank=0)
@@ -272,7 +288,10 @@ def _start_scheduler(args, argv, node, startup: Startup, model, config, launch, 
     return Service(args=args, argv=argv, model=model, architectures=list(config.get("architectures") or []),
                    launch=launch, plan=plan, graphs=graphs, timing=timing, settings=settings, faults=faults,
                    weights_bytes=weights + draft_weights, startup_seconds=time.monotonic() - started,
-                   gpu_name=gpu_name)
+                   gpu_name=gpu_name, startup_phases={"load_weight": weight_seconds,
+                                                      "kv_cache_allocation": pools_seconds,
+                                                      "scheduler_e2e": time.monotonic() - scheduler_start,
+                                                      "cuda_graph_seconds": capture_seconds})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,14 +12,14 @@ import asyncio
 import os
 import random
 import signal
-import sys
 import time
+import uuid
 
 from sglang_sim import __version__
 from sglang_sim import observability
 from sglang_sim.engine import BatchEngine, JobResult, SimClock
 from sglang_sim.faults import Faults
-from sglang_sim.graphs import GraphMemory
+from sglang_sim.graphs import GraphMemory, decode_capture_sizes
 from sglang_sim.modelcfg import ModelShape
 from sglang_sim.node import SimSettings
 from sglang_sim.perf import Timing
@@ -48,21 +48,29 @@ def decode_reserve_tokens(launch: Launch) -> int:
 class Service:
     def __init__(self, *, args: argparse.Namespace, argv: list[str], model: ModelShape, architectures: list[str],
                  launch: Launch, plan: PoolPlan, graphs: GraphMemory, timing: Timing, settings: SimSettings,
-                 faults: Faults, weights_bytes: int, startup_seconds: float, gpu_name: str | None = None) -> None:
+                 faults: Faults, weights_bytes: int, startup_seconds: float, gpu_name: str | None = None,
+                 startup_phases: dict | None = None) -> None:
         self.args, self.argv, self.model, self.architectures = args, argv, model, architectures
         self.launch, self.plan, self.graphs, self.timing = launch, plan, graphs, timing
         self.settings, self.faults = settings, faults
         self.weights_bytes, self.startup_seconds = weights_bytes, startup_seconds
+        self.startup_phases = startup_phases or {}
         self.served_model_name = args.served_model_name or args.model_path
+        # SGLang draws a seed when none is given (sglang/srt/arg_groups/serving_hook.py); this one is reproducible
+        self.random_seed = args.random_seed if args.random_seed is not None else \
+            random.Random(f"{settings.seed}/{args.port}").randint(0, 1 << 30)
         self.gpu_name = gpu_name  # /v1/loads "accelerator": the GPU's marketing name
         self.version = VERSION
         self.started_at = time.time()
         self.ready = False
         self.hung = False
+        self.draining = False  # SIGTERM received: /health answers 503 while the requests in flight finish
+        self.in_flight: set[str] = set()  # request ids, as the tokenizer manager's rid_to_state keys
         self.warmup_failed = False
         self.requests_received = 0
         self.finished_after_ready = 0
         self.engines: list[BatchEngine] = []
+        self._last_prefill: dict[int, float] = {}
         self.gpu_load_target = None  # (SimNode, GPU indices): where the load for nvidia-smi is written
         ids = random.Random(model.vocab_size)
         self._output_ids = [ids.randrange(model.vocab_size) for _ in range(4096)]
@@ -81,24 +89,49 @@ class Service:
                                     conservativeness=self.args.schedule_conservativeness,
                                     max_prefill_tokens=self.launch.max_prefill_tokens)
                         for _ in range(workers)]
-        for engine in self.engines:
+        for rank, engine in enumerate(self.engines):
             engine.decode_logger = self._log_decode_batch
+            engine.prefill_logger = self._log_prefill_batch
+            engine.dp_rank = rank
+            engine.mamba_slots_per_request = self.plan.mamba_ratio if self.model.is_hybrid else None
 
-    def _log_decode_batch(self, engine: BatchEngine) -> None:
-        """``report_decode_stats``'s line (``scheduler_components/metrics_reporter.py``), hybrid form."""
+    def _usage_parts(self, engine: BatchEngine, *, decode: bool) -> list[str]:
+        """The pool fields of a batch line: ``PoolStats.get_decode_usage_msg_parts`` and
+        ``get_prefill_usage_msg_parts`` (``scheduler_components/pool_stats_observer.py``). A hybrid (Mamba) model
+        reports full-attention tokens and Mamba slots, a dense one its tokens."""
         pool = self.plan.max_total_num_tokens
         used = engine.used_tokens
-        parts = [f"Decode batch, #running-req: {engine.running}", f"#full token: {used}",
-                 f"full token usage: {used / pool:.2f}"]
-        if self.model.is_hybrid:
-            slots = engine.running * self.plan.mamba_ratio
-            parts += [f"mamba num: {slots}", f"mamba usage: {slots / self.plan.max_mamba_cache_size:.2f}"]
+        if not self.model.is_hybrid:
+            return [f"#token: {used}", f"token usage: {used / pool:.2f}"] if decode else \
+                [f"token usage: {used / pool:.2f}"]
+        slots = engine.running * self.plan.mamba_ratio
+        mamba = f"mamba usage: {slots / self.plan.max_mamba_cache_size:.2f}"
+        if decode:
+            return [f"#full token: {used}", f"full token usage: {used / pool:.2f}", f"mamba num: {slots}", mamba]
+        return [f"full token usage: {used / pool:.2f}", mamba]
+
+    def _log_decode_batch(self, engine: BatchEngine) -> None:
+        """``report_decode_stats``'s line (``scheduler_components/metrics_reporter.py``)."""
+        parts = [f"Decode batch, #running-req: {engine.running}", *self._usage_parts(engine, decode=True)]
         if self.launch.spec_algorithm:
             accept = self.timing.accept_length
             parts += [f"accept len: {accept:.2f}", f"accept rate: {(accept - 1) / max(1, self.launch.spec_steps):.2f}"]
         parts += [f"cuda graph: {self.launch.decode_graph}", f"gen throughput (token/s): {engine.throughput():.2f}",
                   f"#queue-req: {engine.waiting}"]
-        log(", ".join(parts), rank=0)
+        log(", ".join(parts), rank=0, dp_rank=engine.dp_rank)
+
+    def _log_prefill_batch(self, engine: BatchEngine, new_seqs: int, new_tokens: int, running: int) -> None:
+        """``report_prefill_stats``'s line (``scheduler_components/metrics_reporter.py``); the input throughput
+        is over the simulated time since the engine's previous prefill line."""
+        now = engine.clock.now()
+        gap = now - self._last_prefill.get(engine.dp_rank, 0.0)
+        self._last_prefill[engine.dp_rank] = now
+        throughput = new_tokens / gap if gap > 0 else 0.0
+        parts = ["Prefill batch", f"#new-seq: {new_seqs}", f"#new-token: {new_tokens}", "#cached-token: 0",
+                 *self._usage_parts(engine, decode=False), f"#running-req: {running}",
+                 f"#queue-req: {engine.waiting}", "#pending-token: 0", f"cuda graph: {self.launch.prefill_graph}",
+                 f"input throughput (token/s): {throughput:.2f}"]
+        log(", ".join(parts), rank=0, dp_rank=engine.dp_rank)
 
     async def generate(self, prompt_tokens: int, output_tokens: int, *, max_new_tokens: int | None = None,
                        counted: bool = True) -> JobResult:
@@ -107,7 +140,12 @@ class Service:
         # DP workers: the least loaded takes the request, as SGLang's load-balancing controller does
         engine = min(self.engines, key=lambda e: e.running + e.waiting) if len(self.engines) > 1 \
             else self.engines[0]
-        result = await engine.submit(prompt_tokens, output_tokens, max_new_tokens)
+        rid = uuid.uuid4().hex
+        self.in_flight.add(rid)
+        try:
+            result = await engine.submit(prompt_tokens, output_tokens, max_new_tokens, metered=counted)
+        finally:
+            self.in_flight.discard(rid)
         if counted and self.ready:
             self._after_request()
         return result
@@ -151,13 +189,36 @@ class Service:
                 "has_image_understanding": (self.model.is_multimodal and not self.args.language_model_only
                                             and self.model.vision_tower is not None),
                 "has_audio_understanding": False, "model_type": self.model.model_type,
-                "architectures": self.architectures}
+                "architectures": self.architectures, "embedding": self.embedding_plan()}
+
+    def embedding_plan(self) -> dict:
+        """``/model_info`` ``embedding``: ``resolved_embedding_plan`` (``sglang/srt/configs/embedding_model_spec.py``)
+        of a generation model, whose embedding spec is the empty one."""
+        launch = self.launch
+        return {"family": "none", "task": "none", "execution": "none", "attention": "none",
+                "pooling": "model_defined", "normalize": False, "postprocessor": "none",
+                "tokenizer_special_tokens": "model_default", "supports_dimensions": False,
+                "supports_token_embeddings": False, "supports_multimodal": False, "requires_embedding_flag": False,
+                "auto_enable_embedding": False, "bcg_eligibility": "disabled", "safe_disable_kv_cache": False,
+                "safe_disable_radix_cache": False, "safe_disable_chunked_prefill": False, "enabled": False,
+                "matryoshka_dimensions": [],
+                "bcg": {"prefill_backend": "breakable" if launch.prefill_graph else "disabled",
+                        "enabled": bool(launch.prefill_graph),
+                        "capture_token_budget": max(launch.prefill_bs) if launch.prefill_bs else None,
+                        "capture_batch_sizes": list(launch.prefill_bs)},
+                "cache": {"kv_cache_disabled": False, "radix_cache_disabled": bool(self.args.disable_radix_cache),
+                          "chunked_prefill_disabled": launch.chunked_prefill_size == -1}}
 
     def resolved_args(self) -> dict:
         args = dict(vars(self.args))
         args.pop("api_key", None)  # the info endpoints do not echo the secret
+        args.pop("config", None)  # SGLang turns the --config file into flags and keeps no field for it
         launch = self.launch
         args.update({
+            # resolved as SGLang resolves them (sglang/srt/arg_groups/serving_hook.py)
+            "tokenizer_path": self.args.tokenizer_path or self.args.model_path,
+            "served_model_name": self.served_model_name, "random_seed": self.random_seed,
+            "mm_feature_transport": self.args.mm_feature_transport or "cpu", "device": self.args.device or "cuda",
             "mem_fraction_static": launch.mem_fraction_static, "chunked_prefill_size": launch.chunked_prefill_size,
             "max_running_requests": launch.max_running_requests, "context_length": self.args.context_length,
             "speculative_algorithm": launch.spec_algorithm, "speculative_num_steps": launch.spec_steps or None,
@@ -166,10 +227,9 @@ class Service:
             "page_size": launch.page_size, "disable_overlap_schedule": launch.overlap_disabled,
             "mamba_full_memory_ratio": launch.mamba_full_memory_ratio,
             "mamba_radix_cache_strategy": launch.mamba_strategy or self.args.mamba_radix_cache_strategy,
-            "mamba_ssm_dtype": launch.ssm_dtype_name if self.model.is_hybrid else self.args.mamba_ssm_dtype,
             "tp_size": launch.tp, "dp_size": launch.dp, "attn_dp_size": launch.attn_dp,
-            "cuda_graph_max_bs_decode": launch.decode_max_bs,
-            "cuda_graph_max_bs_prefill": max(launch.prefill_bs) if launch.prefill_bs else None,
+            # the --cuda-graph-max-bs-* fields stay as given: the resolved sizes are in cuda_graph_config
+            # (sglang/srt/arg_groups/cuda_graph_hook.py)
             "cuda_graph_config": {"decode": {"backend": "full" if launch.decode_graph else "disabled",
                                              "max_bs": launch.decode_max_bs},
                                   "prefill": {"backend": "breakable" if launch.prefill_graph else "disabled",
@@ -199,10 +259,12 @@ class Service:
         plan, launch = self.plan, self.launch
         args = self.resolved_args()
         info = dict(args)
-        info.update({"launch_command": " ".join([sys.executable, "-m", "sglang_sim.server", *self.argv]),
+        # launch_command: the arguments as given, without the interpreter and module (sglang/srt/server_args.py)
+        info.update({"launch_command": " ".join(self.argv), "custom_sigquit_handler": None,
                      "status": "ready" if self.ready else "starting",
                      "max_total_num_tokens": plan.max_total_num_tokens, "max_req_input_len": plan.max_req_input_len,
-                     "startup_time": round(self.startup_seconds, 3), "hicache_object_layout": None,
+                     "startup_time": {**self.startup_time(), "tokenizer_e2e": round(self.startup_seconds, 3)},
+                     "hicache_object_layout": self.hicache_layout(),
                      "kv_events": None, "version": VERSION, "frontend": "python"})
         memory = {"weight": round(self.weights_bytes / launch.tp / GB, 3), "kvcache": round(plan.kv_bytes / GB, 3),
                   "startup_available": round(plan.pre_load_free_bytes / GB, 3),
@@ -215,14 +277,40 @@ class Service:
                           else args.get("max_mamba_cache_size"),
                           "effective_max_running_requests_per_dp": plan.max_running_requests,
                           "world_size": launch.tp * launch.pp, "last_gen_throughput": round(engine.throughput(), 3),
-                          "memory_usage": memory, "sim": self.capacity()})
-            # the scheduler's counters under their /metrics names, readable without --enable-metrics
-            state.update(self.scheduler_counters())
+                          "memory_usage": memory, "startup_time": self.startup_time(),
+                          # scheduler_components/internal_state.py: the captured decode sizes and their graphs
+                          "decode_cuda_graph_bs": list(decode_capture_sizes(launch, plan.max_running_requests))
+                          if launch.decode_graph else [],
+                          "decode_cuda_graph_memory_gb": round(self.graphs.decode_bytes / GB, 3),
+                          # the scheduler's counters under their /metrics names, readable without
+                          # --enable-metrics, with the simulator's own figures (SGLang has no such key)
+                          "sim": {**self.capacity(), **self.scheduler_counters()}})
             if launch.spec_algorithm:
                 state["avg_spec_accept_length"] = self.timing.accept_length
             states.append(state)
         info["internal_states"] = states
         return info
+
+    def startup_time(self) -> dict:
+        """The scheduler's start-up durations in seconds (``sglang/srt/observability/startup_time.py``), each
+        graph phase's capture time in the share of its graph memory."""
+        phases = self.startup_phases
+        memory = self.graph_memory_by_phase()
+        total = sum(memory.values())
+        capture = phases.get("cuda_graph_seconds", 0.0)
+        return {"load_weight": round(phases.get("load_weight", 0.0), 3),
+                "kv_cache_allocation": round(phases.get("kv_cache_allocation", 0.0), 3),
+                "scheduler_e2e": round(phases.get("scheduler_e2e", self.startup_seconds), 3),
+                "cuda_graph": {phase: round(capture * size / total, 3) if total else 0.0
+                               for phase, size in memory.items()}}
+
+    def hicache_layout(self) -> dict:
+        """``/server_info`` ``hicache_object_layout`` (``sglang/srt/entrypoints/http_server.py``); the simulator
+        models no host cache, so the layout holds no pools."""
+        enabled = bool(self.args.enable_hierarchical_cache)
+        return {"enabled": enabled, "backend": None, "page_size": self.launch.page_size,
+                "hicache_object_layout": {"pools": []},
+                "reason": None if enabled else "Hierarchical cache is disabled"}
 
     def scheduler_counters(self) -> dict:
         """Retraction and KV-usage figures under SGLang's metric names (``observability/metrics_collector.py``),

@@ -14,12 +14,19 @@ import pytest
 from tests.real_sglang import server as real
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "stops_real_server: SIGTERMs the session's real servers; runs last")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture parameters
 def pytest_collection_modifyitems(items):
     here = Path(__file__).parent
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.real_sglang)
             item.add_marker(pytest.mark.slow)
+    # a test that stops a session server goes after every test that may still use it
+    items.sort(key=lambda item: item.get_closest_marker("stops_real_server") is not None)
 
 
 def require_real_sglang() -> None:
@@ -48,6 +55,23 @@ def real_dense_server(tiny_models, tmp_path_factory):
     """A real dense server (LlamaForCausalLM, random weights), ready."""
     server = real.RealServer(model_dir=tiny_models["dense"], port=_free_port(),
                              log_path=tmp_path_factory.mktemp("real-dense") / "server.log").start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def real_hybrid_server(tiny_models, tmp_path_factory):
+    """A real hybrid server (Qwen3NextForCausalLM: Gated DeltaNet + full attention + MoE, random weights), ready.
+
+    A 16-slot Mamba state pool; SGLang caps the 8 running requests asked for to what the pool holds.
+    """
+    server = real.RealServer(model_dir=tiny_models["hybrid"], port=_free_port(),
+                             log_path=tmp_path_factory.mktemp("real-hybrid") / "server.log",
+                             flags=(*real.HYBRID_FLAGS, "--max-mamba-cache-size", "16",
+                                    "--max-running-requests", "8")).start()
     try:
         server.wait_ready()
         yield server

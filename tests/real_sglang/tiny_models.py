@@ -7,7 +7,8 @@ Run with the SGLang venv's interpreter (it needs ``tokenizers``)::
 writes ``DEST_DIR/dense`` (LlamaForCausalLM) and ``DEST_DIR/hybrid`` (Qwen3NextForCausalLM: Gated DeltaNet
 layers, one full-attention layer, MoE). Each folder holds what SGLang reads: ``config.json``,
 ``generation_config.json``, a byte-level BPE ``tokenizer.json`` trained here on a fixed text (so it is the
-same every time) and ``tokenizer_config.json`` with a ChatML chat template (eos ``<|im_end|>``).
+same every time) and ``tokenizer_config.json`` with a ChatML chat template (eos ``<|im_end|>``), and a
+one-shard checkpoint with its index (what the tuner reads for the weights' size).
 The shapes are the smallest SGLang accepts; the architectures are real ones (docs/real-sglang.md).
 """
 
@@ -73,12 +74,34 @@ def write_tokenizer(folder: Path) -> None:
     }, indent=1))
 
 
+def write_weights(folder: Path, seed: int = 0) -> None:
+    """A one-shard checkpoint as the tuner reads one: ``model.safetensors`` with every tensor of the architecture
+    (names and shapes from transformers' own class for the config, random bf16 values) and
+    ``model.safetensors.index.json`` whose ``total_size`` is those tensors' bytes. The servers load with
+    ``--load-format dummy`` and never read it; the plan sizes the weights from it."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        shapes = {name: tensor.shape for name, tensor in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {name: (torch.randn(shape, generator=generator) * 0.02).to(torch.bfloat16) for name, shape in shapes.items()}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    total = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": {name: "model.safetensors" for name in sorted(tensors)}},
+        indent=1))
+
+
 def write_model(folder: Path, config: dict) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     (folder / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}))
     write_tokenizer(folder)
+    write_weights(folder)
     return folder
 
 

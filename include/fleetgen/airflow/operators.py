@@ -143,7 +143,8 @@ class WaitReadyOperator(BaseOperator):
             log.warning("no calibration for %s: %s", launched["name"], exc)
             return None
         log.info("readback of %s: %s", launched["name"], calibration.report_line())
-        return {**calibration.to_dict(), "correction_bytes": calibration.correction_bytes}
+        return {**calibration.to_dict(), "correction_bytes": calibration.correction_bytes,
+                "report_line": calibration.report_line()}
 
     def _relaunch_smaller(self, context, launched: dict, attempt: int, kind: FailureKind, fatal_line: str) -> None:
         from fleetgen.airflow.lifecycle import api_key, launch_server, stop_ports

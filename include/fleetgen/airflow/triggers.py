@@ -77,6 +77,9 @@ class ReadinessTrigger(BaseTrigger):
         self.command_timeout_s = float(command_timeout_s)
         self.resume_settle_s = float(resume_settle_s)
         self._log_lines: list[str] = []
+        # The pre-load memory line, kept once seen: a real server logs dozens of lines (and one per health
+        # check) between it and readiness, so the last tail may no longer hold it.
+        self._startup_lines: list[str] = []
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{self.__class__.__module__}.{self.__class__.__qualname__}", {
@@ -157,9 +160,14 @@ class ReadinessTrigger(BaseTrigger):
             await asyncio.sleep(remaining)
 
     def _ready_event(self, info: dict) -> TriggerEvent:
-        # the pre-load memory line, when still in the tail, feeds the calibration (tuning/calibration.py)
-        startup = [line for line in self._log_lines if "Load weight begin" in line][-1:]
-        return self._event("ready", server_info=info, log_tail=startup + self._log_lines[-5:])
+        # the pre-load memory line feeds the calibration (tuning/calibration.py)
+        self._remember_startup()
+        return self._event("ready", server_info=info, log_tail=self._startup_lines + self._log_lines[-5:])
+
+    def _remember_startup(self) -> None:
+        from fleetgen.tuning.calibration import LOAD_BEGIN_MARK
+
+        self._startup_lines = [line for line in self._log_lines if LOAD_BEGIN_MARK in line][-1:] or self._startup_lines
 
     async def _poll(self, ssh, http) -> TriggerEvent | None:
         """One look over SSH (log tail, process alive) and HTTP; an event when the wait is over."""
@@ -172,6 +180,7 @@ class ReadinessTrigger(BaseTrigger):
         alive, self._log_lines = remote.parse_watch(output)
         if alive is None:  # the command did not run to its end: not a verdict on the server
             raise ConnectionError(f"the log/alive check printed no verdict (exit {result.exit_status})")
+        self._remember_startup()
         fatal = readiness.find_fatal(self._log_lines)
         if fatal is not None:
             return self._event("fatal", kind=fatal.kind.value, fatal_line=fatal.line, log_tail=self._log_lines)

@@ -24,6 +24,9 @@ MAMBA_USAGE = "sglang:mamba_usage"
 # metric -> how its per-rank series combine into one value for the server
 _SUMMED = (RUNNING, QUEUE, GEN_THROUGHPUT)
 _AVERAGED = (TOKEN_USAGE, ACCEPT_LENGTH, MAMBA_USAGE)
+# SGLang registers the accept-length gauge on every server and leaves it at 0 without speculative decoding (and
+# before the first decode step): a 0 is no acceptance length (sglang/srt/observability/metrics_collector.py).
+_ZERO_IS_ABSENT = (ACCEPT_LENGTH,)
 # field of a sample row -> metric
 SAMPLE_FIELDS = {"running": RUNNING, "queue": QUEUE, "token_usage": TOKEN_USAGE, "gen_throughput": GEN_THROUGHPUT,
                  "accept_length": ACCEPT_LENGTH, "mamba_usage": MAMBA_USAGE}
@@ -57,6 +60,8 @@ def parse_metrics(text: str, *, server: str) -> MetricsSample:
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
+                if sample.name in _ZERO_IS_ABSENT and float(sample.value) == 0:
+                    continue
                 if sample.name in _SUMMED or sample.name in _AVERAGED:
                     by_metric.setdefault(sample.name, []).append(float(sample.value))
     except (ValueError, TypeError, IndexError) as exc:

@@ -34,7 +34,14 @@ _GENERIC = (
     (K.EXITED, re.compile(r"scheduler died during initialization")),
     (K.EXITED, re.compile(r"Initialization failed\.")),
     (K.EXITED, re.compile(r"^Traceback \(most recent call last\)")),
+    # The launcher's line once a scheduler raised; it then SIGKILLs its own process tree
+    # (sglang/srt/entrypoints/engine.py::launch_phase_sigquit_handler).
+    (K.EXITED, re.compile(r"Received sigquit from a child process")),
 )
+# The line that ends a traceback ("ValueError: Unrecognized model in /models/x ..."): it names the cause, so
+# it wins over the generic lines above. A scheduler's traceback is one logger line whose first line carries
+# the timestamp ("[...] Scheduler hit an exception: Traceback ..."); its exception line stands alone.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S")
 
 
 @dataclass(frozen=True)
@@ -49,18 +56,26 @@ class FatalLine:
 
 
 def find_fatal(lines: list[str]) -> FatalLine | None:
-    """The most telling fatal line in a log excerpt, or None while the server is still healthy."""
+    """The most telling fatal line in a log excerpt, or None while the server is still healthy.
+
+    The first line with a known cause (``_SPECIFIC``) wins; else the first exception that ended a
+    traceback (the root cause: a scheduler's exception comes before the launcher's lines); else the
+    first generic line.
+    """
     generic: FatalLine | None = None
+    exception: FatalLine | None = None
     for number, line in enumerate(lines, start=1):
         for kind, needle in _SPECIFIC:
             if needle in line:
                 return FatalLine(kind, line.strip(), number)
+        if exception is None and _EXCEPTION_LINE.search(line):
+            exception = FatalLine(K.EXITED, line.strip(), number)
         if generic is None:
             for kind, pattern in _GENERIC:
                 if pattern.search(line):
                     generic = FatalLine(kind, line.strip(), number)
                     break
-    return generic
+    return exception or generic
 
 
 @dataclass(frozen=True)
@@ -180,6 +195,11 @@ def format_log_excerpt(lines: list[str], limit: int = 50) -> str:
 # Values SGLang rewrites while resolving its arguments: (server_args field, value given) -> value reported.
 # NEXTN is run as EAGLE (sglang/srt/arg_groups/speculative_hook.py).
 _REPORTED_AS = {("speculative_algorithm", "NEXTN"): "EAGLE"}
+# Flags SGLang accepts under a second name, and the field that name sets (sglang/srt/arg_groups/fields/model.py,
+# parallel.py): /server_info names the field, not the alias.
+_ALIAS_FIELDS = {"--model": "model_path", "--tensor-parallel-size": "tp_size", "--pipeline-parallel-size": "pp_size",
+                 "--data-parallel-size": "dp_size", "--expert-parallel-size": "ep_size", "--ep": "ep_size",
+                 "--attention-data-parallel-size": "attn_dp_size", "--enable-hicache": "enable_hierarchical_cache"}
 
 
 def args_as_flags(args: list[str] | tuple[str, ...]) -> dict[str, object]:
@@ -220,7 +240,7 @@ def launch_differences(info: dict, expected_flags: dict[str, object], *, expecte
     the server runs exactly tonight's plan."""
     differences = []
     for flag, expected in expected_flags.items():
-        field = flag.lstrip("-").replace("-", "_")
+        field = _ALIAS_FIELDS.get(flag) or flag.lstrip("-").replace("-", "_")
         if field not in info:
             differences.append(f"{flag}: the server does not report {field}")
         elif not _same(field, expected, info[field]):

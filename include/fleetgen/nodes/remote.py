@@ -237,18 +237,26 @@ def parse_watch(output: str) -> tuple[bool | None, list[str]]:
 
 
 # SGLang's scheduler lines (scheduler_components/metrics_reporter.py, managers/scheduler.py): the KV tokens
-# held, every --decode-log-interval decode steps, and each retraction.
+# held, every --decode-log-interval decode steps, and each retraction. The tokens are "#full token: N" on a
+# hybrid (Mamba or SWA) model and "#token: N" on a dense one (scheduler_components/pool_stats_observer.py
+# get_decode_usage_msg_parts); neither needle is part of the other.
 _FULL_TOKEN = "#full token: "
+_TOKEN = "#token: "
 _RETRACTED = "#retracted_reqs: "
+
+
+def _peak_rule(needle: str) -> str:
+    """The awk rule keeping in ``p`` the largest number that follows ``needle``."""
+    return (f"/{needle}[0-9]/ {{ if (match($0, /{needle}[0-9]+/)) {{ "
+            f"v = substr($0, RSTART + {len(needle)}, RLENGTH - {len(needle)}) + 0; if (v > p) p = v }} }} ")
 
 
 def scheduler_log_command(log_dir: str, ports: Sequence[int]) -> str:
     """Per port, one ``scheduler port=P peak_full_tokens=N retracted=M`` line read from the server's log
-    (the largest ``#full token`` of its ``Decode batch`` lines and the sum of ``#retracted_reqs``), or
-    ``scheduler port=P missing=1`` without a log. The log holds the last launch only (it is truncated
-    at launch)."""
-    program = (f"/{_FULL_TOKEN}[0-9]/ {{ if (match($0, /{_FULL_TOKEN}[0-9]+/)) {{ "
-               f"v = substr($0, RSTART + {len(_FULL_TOKEN)}, RLENGTH - {len(_FULL_TOKEN)}) + 0; if (v > p) p = v }} }} "
+    (the largest ``#full token`` or ``#token`` of its ``Decode batch`` lines and the sum of
+    ``#retracted_reqs``), or ``scheduler port=P missing=1`` without a log. The log holds the last launch
+    only (it is truncated at launch)."""
+    program = (_peak_rule(_FULL_TOKEN) + _peak_rule(_TOKEN) +
                f"/{_RETRACTED}[0-9]/ {{ if (match($0, /{_RETRACTED}[0-9]+/)) "
                f"r += substr($0, RSTART + {len(_RETRACTED)}, RLENGTH - {len(_RETRACTED)}) }} "
                "END { printf \"scheduler port=%d peak_full_tokens=%d retracted=%d\\n\", port, p, r }")
@@ -340,9 +348,13 @@ def timed_sample_time(line: str) -> float | None:
 
 
 def package_version_command(python: str, module: str) -> str:
-    """Print the ``__version__`` of the package that provides ``module`` for ``python`` on the node."""
+    """Print the version of the package that provides ``module`` for ``python`` on the node: the installed
+    distribution of that name when there is one (``import sglang`` pulls in torch and transformers: many
+    seconds on a busy node), else the package's ``__version__``."""
     package = module.split(".")[0]
-    program = "import importlib, sys; print(importlib.import_module(sys.argv[1]).__version__)"
+    program = ("import importlib, importlib.metadata as metadata, sys\n"
+               "try:\n    print(metadata.version(sys.argv[1]))\n"
+               "except metadata.PackageNotFoundError:\n    print(importlib.import_module(sys.argv[1]).__version__)")
     return f"{quote_path(python)} -c {quote(program)} {quote(package)}"
 
 

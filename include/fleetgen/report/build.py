@@ -162,6 +162,8 @@ def _tuning(plan: list[dict] | None, readiness: list[dict] | None) -> list[dict]
                      "gpu_ids": item.get("gpu_ids", []), "flags": item.get("flags", {}),
                      "expected": {key: item.get("expected", {}).get(key) for key in CAP_KEYS},
                      "effective": _effective_caps(seen), "version": seen.get("version"),
+                     # what the readback says of the memory the plan assumed (tuning/calibration.py)
+                     "readback": (seen.get("calibration") or {}).get("report_line"),
                      # the workload mode's path: full-context cap, tonight's, the target, and why
                      "workload": (item.get("inputs", {}).get("workload_mode") or {}).get("step")})
     for server, seen in ready.items():  # running without a plan entry (e.g. plan not passed)

@@ -148,6 +148,9 @@ def render_markdown(report: dict) -> str:
                           _expected_vs_effective(row, "max_total_num_tokens"), row["version"] or "-",
                           "`" + " ".join(f"{flag} {value}" for flag, value in row["flags"].items()) + "`"
                           if row["flags"] else "-"] for row in report["tuning"]])
+        readbacks = [f"- **{row['server']}**: {row['readback']}" for row in report["tuning"] if row.get("readback")]
+        if readbacks:
+            lines += ["Readback of the memory the plan assumed:", "", *readbacks, ""]
         lines += _workload_path(report["tuning"])
     if report.get("shards"):
         shards = report["shards"]

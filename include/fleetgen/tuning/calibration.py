@@ -32,7 +32,9 @@ from fleetgen.tuning.profile import GIB, MIB, MemoryProfile
 from fleetgen.tuning.sizing import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, size_pools
 
 PLANNED_SGLANG_VERSION = "0.5.23"
-_LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=([0-9.]+) GB")
+# SGLang's pre-load memory line (model_executor/model_runner.py): found by this mark, read by the pattern.
+LOAD_BEGIN_MARK = "Load weight begin"
+_LOAD_BEGIN = re.compile(re.escape(LOAD_BEGIN_MARK) + r"\. avail mem=([0-9.]+) GB")
 # How far from the plan's assumption the bisection looks, and how many MiB can give the same sizing
 # (a KV page of the largest models is a few MiB).
 _SEARCH_RANGE_MIB = 64 * 1024
@@ -52,6 +54,9 @@ class Calibration:
     applied_correction_bytes: int  # the correction the plan already carried
     exact: bool                 # a MiB value reproduced every reported value
     mismatches: tuple[str, ...]  # the plan's expected values SGLang did not report
+    logged_pre_load_bytes: int | None = None  # the server's own ``Load weight begin`` figure
+    # Why this readback measures nothing of the plan's GPU memory (None when it does): no correction is learnt.
+    unmeasured: str | None = None
 
     @property
     def key(self) -> str:
@@ -60,10 +65,18 @@ class Calibration:
     @property
     def correction_bytes(self) -> int:
         """How much less pre-load memory than fleetgen's constants give the next plan assumes (negative: more):
-        the correction this plan carried plus what it still missed."""
+        the correction this plan carried plus what it still missed; the carried one alone when the readback
+        measured nothing of the GPU."""
+        if self.unmeasured:
+            return self.applied_correction_bytes
         return self.applied_correction_bytes + self.planned_pre_load_bytes - self.measured_pre_load_bytes
 
     def report_line(self) -> str:
+        if self.unmeasured:
+            logged = ("no Load weight line" if self.logged_pre_load_bytes is None
+                      else f"its log says {self.logged_pre_load_bytes / MIB:,.0f} MiB free before the weights")
+            return (f"{self.key}: the plan assumed {self.planned_pre_load_bytes / MIB:,.0f} MiB pre-load free; "
+                    f"{logged}; not a measure of the plan's memory: {self.unmeasured} (no correction learnt)")
         text = (f"{self.key}: the plan assumed {self.planned_pre_load_bytes / MIB:,.0f} MiB pre-load free, "
                 f"the server had {self.measured_pre_load_bytes / MIB:,.0f} MiB "
                 f"({self.correction_bytes / MIB:,.0f} MiB correction for the next plan"
@@ -162,22 +175,49 @@ def _search_pre_load(plan: ServerPlan, reported: dict, logged: int | None) -> tu
     return min(matching, key=lambda value: abs(value - centre)) * MIB, True
 
 
+def _pool_pinned(plan: ServerPlan, planned: int) -> bool:
+    """True when ``--max-total-tokens`` caps the KV pool at the planned memory: SGLang then reports the cap
+    whatever memory it had, and the readback's token count says nothing of the memory."""
+    pinned = plan.inputs["options"].get("max_total_tokens")
+    sized = _sized(plan, planned) if pinned is not None else None
+    return sized is not None and sized["max_total_num_tokens"] == pinned
+
+
+def _unmeasured(plan: ServerPlan) -> str | None:
+    """Why no readback of this server can measure the GPU memory the plan sized, or None."""
+    device = plan.inputs["options"].get("device")
+    if device not in (None, "cuda"):
+        return (f"the server runs with --device {device}, so SGLang measures that device's memory, "
+                f"not the GPU's the plan sized")
+    return None
+
+
 def calibrate(plan: ServerPlan, info: ServerInfo, log_text: str, *, gpu_name: str, model: str) -> Calibration:
     """The pre-load memory the server of ``plan`` really had, from its /server_info (read by
-    ``nodes.readiness.parse_server_info``) and its log."""
+    ``nodes.readiness.parse_server_info``) and its log. With the KV pool pinned by ``--max-total-tokens`` the
+    readback matches at any memory, so the log's figure is the measure; a server on another device than a
+    GPU measures nothing of the plan's memory (``Calibration.unmeasured``)."""
     planned = plan.budget_row("pre-load free (SGLang baseline)")
     reported = _reported(info)
     mismatches = tuple(compare_expected(plan, info))
     version = info.version or "unknown"
     logged = pre_load_from_log(log_text)
-    measured, exact = (planned, True) if not mismatches else _search_pre_load(plan, reported, logged)
+    unmeasured = _unmeasured(plan)
+    if unmeasured:
+        measured, exact = planned, False
+    elif not mismatches and _pool_pinned(plan, planned):
+        measured, exact = (logged, False) if logged is not None else (planned, False)
+        if logged is None:
+            unmeasured = "--max-total-tokens pins the KV pool and the log had no Load weight line"
+    else:
+        measured, exact = (planned, True) if not mismatches else _search_pre_load(plan, reported, logged)
     if measured is None:
         measured, exact = (logged if logged is not None else planned), False
     tp_size = int(plan.inputs["options"].get("tp_size", 1))
     return Calibration(gpu_name=gpu_name, sglang_version=version, model=model, tp_size=tp_size,
                        planned_pre_load_bytes=planned, measured_pre_load_bytes=measured,
                        applied_correction_bytes=int(plan.inputs["adjust"].get("calibration_bytes", 0)), exact=exact,
-                       mismatches=mismatches)
+                       mismatches=mismatches, logged_pre_load_bytes=logged, unmeasured=unmeasured)
 
 
 class CalibrationStore:

@@ -51,6 +51,7 @@ _VALUE_FLAGS = {
     "--mamba-full-memory-ratio": "mamba_full_memory_ratio",
     "--mm-feature-transport": "mm_feature_transport",
     "--attention-backend": "attention_backend",
+    "--device": "device",
 }
 _SWITCH_FLAGS = {
     "--disable-overlap-schedule": "disable_overlap_schedule",
@@ -84,6 +85,7 @@ class LaunchOptions:
     mm_feature_transport: str | None = None
     page_size: int | None = None  # None: SGLang picks it with the attention backend (tuning/platform.py)
     attention_backend: str | None = None
+    device: str | None = None  # None: SGLang's default, the GPU; the plan sizes a GPU's memory
     context_length: int | None = None
     # Pinned by the user (else chosen by the tuner).
     mem_fraction_static: float | None = None

@@ -63,3 +63,13 @@ def test_a_long_log_line_is_cut_with_a_mark_and_a_line_at_the_limit_is_not():
 def test_numbers_are_compared_as_numbers(flag, expected, reported):
     field = flag[2:].replace("-", "_")
     assert launch_differences({field: reported}, {flag: expected}, expected_version=None) == []
+
+
+@pytest.mark.parametrize(("flag", "field"), [("--tensor-parallel-size", "tp_size"), ("--model", "model_path"),
+                                             ("--data-parallel-size", "dp_size"),
+                                             ("--pipeline-parallel-size", "pp_size")])
+def test_an_alias_flag_is_compared_with_the_field_it_sets(flag, field):
+    # SGLang reports the field (tp_size), never the alias a user's extra args may spell
+    assert launch_differences({field: 2, "version": "v"}, {flag: "2"}, expected_version="v") == []
+    assert launch_differences({field: 4, "version": "v"}, {flag: "2"}, expected_version="v") == [
+        f"{flag}: running 4, tonight '2'"]

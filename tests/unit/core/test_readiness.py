@@ -60,3 +60,83 @@ def test_a_simulated_server_is_told_apart_by_the_sim_state_it_reports():
         server="n:1")
     assert (real.simulated, simulated.simulated) == (False, True)
     assert readiness.ServerInfo.from_dict(simulated.to_dict(), server="n:1").simulated
+
+
+# Real SGLang 0.5.23 logs on CPU (tests/real_sglang/test_fatal_starts.py launches each), trimmed; the failing
+# line is the one the readiness wait must report.
+_AT = "[2026-12-01 14:59:02] "
+_FRAME = ['  File "/venv/sglang/srt/managers/scheduler.py", line 6362, in run_scheduler_process',
+          "    scheduler = Scheduler(server_args, port_args)"]
+_SCHEDULER_DIED = [  # a scheduler raised: its traceback, then the launcher kills its process tree (exit -9)
+    f"{_AT}Scheduler hit an exception: Traceback (most recent call last):", *_FRAME, "{line}", "",
+    f"{_AT}Received sigquit from a child process. It usually means the child failed.",
+    f"{_AT}kill_process_tree called: parent_pid=20191, include_parent=True, pid=20191"]
+_LAUNCHER_DIED = [  # the launcher raised while resolving its arguments (exit 1)
+    f"{_AT}kill_process_tree called: parent_pid=18874, include_parent=False, pid=18874",
+    "Traceback (most recent call last):",
+    '  File "/venv/sglang/srt/utils/hf_transformers/config.py", line 379, in get_config', "{line}"]
+REAL_FAILURES = {
+    "kv_pool_below_one_page": (_SCHEDULER_DIED, "oom_kv",
+                               "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."),
+    "static_fraction_below_weights": (
+        _SCHEDULER_DIED, "oom_weights",
+        "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=1e-05. Raise "
+        "--mem-fraction-static above 0.009 (minimum viable = 1 - available/pre = 0.0085). If using speculative "
+        "decoding, draft weights are now counted."),
+    "unknown_architecture": (
+        _SCHEDULER_DIED, "exited",
+        "ValueError: Cannot find model module. 'NoSuchModelForCausalLM' is not a registered model in the "
+        "Transformers library (only relevant if the model is meant to be in Transformers)"),
+    "context_longer_than_the_models": (
+        _LAUNCHER_DIED, "bad_args",
+        "ValueError: Warning: User-specified context_length (4096) is greater than the derived context_length "
+        "(2048). This may lead to incorrect model outputs or CUDA errors. Note that the derived context_length may "
+        "differ from max_position_embeddings in the model's config. To allow overriding this maximum, set the env "
+        "var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"),
+    "folder_without_config": (
+        _LAUNCHER_DIED, "exited",
+        "ValueError: Unrecognized model in /models/m. Should have a `model_type` key in its config.json."),
+    "folder_without_tokenizer": (_LAUNCHER_DIED, "exited",
+                                 "ValueError: Couldn't instantiate the backend tokenizer from one of:"),
+    "model_path_not_there": (
+        _LAUNCHER_DIED, "exited",
+        "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+        "'namespace/repo_name': '/models/gone'. Use `repo_type` argument if needed."),
+    "unknown_flag": (["                    [--enable-flashinfer-allreduce-fusion]", "{line}"], "bad_args",
+                     "sglang serve: error: unrecognized arguments: --no-such-flag 1"),
+    "port_in_use": ([f"{_AT}INFO:     Application startup complete.", "{line}",
+                     f"{_AT}INFO:     Waiting for application shutdown."], "port_in_use",
+                    f"{_AT}ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 25000): "
+                    "address already in use"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REAL_FAILURES))
+def test_a_real_failure_is_reported_by_the_line_that_names_its_cause(case):
+    template, kind, line = REAL_FAILURES[case]
+    lines = [line if entry == "{line}" else entry for entry in template]
+    assert readiness.find_fatal(lines) == readiness.FatalLine(kind, line, lines.index(line) + 1)
+
+
+def test_the_scheduler_exception_wins_over_a_later_launcher_traceback():
+    # a scheduler killed without its own SIGQUIT: the launcher's RuntimeError follows the first exception
+    lines = [*_SCHEDULER_DIED[:3], "ValueError: the cause", "", "Traceback (most recent call last):",
+             "RuntimeError: Rank 0 scheduler died during initialization (exit code: 1)."]
+    assert readiness.find_fatal(lines) == readiness.FatalLine("exited", "ValueError: the cause", 4)
+
+
+def test_the_launchers_sigquit_line_is_fatal_when_the_traceback_scrolled_out_of_the_tail():
+    fatal = readiness.find_fatal(_SCHEDULER_DIED[-2:])
+    assert fatal == readiness.FatalLine(
+        "exited", f"{_AT}Received sigquit from a child process. It usually means the child failed.", 1)
+
+
+def test_a_healthy_real_start_up_has_no_fatal_line():
+    lines = ["/venv/sglang/srt/layers/quantization/awq/awq.py:53: UserWarning: Only CUDA, HIP and XPU support AWQ "
+             "currently.", '  warnings.warn(f"Only CUDA, HIP and XPU support AWQ currently.")',
+             f"{_AT}Ignore import error when loading sglang.srt.models.grok: '_OpNamespace' 'sgl_kernel' object "
+             "has no attribute 'fused_moe_router_cpu'",
+             f"{_AT}OpenAI Responses API (/v1/responses) disabled: OpenAIServingResponses init failed "
+             "(ModuleNotFoundError: No module named 'openai_harmony')",
+             f"{_AT}The server is fired up and ready to roll!"]
+    assert readiness.find_fatal(lines) is None

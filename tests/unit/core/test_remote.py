@@ -175,3 +175,30 @@ def test_model_identity_hashes_config_and_index_on_the_node(tmp_path):
                         "index_sha256": hashlib.sha256(b'{"metadata": {"total_size": 1}}').hexdigest()}
     (model / "config.json").write_text('{"hidden_size": 16}')
     assert model_identity(run, str(model))["config_sha256"] != identity["config_sha256"]
+
+
+def test_the_scheduler_log_command_reads_the_peak_of_dense_and_hybrid_decode_lines(tmp_path):
+    # SGLang 0.5.23's Decode batch lines (scheduler_components/pool_stats_observer.py): "#token: N" on a dense
+    # model, "#full token: N" on a hybrid one; the other "token" fields are not the KV held
+    dense = ("[2026-12-01 14:55:08] Prefill batch, #new-seq: 1, #new-token: 9000, #cached-token: 8000, "
+             "token usage: 0.00, #running-req: 0, #queue-req: 0, #pending-token: 7000, cuda graph: False\n"
+             "[2026-12-01 14:55:08] Decode batch, #running-req: 1, #token: 42, token usage: 0.00, cuda graph: False, "
+             "gen throughput (token/s): 6.34, #queue-req: 0\n"
+             "[2026-12-01 14:55:09] Decode batch, #running-req: 2, #token: 4321, token usage: 0.13, cuda graph: True, "
+             "gen throughput (token/s): 90.12, #queue-req: 0\n"
+             "[2026-12-01 14:55:10] Decode batch, #running-req: 1, #token: 77, token usage: 0.00, cuda graph: True, "
+             "gen throughput (token/s): 60.00, #queue-req: 0\n"
+             "[2026-12-01 14:55:11] KV cache pool is full. Retract requests. #retracted_reqs: 2, "
+             "#new_tokens_gained: 100, #new_token_ratio: 0.7000 -> 0.5000\n")
+    hybrid = ("[2026-12-01 14:57:36] Decode batch, #running-req: 1, #full token: 41, full token usage: 0.00, "
+              "mamba num: 2, mamba usage: 0.12, cuda graph: False, gen throughput (token/s): 6.70, #queue-req: 0\n"
+              "[2026-12-01 14:57:37] Decode batch, #running-req: 3, #full token: 1234, full token usage: 0.04, "
+              "#swa token: 99999, swa token usage: 0.50, cuda graph: True, gen throughput (token/s): 9.00, "
+              "#queue-req: 0\n")
+    (tmp_path / remote.log_file(str(tmp_path), 31001).rsplit("/", 1)[1]).write_text(dense)
+    (tmp_path / remote.log_file(str(tmp_path), 31002).rsplit("/", 1)[1]).write_text(hybrid)
+    out = subprocess.run(["bash", "-c", remote.scheduler_log_command(str(tmp_path), [31001, 31002])],
+                         capture_output=True, text=True, check=True).stdout
+    assert remote.parse_records(out, ("scheduler",)) == [
+        ("scheduler", {"port": "31001", "peak_full_tokens": "4321", "retracted": "2"}),
+        ("scheduler", {"port": "31002", "peak_full_tokens": "1234", "retracted": "0"})]

@@ -131,3 +131,20 @@ def test_a_malformed_environment_name_is_refused_by_name():
     with pytest.raises(ValueError) as refused:
         remote.launch_command(spec)
     assert str(refused.value) == "not an environment variable name: 'A B'"
+
+
+def test_the_package_version_comes_from_the_distribution_without_importing_it(tmp_path):
+    """A package whose import would fail (or take long: ``import sglang`` loads torch) still names its version
+    when a distribution of that name is installed."""
+    site = tmp_path / "site"
+    (site / "slowpkg").mkdir(parents=True)
+    (site / "slowpkg" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (site / "slowpkg-1.2.3.dist-info").mkdir()
+    (site / "slowpkg-1.2.3.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: slowpkg\nVersion: 1.2.3\n")
+    result = _bash(f"PYTHONPATH={site} " + remote.package_version_command(sys.executable, "slowpkg.server"))
+    assert (result.returncode, result.stdout.strip()) == (0, "1.2.3"), result.stderr
+    # a module without a distribution of its name (the simulator's sglang_sim) still reports its __version__
+    (site / "plainpkg").mkdir()
+    (site / "plainpkg" / "__init__.py").write_text("__version__ = '0.5.23'\n")
+    result = _bash(f"PYTHONPATH={site} " + remote.package_version_command(sys.executable, "plainpkg.server"))
+    assert (result.returncode, result.stdout.strip()) == (0, "0.5.23"), result.stderr

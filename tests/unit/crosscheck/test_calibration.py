@@ -80,3 +80,57 @@ def test_readback_without_the_log_line_still_finds_the_memory(xc, models, tmp_pa
     assert calibration.exact and abs(calibration.correction_bytes - 700 * MIB) <= 8 * MIB
     second = case.plan(node, calibration_bytes=calibration.correction_bytes)
     assert dry_run(node, case.server_argv(second), [0]).server_info_limits() == second.expected
+
+
+def _info_as_planned(plan, version="0.5.23"):
+    expected = plan.expected
+    return parse_server_info({"version": version, "max_total_num_tokens": expected["max_total_num_tokens"],
+                              "internal_states": [{"effective_max_running_requests_per_dp":
+                                                   expected["max_running_requests"],
+                                                   "max_mamba_cache_size": expected["max_mamba_cache_size"]}]},
+                             server="sim-node-0:30000")
+
+
+def test_a_pinned_kv_pool_is_calibrated_from_the_log_not_claimed_exact(xc, models, tmp_path):
+    """With --max-total-tokens below what memory allows, SGLang reports the cap at any memory: only the log's
+    figure measures the memory (here 700 MiB less than the plan assumed)."""
+    node = create_node(tmp_path / "node", name=xc.HOST, gpus=1, total_mib=xc.B200_MIB)
+    case = xc.Case(models.llama, (0,), ("--max-total-tokens", "65536"))
+    plan = case.plan(node)
+    assert plan.expected["max_total_num_tokens"] == 65536
+    planned = plan.budget_row("pre-load free (SGLang baseline)")
+    logged_gib = round((planned - 700 * MIB) / GIB, 2)
+    log = f"[2026-12-01 12:00:00] Load weight begin. avail mem={logged_gib:.2f} GB"
+    calibration = calibrate(plan, _info_as_planned(plan), log, gpu_name="NVIDIA B200", model="llama3.1-8b")
+    assert not calibration.mismatches and not calibration.exact and calibration.unmeasured is None
+    assert calibration.measured_pre_load_bytes == calibration.logged_pre_load_bytes == int(logged_gib * GIB)
+    assert abs(calibration.correction_bytes - 700 * MIB) <= 10 * MIB
+    assert "estimated from the log only" in calibration.report_line()
+    # without the line nothing is measured, and nothing is learnt
+    blind = calibrate(plan, _info_as_planned(plan), "", gpu_name="NVIDIA B200", model="llama3.1-8b")
+    assert blind.unmeasured and blind.correction_bytes == 0
+
+
+def test_a_pool_the_memory_sizes_is_still_exact_without_the_log(xc, models, tmp_path):
+    """--max-total-tokens above what memory gives does not bind: the readback measures the memory as before."""
+    node = create_node(tmp_path / "node", name=xc.HOST, gpus=1, total_mib=xc.B200_MIB)
+    case = xc.Case(models.llama, (0,), ("--max-total-tokens", "100000000"))
+    plan = case.plan(node)
+    assert plan.expected["max_total_num_tokens"] < 100000000
+    calibration = calibrate(plan, _info_as_planned(plan), "", gpu_name="NVIDIA B200", model="llama3.1-8b")
+    assert calibration.exact and calibration.unmeasured is None and calibration.correction_bytes == 0
+
+
+def test_a_server_on_another_device_learns_no_correction_and_says_why(xc, models, tmp_path):
+    """A CPU server behind a node that reports a GPU (the real SGLang tests) logs host memory: that is not the
+    GPU memory the plan sized, so the next plan must not start from it."""
+    node = create_node(tmp_path / "node", name=xc.HOST, gpus=1, total_mib=xc.B200_MIB)
+    case = xc.Case(models.llama, (0,), ("--device", "cpu", "--max-total-tokens", "32768"))
+    plan = case.plan(node, calibration_bytes=123 * MIB)
+    log = "[2026-12-01 14:51:26] Load weight begin. avail mem=21.60 GB"
+    calibration = calibrate(plan, _info_as_planned(plan), log, gpu_name="NVIDIA B200", model="llama3.1-8b")
+    assert calibration.unmeasured and "--device cpu" in calibration.unmeasured
+    assert calibration.correction_bytes == 123 * MIB  # the carried correction, untouched
+    assert calibration.logged_pre_load_bytes == int(21.60 * GIB)
+    line = calibration.report_line()
+    assert "22,118 MiB free before the weights" in line and "no correction learnt" in line

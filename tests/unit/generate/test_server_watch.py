@@ -85,3 +85,13 @@ async def test_no_metrics_series_when_sampling_is_off(tmp_path):
 
 def test_the_fake_page_is_what_the_parser_reads():
     assert parse_metrics(metrics_page(3, 1), server="s").running == 3
+
+
+def test_an_accept_length_of_zero_is_no_speculative_decoding():
+    # SGLang 0.5.23 serves sglang:spec_accept_length 0 on a server without speculative decoding, and on a
+    # rank that has not decoded yet; the row leaves it out rather than averaging the zero in
+    zero_rank = DP_PAGE.replace('tp_rank="0"} 3.4', 'tp_rank="0"} 0.0')
+    assert parse_metrics(zero_rank, server="n:30000").accept_length == pytest.approx(3.0)
+    none = DP_PAGE.replace('tp_rank="0"} 3.0', 'tp_rank="0"} 0.0').replace('tp_rank="0"} 3.4', 'tp_rank="0"} 0.0')
+    sample = parse_metrics(none, server="n:30000")
+    assert sample.accept_length is None and "accept_length" not in sample.row(at=1.0, server="n:30000", cap=8)

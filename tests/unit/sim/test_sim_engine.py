@@ -98,7 +98,7 @@ def test_admission_reserves_running_budgets_at_the_ratio_and_the_new_one_in_full
     # 3rd: 4000 - 202 - 2100 = 1698 > 1601 admitted; 4th: 4000 - 303 - 3150 = 547 waits
     engine, first_pass, _ = _run(4000, [(100, 1500, 1500)] * 4)
     assert first_pass == 3
-    # admitted later as the ratio decays, the batch outgrows the pool: SGLang retracts
+    # the three alone outgrow the pool (3 x 1601 > 4000): SGLang retracts
     assert engine.stats.retracted_requests >= 1
 
 
@@ -169,10 +169,11 @@ def test_retraction_takes_the_request_with_the_fewest_generated_tokens(capsys):
         assert engine.stats.retracted_requests == 0
         _at(engine, clock, 14.0)
         assert engine.stats.retracted_requests == 1 and (engine.running, engine.waiting) == (1, 1)
-        assert engine.stats.retracted_output_tokens == 1325  # the late one, 50 tokens behind
-        _at(engine, clock, 16.0)   # the early one finishes at 15 s; the late one resumes with its 1325 tokens
+        # the late one, 50 tokens behind: 1325 decode steps and its prefill's token
+        assert engine.stats.retracted_output_tokens == 1326
+        _at(engine, clock, 16.0)   # the early one finishes at 15 s; the late one resumes with its 1326 tokens
         assert (engine.running, engine.waiting) == (1, 0)
-        _at(engine, clock, 20.0)   # 175 tokens left
+        _at(engine, clock, 20.0)   # 174 tokens left, one of them from its re-prefill
         return await asyncio.gather(early, late)
 
     early, late = asyncio.run(scenario())
@@ -196,3 +197,53 @@ def test_decode_batch_line_every_forty_decode_steps():
     # 100 steps/s: at 30 steps nothing, at 50 the first interval, 100 the second, 250 the sixth
     assert asyncio.run(scenario()) == [(50, 2, 2 * (10 + 50 + 1)), (100, 2, 2 * (10 + 100 + 1)),
                                        (250, 2, 2 * (10 + 250 + 1))]
+
+
+def test_a_batch_arriving_together_is_one_pass_each_reserving_in_full():
+    # 16 x (1 + 100 output): one at a time each sees the others at 0.7 x 99 and 13 fit; in one pass each
+    # admitted one reserves 1 + 1 + 100 and 9 fit (10th: 1000 - 918 = 82 < 102), then the next pass, with
+    # those 9 at the ratio, takes 3 more: 1000 - 18 - 9 x 99 x 0.7 = 358 -> 256 -> 154 -> 52 < 102
+    async def scenario(together: bool):
+        engine = BatchEngine(capacity=64, max_total_tokens=1000, timing=FLAT,
+                             clock=ManualClock(asyncio.get_running_loop()))
+        if together:
+            engine.submit_many([(1, 100, 100)] * 16)
+        else:
+            for _ in range(16):
+                engine.submit(1, 100, 100)
+        return engine.running
+
+    assert asyncio.run(scenario(False)) == 13
+    assert asyncio.run(scenario(True)) == 12
+
+
+def test_a_full_batch_admits_nothing_until_a_request_leaves():
+    async def scenario():
+        clock = ManualClock(asyncio.get_running_loop())
+        engine = BatchEngine(capacity=8, max_total_tokens=4000, timing=FLAT, clock=clock)
+        for _ in range(4):
+            engine.submit(100, 1500, 1500)
+        running = [engine.running]
+        # at 500 steps the decayed ratio would take the 4th (4000 - 3 x 600 - 3 x 1000 x 0.198 = 1606 > 1601),
+        # but its refusal marked the batch full (Scheduler.get_new_batch_prefill's batch_is_full)
+        _at(engine, clock, 5.0)
+        running.append(engine.running)
+        return running
+
+    assert asyncio.run(scenario()) == [3, 3]
+
+
+def test_retraction_ties_go_to_the_last_request_to_join_the_batch():
+    # both arrive together: the first pass takes the first (2800 - 1601 = 1199 leaves no room for the second),
+    # the pass after it the second (2800 - 101 - 1499 x 0.7 = 1650 > 1601). Both run at the same pace and
+    # outgrow the pool at 1300 tokens, before either ends: equal keys, and SGLang's stable sort of the batch
+    # in order retracts the one that joined last (ScheduleBatch._get_decode_retraction_order), though the
+    # second one's shorter output ends first
+    async def scenario():
+        engine = BatchEngine(capacity=4, max_total_tokens=2800, timing=FLAT,
+                             clock=SimClock(asyncio.get_running_loop(), 500.0))
+        futures = engine.submit_many([(100, 1500, 1500), (100, 1400, 1500)])
+        return await asyncio.gather(*futures)
+
+    first, second = asyncio.run(scenario())
+    assert (first.retractions, second.retractions) == (0, 1)

@@ -170,7 +170,8 @@ def test_streamed_chat_and_metrics(tools):
     events = [line[len("data: "):] for line in stream.split("\n\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    # sglang/srt/entrypoints/openai/sse_utils.py: every delta names reasoning_content, null when it has none
+    assert chunks[0]["choices"][0]["delta"] == {"reasoning_content": None, "role": "assistant", "content": ""}
     assert "reasoning_content" in chunks[1]["choices"][0]["delta"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
     families = {family.name: family for family in text_string_to_metric_families(metrics)}
@@ -245,5 +246,6 @@ def test_retraction_counters_under_sglang_metric_names(tools):
     assert values["sglang:num_used_tokens"] == 0 and values["sglang:new_token_ratio"] == 0.7
     assert families["sglang:num_retracted_reqs"].samples[0].labels["model_name"] == "/models/qwen3.6-27b"
     state = info["internal_states"][0]
-    assert state["num_retracted_requests_total"] == 3 and state["full_token_usage"] == 0.0
+    assert state["sim"]["num_retracted_requests_total"] == 3 and state["sim"]["full_token_usage"] == 0.0
     assert state["sim"]["peak_used_tokens"] == 12345
+    assert "num_retracted_requests_total" not in state  # SGLang's internal state has no such key

@@ -58,7 +58,7 @@ def test_server_serves_and_releases_its_memory(tools, node, model_dir):
         assert reply["choices"][0]["finish_reason"] in ("stop", "length") and reply["usage"]["completion_tokens"] > 0
         apps = _smi(node, "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits")
         pid, name, used = apps.strip().split(", ")
-        assert (int(pid), name) == (proc.pid, "sglang::scheduler_TP0")
+        assert (int(pid), name) == (proc.pid, "sglang::scheduler")  # no rank suffix at --tp-size 1
         assert int(used) > 0.9 * 183359 - 512  # weights + pools + graphs: most of the GPU at mfs 0.93
         assert _smi(node, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0") == "512\n"
     finally:
@@ -132,3 +132,40 @@ def test_create_node_cli(tmp_path):
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["gpus"] == 3
     assert json.loads((tmp_path / "n" / "node.json").read_text())["sim"]["time_scale"] == 100
+
+
+def test_sigterm_drains_the_request_in_flight_and_exits_0(tools, tmp_path, model_dir):
+    # decoding slow enough that the request is still running when SIGTERM lands
+    node = create_node(tmp_path / "slow", name="n", gpus=1, sim={"load_seconds": 0.1, "time_scale": 1,
+                                                                  "decode_base_ms": 5})
+    port = tools.free_port()
+    proc = _launch(node, model_dir, [*tools.SEED_ARGS[2:], *tools.AFTER, "--port", str(port)], gpu="0")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(proc, url)
+        with httpx.Client(timeout=60) as client:
+            import threading
+
+            replies = []
+            chat = threading.Thread(target=lambda: replies.append(client.post(
+                f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                    "max_tokens": 1000})))
+            chat.start()
+            while client.get(f"{url}/v1/loads").json()["loads"][0]["num_running_reqs"] == 0:
+                pass
+            proc.send_signal(signal.SIGTERM)
+            health = client.get(f"{url}/health").status_code
+            chat.join(60)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # SGLang's drain (sglang/srt/managers/tokenizer_manager.py): 503 to health checks, the request finishes
+    assert health == 503 and replies[0].status_code == 200
+    log = proc.stdout.read()
+    assert "SIGTERM received. signum=None frame=None. Draining requests and shutting down..." in log
+    assert "Health check request received during shutdown. Returning 503." in log
+    assert "Gracefully exiting... Remaining number of requests 1. Remaining requests remaining_rids=['" in log
+    assert log.rstrip().endswith("Gracefully exiting... Remaining number of requests 0. "
+                                 "Remaining requests remaining_rids=[].")

@@ -218,3 +218,21 @@ def test_figures_from_simulated_servers_say_so(tmp_path):
     _, real = report_of(tmp_path / "real", "real")
     assert real["simulated"] is False
     assert "Simulated" not in (tmp_path / "real" / "report" / "report.md").read_text()
+
+
+def test_the_report_says_what_each_readback_measured_of_the_memory(tmp_path):
+    plan, readiness = plan_and_readiness(40)
+    line = ("NVIDIA B200|0.5.23|dense|tp1: the plan assumed 182,247 MiB pre-load free; its log says 22,118 MiB free "
+            "before the weights; not a measure of the plan's memory: the server runs with --device cpu (no "
+            "correction learnt)")
+    readiness[1]["calibration"] = {"report_line": line}
+    out = write_run(tmp_path / "run", [good_row(index) for index in range(30)])
+    brief = build_report(out, run_id="run", plan=plan, readiness=readiness, shard_results=None, validation=None,
+                         previous_report=None)
+    report = json.loads(Path(brief["report_json"]).read_text())
+    described = readiness[1]["server"]
+    assert {row["server"]: row["readback"] for row in report["tuning"]} == {
+        item["server"]: (line if item["server"] == described else None) for item in readiness}
+    markdown = Path(brief["report_md"]).read_text()
+    assert f"- **{described}**: {line}" in markdown
+    assert all(f"- **{item['server']}**" not in markdown for item in readiness if item["server"] != described)

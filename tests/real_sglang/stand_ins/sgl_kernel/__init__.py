@@ -35,3 +35,5 @@ def __getattr__(name: str):
         raise AttributeError(name)
     return _missing(name)
 
+
+import sgl_kernel._gdn_ops  # noqa: E402,F401  torch.ops.sgl_kernel.*; "from . import" would hit __getattr__
