@@ -6,9 +6,8 @@ The warm-up polls ``GET /model_info`` and posts ``/generate`` ("The capital city
 
 SIGTERM drains as SGLang does (``sglang/srt/managers/tokenizer_manager.py`` ``SignalHandler.sigterm_handler``,
 ``sigterm_watchdog``): the server logs it, ``/health`` answers 503, the requests in flight finish (new ones are
-still served) with a ``Gracefully exiting...`` line on the way, then it exits 0. SGLang looks every 5 s; the
-simulator every ``DRAIN_POLL_S`` and logs the line on the same 5 s period and once more at the end. A hung server
-exits at once, as SGLang does once its health check has failed.
+still served) with a ``Gracefully exiting...`` line on the way, then it exits 0. A hung server exits at once, as
+SGLang does once its health check has failed.
 """
 
 from __future__ import annotations
@@ -25,6 +24,8 @@ from sglang_sim.http_app import build_app
 from sglang_sim.service import Service
 from sglang_sim.simlog import log
 
+# SGLang's watchdog looks every 5 s and logs each time; the simulator looks more often, so that a stop is quick,
+# and logs on SGLang's period and once more when the last request is done.
 DRAIN_POLL_S = 0.05
 DRAIN_LOG_INTERVAL_S = 5.0
 WARMUP_BODY = {"text": "The capital city of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
