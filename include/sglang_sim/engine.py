@@ -17,7 +17,8 @@ decode batches. The scheduling rules are SGLang's (docs/sglang-scheduler.md §2-
 - ``new_token_ratio`` starts at 0.7 x conservativeness, decays by ``(init - 0.14 x init) / 600`` per
   decode step, is re-estimated after a retraction and reset when idle (``NewTokenRatioTracker``);
 - when the next decode step does not fit, ``retract_decode`` removes the requests with the fewest
-  generated tokens (ties: the longest prompt) until it fits; a retracted request keeps its output
+  generated tokens (ties: the longest prompt, then the last to join the batch) until it fits; the step
+  that retracts does not decay the re-estimated ratio; a retracted request keeps its output
   tokens, loses its KV, goes to the back of the queue and re-prefills prompt + output when admitted.
 
 Simulated time runs ``time_scale`` times faster than the wall clock.

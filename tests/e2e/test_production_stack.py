@@ -209,3 +209,31 @@ def _completed_lines(run_dir: Path, shard_id: int) -> int:
 
     path = RunLayout(run_dir).shard_file("completions", shard_id)
     return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def test_a_run_on_real_sglang_servers_through_celery(api, stack, tmp_path):
+    """The same stack with real SGLang 0.5.23 servers on CPU (docs/real-sglang.md): launched by a Celery worker,
+    waited for by the triggerer (with its hold against the fast-resume race), read back, generated on, stopped."""
+    from tests.real_sglang import server as real
+
+    real.require_real_sglang()
+    environment = stack.environment
+    models = real.write_tiny_models(tmp_path / "models")
+    fleet_path = tmp_path / "fleet-real.json"
+    fleet_path.write_text(json.dumps(real.real_fleet(environment.fleet(), models["dense"])))
+    prompts = real.write_short_prompts(tmp_path / "prompts.jsonl", 24)
+    conf = {"fleet_file": str(fleet_path), "prompts_path": str(prompts), "output_root": str(environment.output_root),
+            "shard_size": 12, "max_tokens": 24, "ready_timeout_s": 300, "relaunch_servers": True,
+            "keep_servers_up": False, "reuse_completions": "never", **real.CONTENT_THRESHOLDS}
+    try:
+        response = api.post(f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf})
+        response.raise_for_status()
+        run_id = response.json()["dag_run_id"]
+        run, tis = _wait(api, stack, run_id, until=_finished, timeout_s=600)
+        assert run["state"] == "success", _not_succeeded(stack, run_id, tis)
+    finally:
+        real.stop_fleet_servers(environment)
+    report = json.loads((_run_dir(stack, run_id) / "report" / "report.json").read_text())
+    assert report["totals"]["completions"] == 24 and report["simulated"] is False
+    assert all(row["version"] == real.VERSION and row["matches"]["max_total_num_tokens"] for row in report["tuning"])
+    assert len(report["tuning"]) == 2  # one real server on each node

@@ -6,7 +6,6 @@ Without the server venv the tests are skipped with what to run; under CI (CI=tru
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -29,18 +28,9 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("stops_real_server") is not None)
 
 
-def require_real_sglang() -> None:
-    reason = real.missing()
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"CI must build the real SGLang server: {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
-    require_real_sglang()
+    real.require_real_sglang()
     return real.write_tiny_models(tmp_path_factory.mktemp("tiny-models"))
 
 

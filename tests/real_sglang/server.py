@@ -48,10 +48,58 @@ def missing() -> str | None:
     return None
 
 
+def require_real_sglang() -> None:
+    """Skip the calling test when the real server cannot run here, saying what to run; under CI, fail."""
+    import pytest
+
+    reason = missing()
+    if reason is None:
+        return
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI must build the real SGLang server: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def write_tiny_models(dest: Path) -> dict[str, Path]:
     """``{"dense": folder, "hybrid": folder}`` under ``dest`` (tests/real_sglang/tiny_models.py)."""
     subprocess.run([str(PYTHON), str(TINY_MODELS), str(dest)], check=True)
     return {name: dest / name for name in ("dense", "hybrid")}
+
+
+def real_fleet(fleet: dict, model_dir: Path, served_name: str = "tiny-dense") -> dict:
+    """A fleet description (``SimEnvironment.fleet()``'s) whose servers are real SGLang on this CPU: described
+    as a user with an unusual node would, in ``server.python``/``module``/``env``/``extra_args``."""
+    return {**fleet, "model": {"path": str(model_dir), "served_name": served_name},
+            "server": {**fleet["server"], "python": str(PYTHON), "module": MODULE, "stop_grace_s": 30,
+                       "extra_args": [*CPU_FLAGS, "--max-total-tokens", str(KV_TOKENS)], "env": dict(ENV)}}
+
+
+def write_short_prompts(path: Path, count: int) -> Path:
+    """``count`` short chat prompts (ids ``r0000``...): the tiny model's context is small and CPU prefill slow."""
+    topics = ("tidal energy", "graph search", "Roman law", "jazz harmony", "bird migration", "soil chemistry")
+    with path.open("w") as out:
+        for index in range(count):
+            out.write(json.dumps({"id": f"r{index:04d}", "messages": [
+                {"role": "user", "content": f"Question {index}: explain {topics[index % len(topics)]} step by step, "
+                                            "briefly."}]}) + "\n")
+    return path
+
+
+# Random weights write junk that rarely stops on its own and carries no reasoning: the DAG's thresholds on
+# content are the user's to set, and these say "any text".
+CONTENT_THRESHOLDS = {"min_reasoning_share": 0.0, "max_length_share": 1.0, "max_empty_answer_share": 1.0}
+
+
+def stop_fleet_servers(environment) -> None:
+    """Stop the real servers a DAG run left on the simulated nodes (as the DAG does: pid file, SIGTERM)."""
+    from fleetgen.nodes.remote import stop_command
+    from sglang_sim import sshd
+
+    for index in range(environment.nodes):
+        ports = [environment.node_base_port(index) + gpu for gpu in range(environment.gpus_per_node)]
+        command = stop_command(run_dir="~/fleetgen/run", module=MODULE, ports=ports, grace_s=30)
+        subprocess.run(["bash", "-c", command], env=sshd.node_environment(environment.node_dir(index)),
+                       stdout=subprocess.DEVNULL, check=False)
 
 
 def launch_argv(model_dir: Path, port: int, *flags: str, kv_tokens: int | None = KV_TOKENS) -> list[str]:

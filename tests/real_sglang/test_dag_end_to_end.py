@@ -21,19 +21,6 @@ from tests.real_sglang import server as real
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = 24
 MAX_TOKENS = 24
-# Random weights write junk that rarely stops on its own and carries no reasoning: the thresholds on
-# content are the user's to set, and these say "any text".
-CONTENT_THRESHOLDS = {"min_reasoning_share": 0.0, "max_length_share": 1.0, "max_empty_answer_share": 1.0}
-
-
-def _write_prompts(path: Path) -> Path:
-    topics = ("tidal energy", "graph search", "Roman law", "jazz harmony", "bird migration", "soil chemistry")
-    with path.open("w") as out:
-        for index in range(PROMPTS):
-            topic = topics[index % len(topics)]
-            out.write(json.dumps({"id": f"r{index:04d}", "messages": [
-                {"role": "user", "content": f"Question {index}: explain {topic} step by step, briefly."}]}) + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -44,44 +31,29 @@ def real_env(tmp_path_factory, tiny_models):
     from fleetgen.airflow.settings_file import load_settings
     from sglang_sim.demo import SimEnvironment
 
-    subprocess.run([str(Path(os.sys.executable).parent / "airflow"), "db", "migrate"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if not (Path(os.environ["AIRFLOW_HOME"]) / "airflow.db").exists():
+        subprocess.run([str(Path(os.sys.executable).parent / "airflow"), "db", "migrate"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     environment = SimEnvironment(root=tmp_path_factory.mktemp("real-fleet"), gpus_per_node=2, prompts=1,
                                  sim={"load_seconds": 0.0}).prepare().start()
-    _write_prompts(environment.prompts_path)
+    real.write_short_prompts(environment.prompts_path, PROMPTS)
     settings = load_settings(PROJECT_ROOT / "airflow_settings.yaml", environment.settings_env())
     saved = {key: os.environ.get(key) for key in settings.environment()}
     os.environ.update(settings.environment())
     apply_to_db(settings)
-    fleet = environment.fleet()
-    fleet["model"] = {"path": str(tiny_models["dense"]), "served_name": "tiny-dense"}
-    fleet["server"].update({
-        "python": str(real.PYTHON), "module": real.MODULE, "stop_grace_s": 30,
-        "extra_args": [*real.CPU_FLAGS, "--max-total-tokens", str(real.KV_TOKENS)],
-        "env": dict(real.ENV)})
     fleet_path = environment.root / "fleet-real.json"
-    fleet_path.write_text(json.dumps(fleet))
+    fleet_path.write_text(json.dumps(real.real_fleet(environment.fleet(), tiny_models["dense"])))
     environment.real_fleet_path = fleet_path
     try:
         yield environment
     finally:
-        _stop_real_servers(environment)
+        real.stop_fleet_servers(environment)
         environment.stop()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def _stop_real_servers(environment) -> None:
-    from fleetgen.nodes.remote import stop_command
-    from sglang_sim import sshd
-
-    ports = [environment.node_base_port(0) + gpu for gpu in range(environment.gpus_per_node)]
-    command = stop_command(run_dir="~/fleetgen/run", module=real.MODULE, ports=ports, grace_s=30)
-    subprocess.run(["bash", "-c", command], env=sshd.node_environment(environment.node_dir(0)),
-                   stdout=subprocess.DEVNULL, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +68,7 @@ def dag():
 def _conf(env, **overrides) -> dict:
     return {"fleet_file": str(env.real_fleet_path), "prompts_path": str(env.prompts_path),
             "output_root": str(env.output_root), "shard_size": 12, "max_tokens": MAX_TOKENS,
-            "ready_timeout_s": 300, "sample_interval_s": 0.5, **CONTENT_THRESHOLDS, **overrides}
+            "ready_timeout_s": 300, "sample_interval_s": 0.5, **real.CONTENT_THRESHOLDS, **overrides}
 
 
 def _latest_report(env) -> dict:

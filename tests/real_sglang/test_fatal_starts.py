@@ -40,7 +40,11 @@ def _failed_start(tmp_path: Path, model_dir: Path, *flags: str, kv_tokens: int |
     """The log lines of a server that exits by itself while starting."""
     server = real.RealServer(model_dir=model_dir, port=_port(), log_path=tmp_path / "server.log", flags=flags,
                              kv_tokens=kv_tokens).start()
-    code = server.wait_exit()
+    try:
+        code = server.wait_exit()
+    except subprocess.TimeoutExpired:  # wait_exit has stopped it
+        pytest.fail(f"{server.log_path}: the server on port {server.port} did not fail while starting; its log "
+                    f"ends:\n{server.log_tail()}", pytrace=False)
     assert code == expected_exit, f"{server.log_path}: exit {code}, not {expected_exit}:\n{server.log_tail()}"
     return server.log_text().splitlines()
 
@@ -119,9 +123,11 @@ def test_a_pool_cap_below_one_page_is_oom_kv(tmp_path, tiny_models):
 
 def test_a_static_fraction_below_the_weights_is_oom_weights(tmp_path, tiny_models):
     """The KV budget is free memory minus ``pre_load * (1 - mem_fraction_static)``
-    (sglang/srt/mem_cache/kv_cache_configurator.py::_profile_available_bytes); the scheduler alone takes more
-    than this fraction of free RAM between the baseline and the profile, so nothing is left for the pool."""
-    lines = _failed_start(tmp_path, tiny_models["dense"], "--mem-fraction-static", "0.00001", expected_exit=-9)
+    (sglang/srt/mem_cache/kv_cache_configurator.py::_profile_available_bytes), free memory being the host's on
+    CPU. A vocabulary of 4M tokens makes the random weights 1 GiB, far above this fraction of the free RAM: other
+    processes freeing memory between the baseline and the profile cannot make room for the pool."""
+    lines = _failed_start(tmp_path, tiny_models["dense"], "--mem-fraction-static", "0.00001",
+                          "--json-model-override-args", '{"vocab_size": 4194304}', expected_exit=-9)
     fatal = _classified(lines, FailureKind.OOM_WEIGHTS, "Loaded weights leave no GPU memory for the KV cache under "
                                                         "--mem-fraction-static=1e-05.")
     assert fatal.line.startswith("ValueError: ")

@@ -41,7 +41,7 @@ def test_prefill_stalls_decoding():
 
     async def scenario():
         engine = BatchEngine(capacity=4, max_total_tokens=10**6, timing=timing,
-                             clock=SimClock(asyncio.get_running_loop(), 200.0))
+                             clock=SimClock(asyncio.get_running_loop(), 20.0))
         return await engine.submit(5000, 500)
 
     result = asyncio.run(scenario())
