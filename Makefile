@@ -12,6 +12,8 @@ SGLANG_SERVER_STAMP := .sglang-venv/.server-built
 SGLANG_SERVER_INPUTS := scripts/sglang-server-venv.sh tests/real_sglang/stand_ins/torchvision_meta_stub.pth \
 	$(wildcard tests/real_sglang/patches/*)
 PYTEST_ARGS ?=
+# Two workers on the two cores; tests/conftest.py keeps each file, and all of tests/real_sglang/, on one worker.
+PYTEST_WORKERS ?= 2
 # The browser tests drive Debian's Chromium (Playwright cannot download browser builds here).
 CHROMIUM ?= /usr/bin/chromium
 
@@ -46,7 +48,7 @@ openssh:
 	else echo "openssh-server is not installed and we are not root: the OpenSSH end-to-end variants will be skipped"; fi
 
 test: $(STAMP) $(SGLANG_STAMP) $(SGLANG_SERVER_STAMP) openssh chromium
-	FLEETGEN_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	FLEETGEN_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Installed with apt when running as root; otherwise the browser tests say how to provide it and skip.
 chromium:

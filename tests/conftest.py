@@ -21,3 +21,21 @@ from hypothesis import Phase, settings  # noqa: E402
 # `make mutation` runs each test against hundreds of mutants: finding one failing example is the
 # verdict there; shrinking it (minutes for the launch tests, which wait on a server's log) is not.
 settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate], database=None)
+
+# `make test` runs the suite on two xdist workers (--dist loadgroup). A file's tests stay on one worker, so its
+# module fixtures (a simulated fleet, the production stack) start once; every file of tests/real_sglang/ shares one
+# worker, so the real SGLang servers its session fixtures start (tens of seconds each) start once, and at most
+# one worker at a time loads the CPU with real servers.
+REAL_SGLANG = PROJECT_ROOT / "tests" / "real_sglang"
+
+
+def xdist_group_of(path: pathlib.Path) -> str:
+    return "real_sglang" if REAL_SGLANG in path.parents else str(path.relative_to(PROJECT_ROOT))
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(pathlib.Path(str(item.fspath)))))

@@ -218,6 +218,9 @@ def test_a_run_on_real_sglang_servers_through_celery(api, stack, tmp_path):
 
     real.require_real_sglang()
     environment = stack.environment
+    # The simulated servers the runs above kept up hold the GPUs' memory, and they are not the real fleet's
+    # (another server.module): stop them, as an operator switching the fleet to SGLang would.
+    environment.stop_servers()
     models = real.write_tiny_models(tmp_path / "models")
     fleet_path = tmp_path / "fleet-real.json"
     fleet_path.write_text(json.dumps(real.real_fleet(environment.fleet(), models["dense"])))

@@ -31,7 +31,7 @@ from fleetgen.nodes import readiness, remote
 from fleetgen.tuning.calibration import LOAD_BEGIN_MARK, pre_load_from_log
 from tests.real_sglang import probes
 from tests.real_sglang import server as real
-from tests.real_sglang.conftest import require_real_sglang
+from tests.real_sglang.server import require_real_sglang
 
 PRODUCT = Path(__file__).resolve().parents[2] / "include" / "fleetgen"
 SGLANG = real.VENV / "lib" / "python3.11" / "site-packages" / "sglang"

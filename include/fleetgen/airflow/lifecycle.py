@@ -99,14 +99,14 @@ def launch_server(shell: NodeShell, fleet: FleetSpec, slot: ServerSlot, plan: di
     log_path = remote.log_file(fleet.server.log_dir, slot.port)
     log.info("launched %s on GPU(s) %s: pid %s, log %s", slot.name, list(slot.gpu_ids), fields["pid"], log_path)
     return {**slot.to_dict(), "pid": int(fields["pid"]), "log_path": log_path, "plan": plan,
-            "command": " ".join(spec.argv()), "kept": False}
+            "command": " ".join(spec.argv()), "args": spec.argv()[3:], "kept": False}
 
 
 def kept_server(fleet: FleetSpec, slot: ServerSlot, plan: dict, pid: int) -> dict:
     """The launch record of a server kept running (same shape as ``launch_server``'s, ``kept`` true)."""
     spec = launch_spec(fleet, slot, plan, with_api_key=False)
     return {**slot.to_dict(), "pid": int(pid), "log_path": remote.log_file(fleet.server.log_dir, slot.port),
-            "plan": plan, "command": " ".join(spec.argv()), "kept": True}
+            "plan": plan, "command": " ".join(spec.argv()), "args": spec.argv()[3:], "kept": True}
 
 
 def installed_version(shell: NodeShell, fleet: FleetSpec) -> tuple[str | None, str | None]:

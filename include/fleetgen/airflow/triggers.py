@@ -80,6 +80,7 @@ class ReadinessTrigger(BaseTrigger):
         # The pre-load memory line, kept once seen: a real server logs dozens of lines (and one per health
         # check) between it and readiness, so the last tail may no longer hold it.
         self._startup_lines: list[str] = []
+        self._foreign_seen = False  # another server answered on the port (warned once)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{self.__class__.__module__}.{self.__class__.__qualname__}", {
@@ -261,6 +262,20 @@ class ReadinessTrigger(BaseTrigger):
             server_info.raise_for_status()
             info = server_info.json()
             info["_model_info"] = model_info.json()
-            return info
         except (httpx.TransportError, httpx.HTTPStatusError, ValueError):
             return None
+        return info if self._is_this_launch(info) else None
+
+    def _is_this_launch(self, info: dict) -> bool:
+        """Whether the server answering on the port runs this launch's arguments. SGLang binds its port only
+        after loading the model (and then logs "address already in use" without exiting): until then another
+        process on the port may answer, and its limits must not be taken for this server's."""
+        args = (self.context.get("launched") or {}).get("args")
+        if not args:
+            return True
+        differences = readiness.launch_differences(info, readiness.args_as_flags(args), expected_version=None)
+        if differences and not self._foreign_seen:
+            self._foreign_seen = True
+            self.log.warning("%s: the server answering on %s does not run this launch (%s); waiting for ours",
+                             self.server.get("name"), self.server.get("url"), "; ".join(differences[:3]))
+        return not differences
