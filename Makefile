@@ -48,7 +48,7 @@ openssh:
 	else echo "openssh-server is not installed and we are not root: the OpenSSH end-to-end variants will be skipped"; fi
 
 test: $(STAMP) $(SGLANG_STAMP) $(SGLANG_SERVER_STAMP) openssh chromium
-	FLEETGEN_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	FLEETGEN_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Installed with apt when running as root; otherwise the browser tests say how to provide it and skip.
 chromium:

@@ -22,20 +22,26 @@ from hypothesis import Phase, settings  # noqa: E402
 # verdict there; shrinking it (minutes for the launch tests, which wait on a server's log) is not.
 settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate], database=None)
 
-# `make test` runs the suite on two xdist workers (--dist loadgroup). A file's tests stay on one worker, so its
-# module fixtures (a simulated fleet, the production stack) start once; every file of tests/real_sglang/ shares one
-# worker, so the real SGLang servers its session fixtures start (tens of seconds each) start once, and at most
-# one worker at a time loads the CPU with real servers.
-REAL_SGLANG = PROJECT_ROOT / "tests" / "real_sglang"
+# `make test` runs the suite on two xdist workers (--dist loadfile). A file's tests stay on one worker, so its
+# module fixtures (a simulated fleet, the production stack) start once; and every file of tests/real_sglang/ shares
+# one worker, so the real SGLang servers of its session fixtures (tens of seconds each) start once and at most one
+# worker at a time loads the CPU with real servers.
+REAL_SGLANG = "tests/real_sglang/"
 
 
-def xdist_group_of(path: pathlib.Path) -> str:
-    return "real_sglang" if REAL_SGLANG in path.parents else str(path.relative_to(PROJECT_ROOT))
+def worker_unit(nodeid: str) -> str:
+    """The unit of tests that stays on one xdist worker: the file, or all of tests/real_sglang/."""
+    path = nodeid.split("::", 1)[0]
+    return REAL_SGLANG if path.startswith(REAL_SGLANG) else path
 
 
-def pytest_collection_modifyitems(config, items):
-    import pytest
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
 
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(xdist_group_of(pathlib.Path(str(item.fspath)))))
+    class FileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_unit(nodeid)
+
+    return FileScheduling(config, log)
