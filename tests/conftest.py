@@ -16,6 +16,7 @@ os.environ.setdefault("FLEETGEN_RETRY_DELAY_S", "1")
 # (the real-executor stacks, sglang_sim.prod and sglang_sim.ui, drop this and keep the product default).
 os.environ.setdefault("FLEETGEN_RESUME_SETTLE_S", "0")
 
+import pytest  # noqa: E402
 from hypothesis import Phase, settings  # noqa: E402
 
 # `make mutation` runs each test against hundreds of mutants: finding one failing example is the
@@ -35,10 +36,28 @@ def worker_unit(nodeid: str) -> str:
     return REAL_SGLANG if path.startswith(REAL_SGLANG) else path
 
 
+# The longest units, handed out first (xdist otherwise orders units by their number of tests, which leaves a
+# three-test file that runs for minutes, the production stack, to the end of the run).
+LONGEST_FIRST = (REAL_SGLANG, "tests/e2e/test_production_stack.py", "tests/airflow/test_ui_in_browser.py")
+
+
+def _rank(item) -> int:
+    unit = worker_unit(item.nodeid)
+    return LONGEST_FIRST.index(unit) if unit in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: the order it collects is the order units are handed out
+        items.sort(key=_rank)  # stable: each file keeps its order
+
+
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False  # units in collection order: LONGEST_FIRST first
 
     class FileScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:

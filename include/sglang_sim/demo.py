@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,6 +215,26 @@ class SimEnvironment:
                           for key, value in settings.variables)
         pools = tuple(dataclasses.replace(pool, slots=pool_slots) if pool_slots else pool for pool in settings.pools)
         return dataclasses.replace(settings, connections=tuple(nodes + others), variables=variables, pools=pools)
+
+    @contextmanager
+    def airflow_settings_applied(self):
+        """airflow_settings.yaml applied for an Airflow in this process (``dag.test()``): its connections and
+        variables in this process's environment and in the metadata DB; the environment restored afterwards."""
+        from fleetgen.airflow.apply_settings import apply_to_db
+        from fleetgen.airflow.settings_file import load_settings
+
+        settings = load_settings(PROJECT_ROOT / "airflow_settings.yaml", self.settings_env())
+        saved = {key: os.environ.get(key) for key in settings.environment()}
+        os.environ.update(settings.environment())
+        apply_to_db(settings)
+        try:
+            yield settings
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def stop_servers(self) -> None:
         """Stop our simulated servers on every node, as the DAG does (pid file + command line check)."""

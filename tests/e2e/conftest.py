@@ -43,23 +43,15 @@ def ssh_server(request) -> str:
 @pytest.fixture(scope="module")
 def sim_env(tmp_path_factory, airflow_db, ssh_server):
     """One simulated 2 x B200 node reachable over SSH, with the settings of airflow_settings.yaml applied."""
-    from fleetgen.airflow.apply_settings import apply_to_db
     from sglang_sim.demo import SimEnvironment
-    from fleetgen.airflow.settings_file import load_settings
 
     environment = SimEnvironment(root=tmp_path_factory.mktemp("fleet"), gpus_per_node=2, prompts=120,
                                  sim={"time_scale": 400.0, "load_seconds": 4.0}, ssh_server=ssh_server).prepare().start()
-    settings = load_settings(PROJECT_ROOT / "airflow_settings.yaml", environment.settings_env())
-    saved = {key: os.environ.get(key) for key in settings.environment()}
-    os.environ.update(settings.environment())
-    apply_to_db(settings)
-    yield environment
-    environment.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    try:
+        with environment.airflow_settings_applied():
+            yield environment
+    finally:
+        environment.stop()
 
 
 @pytest.fixture

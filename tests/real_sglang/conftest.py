@@ -43,13 +43,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def real_dense_server(tiny_models, tmp_path_factory):
     """A real dense server (LlamaForCausalLM, random weights), ready."""
-    server = real.RealServer(model_dir=tiny_models["dense"], port=_free_port(),
-                             log_path=tmp_path_factory.mktemp("real-dense") / "server.log").start()
-    try:
-        server.wait_ready()
+    with real.RealServer(model_dir=tiny_models["dense"], port=_free_port(),
+                         log_path=tmp_path_factory.mktemp("real-dense") / "server.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -58,12 +54,8 @@ def real_hybrid_server(tiny_models, tmp_path_factory):
 
     A 16-slot Mamba state pool; SGLang caps the 8 running requests asked for to what the pool holds.
     """
-    server = real.RealServer(model_dir=tiny_models["hybrid"], port=_free_port(),
-                             log_path=tmp_path_factory.mktemp("real-hybrid") / "server.log",
-                             flags=(*real.HYBRID_FLAGS, "--max-mamba-cache-size", "16",
-                                    "--max-running-requests", "8")).start()
-    try:
-        server.wait_ready()
+    with real.RealServer(model_dir=tiny_models["hybrid"], port=_free_port(),
+                         log_path=tmp_path_factory.mktemp("real-hybrid") / "server.log",
+                         flags=(*real.HYBRID_FLAGS, "--max-mamba-cache-size", "16", "--max-running-requests", "8")
+                         ) as server:
         yield server
-    finally:
-        server.stop()

@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -50,8 +49,12 @@ def sim_flags(reference: real.RealServer) -> list[str]:
 
 
 @dataclass
-class SimServer:
+class SimServer(real.ServerProcess):
     """``python -m sglang_sim.server`` on a one-GPU simulated node, with RealServer's interface."""
+
+    KIND = "simulated server"
+    READY_TIMEOUT_S = 60.0
+    POLL_S = 0.02
 
     model_dir: Path
     port: int
@@ -59,10 +62,6 @@ class SimServer:
     flags: tuple[str, ...] = ()
     process: subprocess.Popen | None = None
     health_codes: list = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -79,24 +78,6 @@ class SimServer:
             self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
         return self
-
-    def wait_ready(self, timeout_s: float = 60.0) -> "SimServer":
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the simulated server exited with {self.process.returncode}:\n{self.log_text()}")
-            try:
-                status, _ = real.get(f"{self.url}/health", timeout=5)
-                self.health_codes.append(status)
-                if status == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.02)
-        raise RuntimeError(f"the simulated server was not ready after {timeout_s:.0f} s:\n{self.log_text()}")
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> int | None:
         if self.process is None:

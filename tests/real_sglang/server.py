@@ -133,9 +133,61 @@ def post_json(url: str, body: dict, timeout: float = 120.0) -> tuple[int, dict |
         return status, raw
 
 
+class ServerProcess:
+    """What the real server and its simulated twin (``probes.SimServer``) share: readiness by ``/health``, the log,
+    and ``with server:`` starting it, waiting until ready, and stopping it."""
+
+    KIND = "server"
+    READY_TIMEOUT_S = 240.0
+    POLL_S = 0.25
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float | None = None):
+        """Until ``/health`` answers 200 (each status kept in ``health_codes``); RuntimeError with the log's end if
+        the process exits first or the time runs out."""
+        timeout_s = self.READY_TIMEOUT_S if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the {self.KIND} on port {self.port} exited with {self.process.returncode}:\n"
+                                   f"{self.log_tail()}")
+            try:
+                status, _ = get(f"{self.url}/health", timeout=5)
+                self.health_codes.append(status)
+                if status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(self.POLL_S)
+        raise RuntimeError(f"the {self.KIND} on port {self.port} was not ready after {timeout_s:.0f} s:\n"
+                           f"{self.log_tail()}")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def __enter__(self):
+        self.start()
+        try:
+            return self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 @dataclass
-class RealServer:
+class RealServer(ServerProcess):
     """One ``sglang.launch_server`` process in its own session, its output in ``log_path``."""
+
+    KIND = "real SGLang server"
 
     model_dir: Path
     port: int
@@ -146,10 +198,6 @@ class RealServer:
     process: subprocess.Popen | None = None
     health_codes: list = field(default_factory=list)  # every /health status seen while starting
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def start(self) -> "RealServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
@@ -159,36 +207,12 @@ class RealServer:
                 stdin=subprocess.DEVNULL, start_new_session=True)
         return self
 
-    def wait_ready(self, timeout_s: float = 240.0) -> "RealServer":
-        """Until ``/health`` answers 200; raises RuntimeError with the log's end if the server exits first."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the real SGLang server on port {self.port} exited with "
-                                   f"{self.process.returncode}:\n{self.log_tail()}")
-            try:
-                status, _ = get(f"{self.url}/health", timeout=5)
-                self.health_codes.append(status)
-                if status == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"the real SGLang server on port {self.port} was not ready after {timeout_s:.0f} s:\n"
-                           f"{self.log_tail()}")
-
     def wait_exit(self, timeout_s: float = 240.0) -> int:
         """The exit status of a server expected to fail at start-up."""
         try:
             return self.process.wait(timeout=timeout_s)
         finally:
             self.stop()
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:])
 
     def stop(self, grace_s: float = 30.0) -> int | None:
         """SIGTERM to the server's session (SGLang drains and exits), SIGKILL after ``grace_s``."""

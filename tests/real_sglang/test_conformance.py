@@ -101,14 +101,9 @@ def _sim_server(request, tmp_path_factory, kind: str):
     reference = _real_server(request, kind)
     from sglang_sim.demo import free_port_block
 
-    sim = probes.SimServer(model_dir=reference.model_dir, port=free_port_block(1),
-                           root=tmp_path_factory.mktemp(f"sim-{kind}"), flags=tuple(probes.sim_flags(reference)))
-    sim.start()
-    try:
-        sim.wait_ready()
+    with probes.SimServer(model_dir=reference.model_dir, port=free_port_block(1),
+                          root=tmp_path_factory.mktemp(f"sim-{kind}"), flags=tuple(probes.sim_flags(reference))) as sim:
         yield sim
-    finally:
-        sim.stop()
 
 
 @pytest.fixture(scope="session")

@@ -27,8 +27,6 @@ MAX_TOKENS = 24
 def real_env(tmp_path_factory, tiny_models):
     """Two simulated GPUs on one node behind the embedded SSH server, Airflow's settings applied, and a fleet
     file whose servers are real SGLang."""
-    from fleetgen.airflow.apply_settings import apply_to_db
-    from fleetgen.airflow.settings_file import load_settings
     from sglang_sim.demo import SimEnvironment
 
     if not (Path(os.environ["AIRFLOW_HOME"]) / "airflow.db").exists():
@@ -37,23 +35,14 @@ def real_env(tmp_path_factory, tiny_models):
     environment = SimEnvironment(root=tmp_path_factory.mktemp("real-fleet"), gpus_per_node=2, prompts=1,
                                  sim={"load_seconds": 0.0}).prepare().start()
     real.write_short_prompts(environment.prompts_path, PROMPTS)
-    settings = load_settings(PROJECT_ROOT / "airflow_settings.yaml", environment.settings_env())
-    saved = {key: os.environ.get(key) for key in settings.environment()}
-    os.environ.update(settings.environment())
-    apply_to_db(settings)
-    fleet_path = environment.root / "fleet-real.json"
-    fleet_path.write_text(json.dumps(real.real_fleet(environment.fleet(), tiny_models["dense"])))
-    environment.real_fleet_path = fleet_path
+    environment.real_fleet_path = environment.root / "fleet-real.json"
+    environment.real_fleet_path.write_text(json.dumps(real.real_fleet(environment.fleet(), tiny_models["dense"])))
     try:
-        yield environment
+        with environment.airflow_settings_applied():
+            yield environment
     finally:
         real.stop_fleet_servers(environment)
         environment.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ def _ready_event(outputs, ready_at_poll: int) -> dict:
 
 def test_the_load_line_seen_in_an_early_tail_reaches_the_ready_event():
     early = ["[..] Init parallel ends.", LOAD_LINE, "[..] Load weight end. elapsed=0.03 s"]
-    later = [f'[..] INFO:     127.0.0.1:4711 - "GET /health HTTP/1.1" 503' for _ in range(60)]
+    later = ['[..] INFO:     127.0.0.1:4711 - "GET /health HTTP/1.1" 503' for _ in range(60)]
     event = _ready_event([_tail(early), _tail(later), _tail(later)], ready_at_poll=3)
     assert event["status"] == "ready"
     assert event["log_tail"][0] == LOAD_LINE and event["log_tail"][1:] == later[-5:]
