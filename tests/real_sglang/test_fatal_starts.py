@@ -78,21 +78,22 @@ def test_a_context_longer_than_the_models_is_bad_args(tmp_path, tiny_models):
     assert fatal.line.startswith("ValueError: Warning: User-specified context_length")
 
 
-def test_a_port_in_use_fails_on_uvicorns_line_while_the_server_stays_up(tmp_path, tiny_models,
-                                                                        real_dense_server):
-    """uvicorn binds the port only after the model loaded; it logs the bind error and SGLang then waits in
-    the application shutdown instead of exiting, so the wait must fail on the line, not on an exit."""
+def test_a_port_in_use_fails_on_uvicorns_line_whether_or_not_the_server_exits(tmp_path, tiny_models,
+                                                                              real_dense_server):
+    """uvicorn binds the port only after the model loaded and logs the bind error; SGLang then sometimes waits in
+    the application shutdown instead of exiting, sometimes exits: the wait fails on the line, not on an exit."""
     server = real.RealServer(model_dir=tiny_models["dense"], port=real_dense_server.port,
                              log_path=tmp_path / "server.log").start()
     try:
         deadline = time.monotonic() + 240
         fatal = None
-        while fatal is None and server.process.poll() is None and time.monotonic() < deadline:
+        while fatal is None and time.monotonic() < deadline:
             time.sleep(0.5)
             fatal = readiness.find_fatal(server.log_text().splitlines()[-LOG_TAIL_LINES:])
+            if fatal is None and server.process.poll() is not None:  # exited: its whole log is written
+                fatal = readiness.find_fatal(server.log_text().splitlines()[-LOG_TAIL_LINES:])
+                break
         assert fatal is not None, f"{server.log_path}: no fatal line:\n{server.log_tail()}"
-        with pytest.raises(subprocess.TimeoutExpired):
-            server.process.wait(timeout=3)
         lines = server.log_text().splitlines()
     finally:
         server.stop()
