@@ -60,7 +60,7 @@ def _conf(env, **overrides) -> dict:
             "ready_timeout_s": 300, "sample_interval_s": 0.5, **real.CONTENT_THRESHOLDS, **overrides}
 
 
-def _latest_report(env) -> dict:
+def _latest_report(env) -> tuple[dict, Path]:
     reports = sorted(Path(env.output_root).glob("*/report/report.json"), key=lambda p: p.stat().st_mtime)
     return json.loads(reports[-1].read_text()), reports[-1].parent.parent
 
