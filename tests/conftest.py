@@ -16,6 +16,7 @@ os.environ.setdefault("FLEETGEN_RETRY_DELAY_S", "1")
 # (the real-executor stacks, sglang_sim.prod and sglang_sim.ui, drop this and keep the product default).
 os.environ.setdefault("FLEETGEN_RESUME_SETTLE_S", "0")
 
+import pytest  # noqa: E402
 from hypothesis import Phase, settings  # noqa: E402
 
 # `make mutation` runs each test against hundreds of mutants: finding one failing example is the
@@ -35,6 +36,7 @@ def worker_unit(nodeid: str) -> str:
     return REAL_SGLANG if path.startswith(REAL_SGLANG) else path
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without xdist (-p no:xdist) must not refuse it
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
