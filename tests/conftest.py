@@ -6,8 +6,13 @@ PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Importing airflow without AIRFLOW_HOME creates ~/airflow: keep every test run self-contained.
 # These must be set before anything imports airflow (its configuration is read at import).
-_home = pathlib.Path(tempfile.gettempdir()) / f"fleetgen-test-airflow-{os.getpid()}"
-os.environ.setdefault("AIRFLOW_HOME", str(_home))
+# Each process gets its own home, so its own SQLite metadata DB: xdist workers inherit the environment of the
+# controller, which loaded this file first, and two workers writing one DB collide ("UNIQUE constraint failed:
+# dag.dag_id" when both sync the DAG at once). A home set from outside is the caller's choice and stays shared.
+_OWN_HOME = "FLEETGEN_TEST_OWN_AIRFLOW_HOME"
+if "AIRFLOW_HOME" not in os.environ or os.environ.get(_OWN_HOME) == os.environ["AIRFLOW_HOME"]:
+    _home = pathlib.Path(tempfile.gettempdir()) / f"fleetgen-test-airflow-{os.getpid()}"
+    os.environ["AIRFLOW_HOME"] = os.environ[_OWN_HOME] = str(_home)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(PROJECT_ROOT / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__DAG_RUN_CONF_OVERRIDES_PARAMS", "True")

@@ -148,6 +148,8 @@ class Dispatcher:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self.store.save_mark(*self.queue.low_water())
+            if self.scraper is not None:
+                await self.scraper.finish()
         if self.fatal is not None:
             raise self.fatal
 

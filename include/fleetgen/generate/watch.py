@@ -92,10 +92,20 @@ class MetricsScraper:
         self.samples = 0
 
     async def run(self) -> None:
+        """Sample until cancelled; ``finish`` closes the file."""
+        while True:
+            await self.scrape_all()
+            await asyncio.sleep(self.interval_s)
+
+    async def scrape_all(self) -> None:
+        await asyncio.gather(*(self.scrape(server) for server in self.servers if not self.is_down(server.name)))
+
+    async def finish(self) -> None:
+        """After ``run`` was cancelled: a shard that ended before any scrape answered (a short one on a busy
+        host) samples once now, so every shard leaves the report at least one row per server that answers."""
         try:
-            while True:
-                await asyncio.gather(*(self.scrape(server) for server in self.servers if not self.is_down(server.name)))
-                await asyncio.sleep(self.interval_s)
+            if self.samples == 0:
+                await self.scrape_all()
         finally:
             self._out.close()
 

@@ -502,6 +502,24 @@ async def test_a_server_without_metrics_is_named_once_in_the_log(tmp_path, caplo
         "); its occupancy has gaps")
 
 
+async def test_a_shard_that_ends_before_its_first_scrape_answers_still_samples_each_server_once(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 3)
+    fleet = FakeFleet(2, limit=2)
+    slow_first = Counter()
+
+    async def handle(request):
+        if request.url.path == "/metrics":
+            slow_first[request.url.host, request.url.port] += 1
+            if slow_first[request.url.host, request.url.port] == 1:
+                await asyncio.sleep(5)  # the shard is done long before this answers
+        return await fleet.handle(request)
+
+    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(sample_interval_s=60),
+                                    transport=httpx.MockTransport(handle))
+    rows = read_jsonl(tmp_path / "out" / "metrics" / "shard-00000.jsonl")
+    assert summary["done"] == 3 and sorted(row["server"] for row in rows) == ["s0:1", "s1:1"]
+
+
 async def test_a_server_another_shard_found_hung_has_this_shards_requests_abandoned_at_once(tmp_path, monkeypatch):
     monkeypatch.setattr(dispatch, "HEALTH_POLL_S", 0.005)
     shard = write_prompts(tmp_path / "p.jsonl", 30)
