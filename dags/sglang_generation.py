@@ -9,12 +9,12 @@ import os
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, Asset, Param, TaskGroup, task
+from airflow.sdk import DAG, Asset, TaskGroup, task
 from airflow.timetables.trigger import CronTriggerTimetable
 
 from fleetgen.airflow import failures, generate_tasks, server_tasks, tasks, validate_tasks
 from fleetgen.airflow.operators import WaitReadyOperator
-from fleetgen.outputs import default_output_root
+from fleetgen.airflow.params import dag_params
 from fleetgen.airflow.task_docs import NODE_LABEL, SERVER_LABEL, SHARD_LABEL, TASK_DOCS
 
 DOC_MD = """
@@ -38,102 +38,8 @@ DOC_MD = """
 Outputs: `{output_root}/{run_id}/` (`completions/`, `errors/`, `stats/`, `validation/`, `report/`).
 """
 
-INPUTS, TUNING, GENERATION, THRESHOLDS = "Inputs", "Tuning", "Generation", "Validation thresholds"
-
-
-def _bounded(default, *, title: str, description: str, section: str, minimum, maximum, integer: bool = True,
-             exclusive_minimum: bool = False) -> Param:
-    """A number Param whose bounds are stated in its description too (the form clamps silently)."""
-    allowed = (f"more than {minimum:,}, at most {maximum:,}" if exclusive_minimum
-               else f"{minimum:,} to {maximum:,}")
-    limits = {"exclusiveMinimum" if exclusive_minimum else "minimum": minimum, "maximum": maximum}
-    return Param(default, type="integer" if integer else "number", title=title, section=section,
-                 description=f"{description} Allowed: {allowed}.", **limits)
-
-
-# Dict order is the form's order: the sections a normal run touches come first.
-PARAMS = {
-    "prompts_path": Param(os.environ.get("FLEETGEN_PROMPTS_PATH", "~/fleetgen/prompts.jsonl"), type="string",
-                          minLength=1, title="Prompts JSONL", section=INPUTS,
-                          description="Path on the workers of a JSONL of {id, messages} or {id, prompt}, one per "
-                                      "line. Default: $FLEETGEN_PROMPTS_PATH of the deployment (scheduled runs "
-                                      "use it)."),
-    "output_root": Param(default_output_root(), type="string", minLength=1, title="Output root", section=INPUTS,
-                         description="Each run writes to <output_root>/<run_id>/. Default: $FLEETGEN_OUTPUT_ROOT "
-                                     "of the deployment."),
-    "dry_run": Param(False, type="boolean", title="Dry run", section=INPUTS,
-                     description="Probe and print the plan, then stop: no server is touched."),
-    "fleet_file": Param(None, type=["null", "string"], title="Fleet file", section=INPUTS,
-                        description="Path (on the Airflow worker) of the fleet YAML. Empty: the Airflow Variable "
-                                    "'fleetgen_fleet' holds it."),
-    "relaunch_servers": Param(False, type="boolean", title="Relaunch every server", section=INPUTS,
-                              description="Stop and relaunch every server, even one already running tonight's "
-                                          "plan (flags, model, SGLang version) that would otherwise be kept."),
-    "keep_servers_up": Param(True, type="boolean", title="Keep servers up", section=INPUTS,
-                             description="Leave the servers running after the run (a nightly job reuses them). "
-                                         "Off: stop them at the end, whether the run succeeded or not."),
-    "tuning": Param("tuned", enum=["tuned", "sglang_defaults"], title="Tuning", section=TUNING,
-                    description="'tuned': fleetgen sizes the pools; 'sglang_defaults': SGLang's automatic sizing."),
-    "memory_margin_mib": _bounded(1024, minimum=0, maximum=65536, title="Memory margin (MiB)", section=TUNING,
-                                  description="Kept free on each GPU beyond SGLang's own reserve; more lowers "
-                                              "--mem-fraction-static."),
-    "max_running_requests": _bounded(0, minimum=0, maximum=4096, title="Max running requests cap", section=TUNING,
-                                     description="Upper bound per server (--max-running-requests, "
-                                                 "--max-mamba-cache-size); 0 = no bound (the tuner decides)."),
-    "context_length": _bounded(0, minimum=0, maximum=1048576, title="Context length", section=TUNING,
-                               description="--context-length; 0 = prompt max + max_tokens, rounded up."),
-    "bf16_ssm_state": Param(False, type="boolean", title="bfloat16 SSM state", section=TUNING,
-                            description="Halve Mamba state memory (--mamba-ssm-dtype bfloat16). Changes numerics."),
-    "no_buffer_radix": Param(False, type="boolean", title="no_buffer radix strategy", section=TUNING,
-                             description="--mamba-radix-cache-strategy no_buffer: 3 state slots per request "
-                                         "instead of 5, no overlap scheduling."),
-    "pin_full_context_plan": Param(False, type="boolean", title="Pin the full-context plan", section=TUNING,
-                                   description="KV for every running request at its full context (conservative). "
-                                               "Off: size for the workload, one bounded step per run from the "
-                                               "previous run's lengths, peak KV and retractions."),
-    "ready_timeout_s": _bounded(1800, minimum=10, maximum=7200, title="Readiness timeout (s)", section=TUNING,
-                                description="How long a server may take to load before its wait fails."),
-    "max_tokens": _bounded(4096, minimum=1, maximum=262144, title="Max output tokens", section=GENERATION,
-                           description="max_tokens of every request; the tuner sizes KV for prompt + this."),
-    "temperature": _bounded(0.6, minimum=0, maximum=2, integer=False, title="Temperature", section=GENERATION,
-                            description="Sampling temperature of every request (a prompt may override it)."),
-    "top_p": _bounded(0.95, minimum=0, maximum=1, integer=False, exclusive_minimum=True, title="Top-p",
-                      section=GENERATION,
-                      description="Nucleus sampling threshold of every request (a prompt may override it)."),
-    "shard_size": _bounded(5000, minimum=1, maximum=10_000_000, title="Prompts per shard", section=GENERATION,
-                           description="Prompts per generate_shard task; grown automatically when the shards would "
-                                       "exceed Airflow's [core] max_map_length."),
-    "parallel_shards": _bounded(0, minimum=0, maximum=16, title="Shards at once", section=GENERATION,
-                                description="0 (auto): running shards split every server's limit between them, "
-                                            "recounted every 2 s from their heartbeats. N: each shard always takes "
-                                            "1/N. How many run "
-                                            "at once is set by the slots of the fleetgen_fleet pool."),
-    "headroom": _bounded(1.25, minimum=1, maximum=4, integer=False, title="Queue headroom", section=GENERATION,
-                         description="In-flight per server = effective max_running_requests × this."),
-    "reuse_completions": Param("scheduled", enum=["scheduled", "always", "never"], title="Reuse unchanged completions",
-                               section=GENERATION,
-                               description="Copy a completion from the last successful run instead of generating it "
-                                           "again when the prompt, the model (path, config and index hashes) and "
-                                           "the sampling are unchanged. 'scheduled': on nightly runs, off for manual "
-                                           "ones; 'always'; 'never'."),
-    "sample_interval_s": _bounded(5.0, minimum=0, maximum=300, integer=False, title="Sampling interval (s)",
-                                  section=GENERATION,
-                                  description="While generating, every server's /metrics and every node's "
-                                              "nvidia-smi are sampled this often for the occupancy and GPU report; "
-                                              "0: off."),
-    "max_length_share": _bounded(0.2, minimum=0, maximum=1, integer=False, title="Max share truncated (length)",
-                                 section=THRESHOLDS,
-                                 description="Validation fails when more completions than this end by max_tokens."),
-    "min_reasoning_share": _bounded(0.9, minimum=0, maximum=1, integer=False, title="Min share with reasoning",
-                                    section=THRESHOLDS,
-                                    description="Validation fails when fewer completions carry a reasoning trace."),
-    "max_empty_answer_share": _bounded(0.2, minimum=0, maximum=1, integer=False, title="Max share of empty answers",
-                                       section=THRESHOLDS,
-                                       description="Validation fails when more completions have an empty answer."),
-    "max_error_share": _bounded(0.01, minimum=0, maximum=1, integer=False, title="Max share of failed prompts",
-                                section=THRESHOLDS,
-                                description="Validation fails when more prompts failed permanently (4xx)."),
-}
+# Every parameter is declared once, in fleetgen.airflow.run_config (form title, section, bounds, description).
+PARAMS = dag_params()
 
 # The nightly schedule and its timezone come from the deployment's environment (Astro: .env), not a
 # Variable: reading a Variable here would hit the metadata DB at every parse.

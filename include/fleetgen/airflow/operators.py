@@ -21,16 +21,16 @@ class WaitReadyOperator(BaseOperator):
     """Wait (deferred, in the triggerer) for one server; return its effective limits.
 
     On an SGLang memory error the server's plan is backed off one step (``fleetgen.tuning.planner.backoff``)
-    and the server alone is relaunched, at most ``max_relaunches`` times; then the task fails with
-    SGLang's own fatal line and the log tail.
+    and the server alone is relaunched; when ``backoff`` finds no smaller plan (its relaunch limit,
+    ``MAX_BACKOFF_ATTEMPTS``, is the only one), the task fails with SGLang's own fatal line and the log tail.
     """
 
-    template_fields = ("server", "fleet", "timeout_s", "max_relaunches", "ssh_reconnect_attempts",
+    template_fields = ("server", "fleet", "timeout_s", "ssh_reconnect_attempts",
                        "ssh_reconnect_budget_s", "ssh_command_timeout_s")
     ui_color = "#d8f3dc"
 
     def __init__(self, *, server: Any, fleet: Any, timeout_s: Any = 1800, poll_s: float = 1.0,
-                 max_relaunches: Any = 3, ssh_reconnect_attempts: Any = DEFAULT_RECONNECT_ATTEMPTS,
+                 ssh_reconnect_attempts: Any = DEFAULT_RECONNECT_ATTEMPTS,
                  ssh_reconnect_budget_s: Any = DEFAULT_RECONNECT_BUDGET_S,
                  ssh_command_timeout_s: Any = DEFAULT_COMMAND_TIMEOUT_S, resume_settle_s: float | None = None,
                  **kwargs) -> None:
@@ -39,7 +39,6 @@ class WaitReadyOperator(BaseOperator):
         self.fleet = fleet
         self.timeout_s = timeout_s
         self.poll_s = poll_s
-        self.max_relaunches = max_relaunches
         # How long the deferred wait keeps reconnecting when the node's SSH drops (fleetgen.nodes.reconnect).
         self.ssh_reconnect_attempts = ssh_reconnect_attempts
         self.ssh_reconnect_budget_s = ssh_reconnect_budget_s
@@ -91,17 +90,22 @@ class WaitReadyOperator(BaseOperator):
                      f"loads slowly")
         kind, fatal_line = FailureKind(event["kind"]), event["fatal_line"]
         log.error("%s failed to start (%s): %s\nWhat to change: %s", where, kind.value, fatal_line, kind.hint)
-        if kind.can_back_off() and attempt < int(self.max_relaunches):
-            return self._relaunch_smaller(context, launched, attempt, kind, fatal_line)
-        from fleetgen.tuning import ServerPlan, render_budget_table
+        from fleetgen.tuning import ServerPlan, backoff, render_budget_table
 
-        if kind.can_back_off():  # a memory failure: the budget it was launched with tells what to shrink
-            log.error("The plan %s was last launched with:\n%s", name,
-                      render_budget_table(ServerPlan.from_dict(launched["plan"])))
+        hint, no_smaller = kind.hint, ""
+        if kind.can_back_off():  # a memory failure: relaunch one step smaller, unless no smaller plan exists
+            plan = ServerPlan.from_dict(launched["plan"])
+            try:
+                smaller = backoff(plan, kind)
+            except PlanError as exc:
+                no_smaller, hint = f"; no smaller plan: {exc.message}", exc.hint or kind.hint
+                log.error("The plan %s was last launched with:\n%s", name, render_budget_table(plan))
+            else:
+                return self._relaunch_smaller(launched, smaller, fatal_line)
         raise ServerStartupError(
-            f"{where} died while starting: {fatal_line}\n(log {launched['log_path']}, after {attempt} relaunch(es); "
-            f"last {len(tail)} lines:)\n{readiness.format_log_excerpt(tail)}",
-            host=node, server=name, fatal_line=fatal_line, kind=kind.value, log_tail=tail, hint=kind.hint)
+            f"{where} died while starting: {fatal_line}\n(log {launched['log_path']}, after {attempt} relaunch(es)"
+            f"{no_smaller}; last {len(tail)} lines:)\n{readiness.format_log_excerpt(tail)}",
+            host=node, server=name, fatal_line=fatal_line, kind=kind.value, log_tail=tail, hint=hint)
 
     def _ready(self, launched: dict, event: dict, attempt: int) -> dict:
         from fleetgen.tuning import ServerPlan, compare_expected
@@ -146,23 +150,17 @@ class WaitReadyOperator(BaseOperator):
         return {**calibration.to_dict(), "correction_bytes": calibration.correction_bytes,
                 "report_line": calibration.report_line()}
 
-    def _relaunch_smaller(self, context, launched: dict, attempt: int, kind: FailureKind, fatal_line: str) -> None:
+    def _relaunch_smaller(self, launched: dict, smaller, fatal_line: str) -> None:
         from fleetgen.airflow.lifecycle import api_key, launch_server, stop_ports
         from fleetgen.airflow.hooks import NodeShell
-        from fleetgen.tuning import ServerPlan, backoff, render_budget_table
+        from fleetgen.tuning import MAX_BACKOFF_ATTEMPTS, render_budget_table
 
         fleet = fleet_from_json(self.fleet)
-        try:
-            smaller = backoff(ServerPlan.from_dict(launched["plan"]), kind)
-        except PlanError as exc:
-            raise ServerStartupError(f"{launched['name']} died with {fatal_line!r} and no smaller plan exists: "
-                                     f"{exc.message}", host=launched["node"], server=launched["name"],
-                                     kind=kind.value, fatal_line=fatal_line, hint=exc.hint) from None
-        log.warning("Relaunching %s with a smaller plan (attempt %d of %s) after: %s\n%s", launched["name"],
-                    attempt + 1, self.max_relaunches, fatal_line, render_budget_table(smaller))
+        log.warning("Relaunching %s with a smaller plan (attempt %d of %d) after: %s\n%s", launched["name"],
+                    smaller.attempt, MAX_BACKOFF_ATTEMPTS, fatal_line, render_budget_table(smaller))
         slot = ServerSlot(launched["node"], launched["ssh_conn_id"], launched["address"],
                           tuple(launched["gpu_ids"]), launched["port"])
         with NodeShell(slot.node, slot.ssh_conn_id) as shell:
             stop_ports(shell, fleet, [slot.port])
             relaunched = launch_server(shell, fleet, slot, smaller.to_dict(), api_key(fleet))
-        self.defer(trigger=self._trigger(relaunched, attempt + 1), method_name="execute_complete")
+        self.defer(trigger=self._trigger(relaunched, smaller.attempt), method_name="execute_complete")

@@ -1,123 +1,170 @@
-"""The run configuration: the DAG's params, read once into typed groups that validate themselves.
+"""The run configuration: every DAG parameter declared once, read once into typed groups.
 
-Task callables take a ``RunConfig`` instead of casting ``params`` keys one by one. Each group turns
-into the domain object its stage takes (``TunerBounds``, ``GenerationSettings``-to-be,
-``ValidationThresholds``). No Airflow import: the params arrive as a plain mapping.
+Each parameter is one annotated field of a group below (``Inputs``, ``Tuning``, ``Generation``,
+``Thresholds``): its ``setting(...)`` gives the trigger form's title, section, description, default, bounds
+and choices, and the same declaration checks the value a run receives. ``fleetgen.airflow.params`` turns the
+declarations into the DAG's ``Param``s; nothing else states a bound or a choice (SGLang's ``ServerArgs``,
+one field per flag, is the model). No Airflow import: the params arrive as a plain mapping.
+
+Adding a parameter:
+1. add a field with ``setting(...)`` to the group it belongs to, in the order the form should show it;
+2. use it where it matters (through ``RunConfig``: ``config.generation.<name>``);
+3. if a run's results depend on it, say so where the reuse key is built (``generation_key``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from fleetgen.errors import ConfigError
-from fleetgen.outputs import RunLayout
+from fleetgen.outputs import RunLayout, default_output_root
 from fleetgen.tuning import TunerBounds
 from fleetgen.tuning.plan import MODES
 from fleetgen.validation.thresholds import ValidationThresholds
 
-
-def _int(params: Mapping[str, Any], name: str, low: int, high: int) -> int:
-    value = params[name]
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"DAG parameter {name} must be an integer in [{low}, {high}], got {value!r}",
-                          hint=f"set {name} in the trigger form or the run's conf")
-    return value
-
-
-def _number(params: Mapping[str, Any], name: str, low: float, high: float, *, low_open: bool = False) -> float:
-    value = params[name]
-    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-          and (value > low if low_open else value >= low) and value <= high)
-    if not ok:
-        bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
-        raise ConfigError(f"DAG parameter {name} must be a number in {bound}, got {value!r}",
-                          hint=f"set {name} in the trigger form or the run's conf")
-    return float(value)
-
-
-def _flag(params: Mapping[str, Any], name: str) -> bool:
-    value = params[name]
-    if not isinstance(value, bool):
-        raise ConfigError(f"DAG parameter {name} must be true or false, got {value!r}")
-    return value
-
-
-# reuse_completions: reuse on scheduled runs only (a person's manual run generates everything), always, never
-# (fleetgen.generate.reuse.reuse_enabled reads them).
+INPUTS, TUNING, GENERATION, THRESHOLDS = "Inputs", "Tuning", "Generation", "Validation thresholds"
+PROMPTS_PATH_VARIABLE = "FLEETGEN_PROMPTS_PATH"
+# reuse_completions: reuse on scheduled runs only (a person's manual run generates everything), always, never.
 REUSE_MODES = ("scheduled", "always", "never")
 
 
-def _choice(params: Mapping[str, Any], name: str, choices: tuple[str, ...]) -> str:
-    value = params[name]
-    if value not in choices:
-        raise ConfigError(f"DAG parameter {name} must be one of {', '.join(choices)}, got {value!r}",
-                          hint=f"set {name} in the trigger form or the run's conf")
-    return value
+@dataclass(frozen=True)
+class Setting:
+    """One DAG parameter: what the form shows and what a run accepts."""
+
+    name: str
+    kind: type                    # bool, int, float, str or Path
+    default: Any                  # a value, or a callable read when the DAG is parsed (the deployment's env)
+    title: str
+    section: str
+    description: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False        # low itself is refused (top_p > 0)
+    choices: tuple[str, ...] = ()
+    optional: bool = False        # a text the form may leave empty (null)
+
+    def default_value(self) -> Any:
+        return self.default() if callable(self.default) else self.default
+
+    def allowed(self) -> str:
+        """The bounds in words, as the form's description and a refusal state them."""
+        if self.choices:
+            return f"one of {', '.join(self.choices)}"
+        low = f"more than {self.low:,}" if self.low_open else f"{self.low:,}"
+        return f"{low} to {self.high:,}" if not self.low_open else f"{low}, at most {self.high:,}"
+
+    def read(self, params: Mapping[str, Any]) -> Any:
+        """The checked value of this parameter in ``params``; a ConfigError names it and what it accepts."""
+        value = params[self.name]
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise self._refuse("must be true or false", value)
+            return value
+        if self.kind in (int, float):
+            number = not isinstance(value, bool) and isinstance(value, int if self.kind is int else (int, float))
+            if not (number and math.isfinite(value) and (value > self.low if self.low_open else value >= self.low)
+                    and value <= self.high):
+                raise self._refuse(f"must be {'an integer' if self.kind is int else 'a number'} from "
+                                   f"{self.allowed()}", value)
+            return self.kind(value)
+        if value is None and self.optional:  # the form sends null for an optional field left empty
+            return ""
+        if not isinstance(value, str) or (not self.optional and not value.strip()):
+            raise self._refuse(f"must be {'a' if self.optional else 'a non-empty'} string", value)
+        if self.choices and value not in self.choices:
+            raise self._refuse(f"must be {self.allowed()}", value)
+        return Path(value.strip()).expanduser() if self.kind is Path else value.strip()
+
+    def _refuse(self, what: str, value: Any) -> ConfigError:
+        return ConfigError(f"DAG parameter {self.name} {what}, got {value!r}",
+                           hint=f"set {self.name} in the trigger form or the run's conf")
 
 
-def _text(params: Mapping[str, Any], name: str, *, required: bool) -> str:
-    value = params[name]
-    if value is None and not required:  # the form sends null for an optional field left empty
-        return ""
-    if not isinstance(value, str) or (required and not value.strip()):
-        raise ConfigError(f"DAG parameter {name} must be {'a non-empty' if required else 'a'} string, got {value!r}",
-                          hint=f"set {name} in the trigger form or the run's conf")
-    return value.strip()
+def setting(kind: type, default: Any, title: str, section: str, description: str, *, name: str | None = None,
+            **limits: Any) -> Any:
+    """A group field declaring its DAG parameter (the field's name unless ``name`` says otherwise)."""
+    return field(metadata={"setting": (kind, default, title, section, description, name, limits)})
+
+
+class _Group:
+    """A group of parameters: its fields' ``setting`` declarations, read from the params in one call."""
+
+    @classmethod
+    def settings(cls) -> Iterator[tuple[str, Setting]]:
+        for item in fields(cls):  # type: ignore[arg-type]
+            kind, default, title, section, description, name, limits = item.metadata["setting"]
+            yield item.name, Setting(name=name or item.name, kind=kind, default=default, title=title,
+                                     section=section, description=description, **limits)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]):
+        return cls(**{attribute: spec.read(params) for attribute, spec in cls.settings()})
 
 
 @dataclass(frozen=True)
-class Inputs:
-    fleet_file: str           # empty: the Airflow Variable holds the fleet
-    prompts_path: Path
-    output_root: Path
-    dry_run: bool
-    keep_servers_up: bool
-    relaunch_servers: bool      # stop and relaunch even servers already running tonight's plan
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> Inputs:
-        return cls(fleet_file=_text(params, "fleet_file", required=False),
-                   prompts_path=Path(_text(params, "prompts_path", required=True)).expanduser(),
-                   output_root=Path(_text(params, "output_root", required=True)).expanduser(),
-                   dry_run=_flag(params, "dry_run"), keep_servers_up=_flag(params, "keep_servers_up"),
-                   relaunch_servers=_flag(params, "relaunch_servers"))
+class Inputs(_Group):
+    prompts_path: Path = setting(
+        Path, lambda: os.environ.get(PROMPTS_PATH_VARIABLE, "~/fleetgen/prompts.jsonl"), "Prompts JSONL", INPUTS,
+        f"Path on the workers of a JSONL of {{id, messages}} or {{id, prompt}}, one per line. Default: "
+        f"${PROMPTS_PATH_VARIABLE} of the deployment (scheduled runs use it).")
+    output_root: Path = setting(
+        Path, default_output_root, "Output root", INPUTS,
+        "Each run writes to <output_root>/<run_id>/. Default: $FLEETGEN_OUTPUT_ROOT of the deployment.")
+    dry_run: bool = setting(bool, False, "Dry run", INPUTS,
+                            "Probe and print the plan, then stop: no server is touched.")
+    fleet_file: str = setting(
+        str, None, "Fleet file", INPUTS,
+        "Path (on the Airflow worker) of the fleet YAML. Empty: the Airflow Variable 'fleetgen_fleet' holds it.",
+        optional=True)
+    relaunch_servers: bool = setting(
+        bool, False, "Relaunch every server", INPUTS,
+        "Stop and relaunch every server, even one already running tonight's plan (flags, model, SGLang version) "
+        "that would otherwise be kept.")
+    keep_servers_up: bool = setting(
+        bool, True, "Keep servers up", INPUTS,
+        "Leave the servers running after the run (a nightly job reuses them). Off: stop them at the end, whether "
+        "the run succeeded or not.")
 
     def require_prompts_file(self) -> None:
         """A run (a scheduled one above all) whose prompts file is missing stops in its first task, with
         one line naming the setting, instead of failing later in scan_prompts."""
         if not self.prompts_path.is_file():
             raise ConfigError(f"prompts file {self.prompts_path} not found on this worker: set the DAG parameter "
-                              f"prompts_path in the trigger form, or FLEETGEN_PROMPTS_PATH of the deployment "
+                              f"prompts_path in the trigger form, or {PROMPTS_PATH_VARIABLE} of the deployment "
                               f"for scheduled runs")
 
 
 @dataclass(frozen=True)
-class Tuning:
-    mode: str
-    memory_margin_mib: int
-    max_running_requests: int   # 0: the tuner decides
-    context_length: int         # 0: prompt max + max_tokens
-    bf16_ssm_state: bool
-    no_buffer_radix: bool
-    ready_timeout_s: int
-    pin_full_context_plan: bool  # off: the workload mode (fleetgen.tuning.workload)
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> Tuning:
-        mode = _text(params, "tuning", required=True)
-        if mode not in MODES:
-            raise ConfigError(f"DAG parameter tuning must be one of {', '.join(MODES)}, got {mode!r}")
-        return cls(mode=mode,
-                   memory_margin_mib=_int(params, "memory_margin_mib", 0, 65536),
-                   max_running_requests=_int(params, "max_running_requests", 0, 4096),
-                   context_length=_int(params, "context_length", 0, 1 << 20),
-                   bf16_ssm_state=_flag(params, "bf16_ssm_state"), no_buffer_radix=_flag(params, "no_buffer_radix"),
-                   ready_timeout_s=_int(params, "ready_timeout_s", 10, 7200),
-                   pin_full_context_plan=_flag(params, "pin_full_context_plan"))
+class Tuning(_Group):
+    mode: str = setting(str, MODES[0], "Tuning", TUNING,
+                        "'tuned': fleetgen sizes the pools; 'sglang_defaults': SGLang's automatic sizing.",
+                        name="tuning", choices=MODES)
+    memory_margin_mib: int = setting(
+        int, 1024, "Memory margin (MiB)", TUNING,
+        "Kept free on each GPU beyond SGLang's own reserve; more lowers --mem-fraction-static.", low=0, high=65536)
+    max_running_requests: int = setting(
+        int, 0, "Max running requests cap", TUNING,
+        "Upper bound per server (--max-running-requests, --max-mamba-cache-size); 0 = no bound (the tuner "
+        "decides).", low=0, high=4096)
+    context_length: int = setting(int, 0, "Context length", TUNING,
+                                  "--context-length; 0 = prompt max + max_tokens, rounded up.", low=0, high=1 << 20)
+    bf16_ssm_state: bool = setting(bool, False, "bfloat16 SSM state", TUNING,
+                                   "Halve Mamba state memory (--mamba-ssm-dtype bfloat16). Changes numerics.")
+    no_buffer_radix: bool = setting(
+        bool, False, "no_buffer radix strategy", TUNING,
+        "--mamba-radix-cache-strategy no_buffer: 3 state slots per request instead of 5, no overlap scheduling.")
+    pin_full_context_plan: bool = setting(
+        bool, False, "Pin the full-context plan", TUNING,
+        "KV for every running request at its full context (conservative). Off: size for the workload, one "
+        "bounded step per run from the previous run's lengths, peak KV and retractions.")
+    ready_timeout_s: int = setting(int, 1800, "Readiness timeout (s)", TUNING,
+                                   "How long a server may take to load before its wait fails.", low=10, high=7200)
 
     def bounds(self) -> TunerBounds:
         return TunerBounds(margin_mib=self.memory_margin_mib, max_running_requests=self.max_running_requests or None,
@@ -126,29 +173,52 @@ class Tuning:
 
 
 @dataclass(frozen=True)
-class Generation:
-    max_tokens: int
-    temperature: float
-    top_p: float
-    shard_size: int
-    parallel_shards: int        # 0: running shards share every server's limit, recounted
-    headroom: float
-    sample_interval_s: float    # servers' /metrics and nodes' nvidia-smi sampled this often; 0: not at all
-    reuse_completions: str      # "scheduled" (reuse on scheduled runs only), "always", "never"
+class Generation(_Group):
+    max_tokens: int = setting(int, 4096, "Max output tokens", GENERATION,
+                              "max_tokens of every request; the tuner sizes KV for prompt + this.", low=1, high=262144)
+    temperature: float = setting(float, 0.6, "Temperature", GENERATION,
+                                 "Sampling temperature of every request (a prompt may override it).", low=0, high=2)
+    top_p: float = setting(float, 0.95, "Top-p", GENERATION,
+                           "Nucleus sampling threshold of every request (a prompt may override it).", low=0, high=1,
+                           low_open=True)
+    shard_size: int = setting(
+        int, 5000, "Prompts per shard", GENERATION,
+        "Prompts per generate_shard task; grown automatically when the shards would exceed Airflow's [core] "
+        "max_map_length.", low=1, high=10_000_000)
+    parallel_shards: int = setting(
+        int, 0, "Shards at once", GENERATION,
+        "0 (auto): running shards split every server's limit between them, recounted from their heartbeats. N: "
+        "each shard always takes 1/N. How many run at once is set by the slots of the fleetgen_fleet pool.",
+        low=0, high=16)
+    headroom: float = setting(float, 1.25, "Queue headroom", GENERATION,
+                              "In-flight per server = effective max_running_requests × this.", low=1, high=4)
+    reuse_completions: str = setting(
+        str, REUSE_MODES[0], "Reuse unchanged completions", GENERATION,
+        "Copy a completion from the last successful run instead of generating it again when the prompt, the model "
+        "(path, config and index hashes) and the sampling are unchanged. 'scheduled': on nightly runs, off for "
+        "manual ones; 'always'; 'never'.", choices=REUSE_MODES)
+    sample_interval_s: float = setting(
+        float, 5.0, "Sampling interval (s)", GENERATION,
+        "While generating, every server's /metrics and every node's nvidia-smi are sampled this often for the "
+        "occupancy and GPU report; 0: off.", low=0, high=300)
 
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> Generation:
-        return cls(max_tokens=_int(params, "max_tokens", 1, 262144),
-                   temperature=_number(params, "temperature", 0, 2),
-                   top_p=_number(params, "top_p", 0, 1, low_open=True),
-                   shard_size=_int(params, "shard_size", 1, 10_000_000),
-                   parallel_shards=_int(params, "parallel_shards", 0, 16),
-                   headroom=_number(params, "headroom", 1, 4),
-                   sample_interval_s=_number(params, "sample_interval_s", 0, 300),
-                   reuse_completions=_choice(params, "reuse_completions", REUSE_MODES))
+
+@dataclass(frozen=True)
+class Thresholds(_Group):
+    max_length_share: float = setting(float, 0.2, "Max share truncated (length)", THRESHOLDS,
+                                      "Validation fails when more completions than this end by max_tokens.",
+                                      low=0, high=1)
+    min_reasoning_share: float = setting(float, 0.9, "Min share with reasoning", THRESHOLDS,
+                                         "Validation fails when fewer completions carry a reasoning trace.",
+                                         low=0, high=1)
+    max_empty_answer_share: float = setting(float, 0.2, "Max share of empty answers", THRESHOLDS,
+                                            "Validation fails when more completions have an empty answer.",
+                                            low=0, high=1)
+    max_error_share: float = setting(float, 0.01, "Max share of failed prompts", THRESHOLDS,
+                                     "Validation fails when more prompts failed permanently (4xx).", low=0, high=1)
 
 
-_THRESHOLD_PARAMS = ("max_length_share", "min_reasoning_share", "max_empty_answer_share", "max_error_share")
+GROUPS: tuple[type[_Group], ...] = (Inputs, Tuning, Generation, Thresholds)
 
 
 @dataclass(frozen=True)
@@ -158,12 +228,19 @@ class RunConfig:
     generation: Generation
     validation: ValidationThresholds
 
+    @staticmethod
+    def settings() -> list[Setting]:
+        """Every DAG parameter, in the form's order."""
+        return [spec for group in GROUPS for _, spec in group.settings()]
+
     @classmethod
     def param_names(cls) -> frozenset[str]:
         """Every DAG parameter a run reads; the DAG declares exactly these."""
-        names = {field.name for group in (Inputs, Generation) for field in fields(group)}
-        names |= {field.name for field in fields(Tuning)} - {"mode"} | {"tuning"}
-        return frozenset(names | set(_THRESHOLD_PARAMS))
+        return frozenset(spec.name for spec in cls.settings())
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        return {spec.name: spec.default_value() for spec in cls.settings()}
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> RunConfig:
@@ -177,8 +254,8 @@ class RunConfig:
         if missing:
             raise ConfigError(f"DAG parameter(s) missing: {', '.join(missing)}")
         generation = Generation.from_params(params)
-        thresholds = {name: _number(params, name, 0, 1) for name in _THRESHOLD_PARAMS}
-        validation = ValidationThresholds(max_tokens=generation.max_tokens, **thresholds)
+        validation = ValidationThresholds(max_tokens=generation.max_tokens,
+                                          **asdict(Thresholds.from_params(params)))
         return cls(inputs=Inputs.from_params(params), tuning=Tuning.from_params(params), generation=generation,
                    validation=validation)
 
@@ -189,3 +266,5 @@ class RunConfig:
         return {"inputs": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.inputs).items()},
                 "tuning": asdict(self.tuning), "generation": asdict(self.generation),
                 "validation": asdict(self.validation)}
+
+

@@ -7,13 +7,7 @@ import pytest
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import ConfigError
 
-PARAMS = {"fleet_file": "", "prompts_path": "~/p.jsonl", "output_root": "/out", "dry_run": False,
-          "keep_servers_up": True, "relaunch_servers": False, "sample_interval_s": 5.0, "reuse_completions": "scheduled", "tuning": "tuned", "memory_margin_mib": 1024, "max_running_requests": 0,
-          "context_length": 0, "bf16_ssm_state": False, "no_buffer_radix": False, "ready_timeout_s": 1800,
-          "pin_full_context_plan": False,
-          "max_tokens": 4096, "temperature": 0.6, "top_p": 0.95, "shard_size": 5000, "parallel_shards": 0,
-          "headroom": 1.25, "max_length_share": 0.2, "min_reasoning_share": 0.9, "max_empty_answer_share": 0.2,
-          "max_error_share": 0.01}
+PARAMS = {**RunConfig.defaults(), "fleet_file": "", "prompts_path": "~/p.jsonl", "output_root": "/out"}
 
 
 def test_params_become_typed_groups_and_domain_objects():
@@ -34,13 +28,15 @@ def test_unknown_keys_are_refused_with_the_valid_ones():
 
 
 @pytest.mark.parametrize("name, value, message", [
-    ("top_p", 0, r"top_p must be a number in \(0, 1\]"),
-    ("headroom", 0.5, r"headroom must be a number in \[1, 4\]"),
+    ("top_p", 0, r"top_p must be a number from more than 0, at most 1, got 0"),
+    ("headroom", 0.5, r"headroom must be a number from 1 to 4, got 0.5"),
     ("max_tokens", True, r"max_tokens must be an integer"),
-    ("shard_size", 0, r"shard_size must be an integer in \[1, 10000000\]"),
+    ("max_tokens", 2.0, r"max_tokens must be an integer"),
+    ("shard_size", 0, r"shard_size must be an integer from 1 to 10,000,000"),
     ("prompts_path", " ", r"prompts_path must be a non-empty string"),
     ("dry_run", "yes", r"dry_run must be true or false"),
-    ("max_error_share", 1.5, r"max_error_share must be a number in \[0, 1\]"),
+    ("max_error_share", 1.5, r"max_error_share must be a number from 0 to 1"),
+    ("temperature", float("nan"), r"temperature must be a number"),
     ("tuning", "fast", r"tuning must be one of tuned, sglang_defaults"),
     ("pin_full_context_plan", "yes", r"pin_full_context_plan must be true or false"),
 ])
@@ -50,8 +46,47 @@ def test_each_bad_value_is_named(name, value, message):
         config.tuning.bounds()
 
 
-def test_the_dag_declares_exactly_the_params_a_run_reads():
-    assert RunConfig.param_names() == frozenset(PARAMS)
+def test_the_declared_defaults_make_a_valid_run():
+    config = RunConfig.from_params(RunConfig.defaults())
+    assert (config.tuning.mode, config.generation.reuse_completions, config.inputs.fleet_file) == (
+        "tuned", "scheduled", "")
+    assert config.validation.max_empty_answer_share == 0.2 and config.generation.max_tokens == 4096
+
+
+def test_the_form_and_the_run_accept_and_refuse_the_same_values_at_every_bound():
+    from fleetgen.airflow.params import dag_params
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    form = dag_params()
+    assert list(form) == [spec.name for spec in RunConfig.settings()]
+    checked = 0
+    for spec in RunConfig.settings():
+        if spec.kind not in (int, float):
+            continue
+        step = 1 if spec.kind is int else 1e-9
+        inside = [spec.high] + ([] if spec.low_open else [spec.low])
+        outside = [spec.high + step, spec.low if spec.low_open else spec.low - step]
+        for value in inside:
+            form[spec.name].resolve(value)
+            RunConfig.from_params({**PARAMS, spec.name: value})
+        for value in outside:
+            with pytest.raises(ParamValidationError):
+                form[spec.name].resolve(value)
+            with pytest.raises(ConfigError, match=f"DAG parameter {spec.name} "):
+                RunConfig.from_params({**PARAMS, spec.name: value})
+        checked += 1
+    assert checked == 15
+
+
+def test_a_choice_the_form_offers_is_one_the_run_accepts():
+    from fleetgen.airflow.params import dag_params
+
+    form = dag_params()
+    for name in ("tuning", "reuse_completions"):
+        for choice in form[name].schema["enum"]:
+            RunConfig.from_params({**PARAMS, name: choice})
+        with pytest.raises(ConfigError, match=f"DAG parameter {name} must be one of"):
+            RunConfig.from_params({**PARAMS, name: "other"})
 
 
 def test_an_empty_fleet_file_from_the_form_means_the_variable():

@@ -1,0 +1,76 @@
+"""WaitReadyOperator's decisions on a readiness event: relaunch smaller, or fail with SGLang's line."""
+
+import json
+import pathlib
+
+import pytest
+
+from fleetgen.airflow.operators import WaitReadyOperator
+from fleetgen.errors import ServerStartupError
+from fleetgen.tuning import LaunchOptions, ServerPlan, TunerBounds, Workload, backoff, plan_server, profile_model
+from fleetgen.tuning import planner
+
+SEED_CONFIG = pathlib.Path(__file__).parents[1] / "tuner" / "configs" / "seed-qwen3.6-27b.json"
+SEED_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", "4", "--mamba-radix-cache-strategy", "extra_buffer",
+             "--context-length", "8192"]
+B200 = {"index": 0, "uuid": "GPU-0000", "name": "NVIDIA B200", "total_mib": 183_359, "used_mib": 0,
+        "free_mib": 183_359, "processes": []}
+
+
+def _plan(relaunches: int) -> ServerPlan:
+    options = LaunchOptions.from_args(SEED_ARGS)
+    plan = plan_server(host="gpu-node-1", gpu_ids=[0], port=30000, gpus=[B200],
+                       profile=profile_model(json.loads(SEED_CONFIG.read_text()), 54_000_000_000, options),
+                       options=options, workload=Workload(max_output_tokens=4096, prompt_tokens_mean=270.0,
+                                                          prompt_tokens_max=1900, prompt_count=10_000),
+                       bounds=TunerBounds())
+    for _ in range(relaunches):
+        plan = backoff(plan, "oom_kv")
+    return plan
+
+
+def _fatal(plan: ServerPlan, kind: str, line: str) -> dict:
+    launched = {"name": "gpu-node-1:30000", "node": "gpu-node-1", "gpu_ids": [0], "pid": 4242,
+                "log_path": "/tmp/fleetgen/sglang-30000.log", "plan": plan.to_dict()}
+    return {"status": "fatal", "kind": kind, "fatal_line": line, "log_tail": ["loading", line],
+            "context": {"launched": launched, "attempt": plan.attempt}}
+
+
+@pytest.fixture
+def operator(monkeypatch):
+    op = WaitReadyOperator(task_id="wait_ready", server={}, fleet={})
+    relaunched = []
+    monkeypatch.setattr(op, "_relaunch_smaller", lambda launched, smaller, line: relaunched.append(smaller))
+    op.relaunched = relaunched
+    return op
+
+
+def test_a_memory_failure_relaunches_one_step_smaller(operator):
+    operator.execute_complete({}, _fatal(_plan(0), "oom_kv", "RuntimeError: Not enough memory for KV cache"))
+    [smaller] = operator.relaunched
+    assert smaller.attempt == 1 and smaller.expected["max_running_requests"] < _plan(0).expected[
+        "max_running_requests"]
+
+
+def test_when_the_planner_has_no_smaller_plan_the_task_fails_with_the_line_and_why(operator):
+    plan = _plan(planner.MAX_BACKOFF_ATTEMPTS)
+    with pytest.raises(ServerStartupError) as failed:
+        operator.execute_complete({}, _fatal(plan, "oom_kv", "RuntimeError: Not enough memory for KV cache"))
+    message = str(failed.value)
+    assert "died while starting: RuntimeError: Not enough memory for KV cache" in message
+    assert f"after {planner.MAX_BACKOFF_ATTEMPTS} relaunch(es); no smaller plan: the server still fails" in message
+    assert "check for processes that took GPU memory" in message and not operator.relaunched
+
+
+def test_the_planners_limit_is_the_only_relaunch_limit(operator, monkeypatch):
+    monkeypatch.setattr(planner, "MAX_BACKOFF_ATTEMPTS", planner.MAX_BACKOFF_ATTEMPTS + 2)
+    plan = _plan(3)
+    operator.execute_complete({}, _fatal(plan, "oom_kv", "RuntimeError: Not enough memory for KV cache"))
+    assert [smaller.attempt for smaller in operator.relaunched] == [4]
+
+
+def test_a_failure_no_smaller_plan_can_fix_is_not_relaunched(operator):
+    with pytest.raises(ServerStartupError, match="error: unrecognized arguments: --turbo") as failed:
+        operator.execute_complete({}, _fatal(_plan(0), "bad_args", "error: unrecognized arguments: --turbo"))
+    assert not operator.relaunched and "after 0 relaunch(es);" in str(failed.value)
