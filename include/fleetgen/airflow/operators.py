@@ -8,9 +8,9 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from fleetgen.airflow.hooks import host_key_mismatch
+from fleetgen.airflow.readiness_event import ReadinessEvent, ReadinessStatus
 from fleetgen.nodes import readiness
-from fleetgen.errors import (FailureKind, FleetgenError, HostUnreachable, PlanError, ServerNotReady,
-                             ServerStartupError)
+from fleetgen.errors import FleetgenError, HostUnreachable, PlanError, ServerNotReady, ServerStartupError
 from fleetgen.nodes.reconnect import DEFAULT_COMMAND_TIMEOUT_S, DEFAULT_RECONNECT_ATTEMPTS, DEFAULT_RECONNECT_BUDGET_S
 from fleetgen.nodes.fleet import ServerSlot, fleet_from_json
 
@@ -65,30 +65,31 @@ class WaitReadyOperator(BaseOperator):
         self.defer(trigger=self._trigger(self.server, 0), method_name="execute_complete")
 
     def execute_complete(self, context, event: dict) -> dict:
-        launched, attempt = event["context"]["launched"], event["context"]["attempt"]
+        event = ReadinessEvent.from_payload(event)
+        launched, attempt = event.launched, event.attempt
         name, node = launched["name"], launched["node"]
         where = f"{name} (GPU {launched['gpu_ids']}, pid {launched['pid']})"
-        if event["status"] == "ready":
+        if event.status is ReadinessStatus.READY:
             return self._ready(launched, event, attempt)
-        tail = event.get("log_tail") or []
-        if event["status"] == "host_key_mismatch":
+        tail = event.log_tail
+        if event.status is ReadinessStatus.HOST_KEY_MISMATCH:
             from airflow.sdk.exceptions import AirflowFailException
 
-            mismatch = host_key_mismatch(node, launched["ssh_conn_id"], event["address"],
-                                         expected=event["expected"], received=event["received"])
+            mismatch = host_key_mismatch(node, launched["ssh_conn_id"], event.address,
+                                         expected=event.expected, received=event.received)
             raise AirflowFailException(str(mismatch)) from mismatch
-        if event["status"] == "unreachable":
-            raise HostUnreachable(f"cannot watch {where}: {event.get('error')}", host=node, server=name,
+        if event.status is ReadinessStatus.UNREACHABLE:
+            raise HostUnreachable(f"cannot watch {where}: {event.error}", host=node, server=name,
                                   hint="is the node up and its sshd running? The server may still be loading: "
                                        "raise wait_ready's ssh_reconnect_attempts / ssh_reconnect_budget_s to "
                                        "ride out longer outages")
-        if event["status"] == "timeout":
+        if event.status is ReadinessStatus.TIMEOUT:
             raise ServerNotReady(
-                f"{where} not ready after {event['waited_s']:.0f} s; the log last said:\n"
+                f"{where} not ready after {event.waited_s:.0f} s; the log last said:\n"
                 f"{readiness.format_log_excerpt(tail)}", host=node, server=name,
                 hint=f"read {launched['log_path']} on {node}; raise the DAG parameter ready_timeout_s if the model "
                      f"loads slowly")
-        kind, fatal_line = FailureKind(event["kind"]), event["fatal_line"]
+        kind, fatal_line = event.kind, event.fatal_line
         log.error("%s failed to start (%s): %s\nWhat to change: %s", where, kind.value, fatal_line, kind.hint)
         from fleetgen.tuning import ServerPlan, backoff, render_budget_table
 
@@ -107,10 +108,10 @@ class WaitReadyOperator(BaseOperator):
             f"{no_smaller}; last {len(tail)} lines:)\n{readiness.format_log_excerpt(tail)}",
             host=node, server=name, fatal_line=fatal_line, kind=kind.value, log_tail=tail, hint=hint)
 
-    def _ready(self, launched: dict, event: dict, attempt: int) -> dict:
+    def _ready(self, launched: dict, event: ReadinessEvent, attempt: int) -> dict:
         from fleetgen.tuning import ServerPlan, compare_expected
 
-        info = event["server_info"]
+        info = event.server_info
         limits = readiness.parse_server_info(info, server=launched["name"])
         plan = ServerPlan.from_dict(launched["plan"])
         mismatches = compare_expected(plan, limits)
@@ -118,7 +119,7 @@ class WaitReadyOperator(BaseOperator):
             log.warning("expected vs effective on %s: %s", launched["name"], line)
         expected = plan.expected
         log.info("%s ready after %.0f s: effective max_running_requests=%d, max_total_num_tokens=%d, "
-                 "max_mamba_cache_size=%s (expected %s, %s, %s)", launched["name"], event["waited_s"],
+                 "max_mamba_cache_size=%s (expected %s, %s, %s)", launched["name"], event.waited_s,
                  limits.effective_max_running_requests, limits.max_total_num_tokens, limits.max_mamba_cache_size,
                  expected.get("max_running_requests"), expected.get("max_total_num_tokens"),
                  expected.get("max_mamba_cache_size"))
@@ -126,8 +127,8 @@ class WaitReadyOperator(BaseOperator):
                 "url": launched["url"], "gpu_ids": launched["gpu_ids"], "pid": launched["pid"],
                 **limits.to_dict(), "expected": plan.expected, "mismatches": mismatches, "relaunches": attempt,
                 "flags": plan.flags, "model": (info.get("_model_info") or {}).get("served_model_name"),
-                "kept": bool(launched.get("kept")), "waited_s": event["waited_s"],
-                "calibration": self._calibrate(launched, plan, limits, event.get("log_tail") or [])}
+                "kept": bool(launched.get("kept")), "waited_s": event.waited_s,
+                "calibration": self._calibrate(launched, plan, limits, event.log_tail)}
 
     def _calibrate(self, launched: dict, plan, limits, log_lines: list[str]) -> dict | None:
         """The readback's calibration (tuning/calibration.py), recorded for the next plan and in the run's

@@ -23,6 +23,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from fleetgen.airflow.readiness_event import ReadinessEvent, ReadinessStatus
 from fleetgen.errors import FailureKind
 from fleetgen.nodes import readiness, remote
 from fleetgen.nodes.host_keys import describe, describe_public_line
@@ -99,10 +100,10 @@ class ReadinessTrigger(BaseTrigger):
         connection = await asyncio.to_thread(BaseHook.get_connection, self.api_key_conn_id)
         return {"Authorization": f"Bearer {connection.password}"}
 
-    def _event(self, status: str, **payload) -> TriggerEvent:
-        return TriggerEvent({"status": status, "server": self.server, "log_path": self.log_path, "pid": self.pid,
-                             "waited_s": round(time.time() - self.started_at, 1), "context": self.context,
-                             **payload})
+    def _event(self, status: ReadinessStatus, **payload) -> TriggerEvent:
+        return TriggerEvent(ReadinessEvent(status=status, server=self.server, log_path=self.log_path, pid=self.pid,
+                                           waited_s=round(time.time() - self.started_at, 1), context=self.context,
+                                           **payload).payload())
 
     async def _connect(self):
         """One asyncssh connection (a seam for tests), within the command timeout."""
@@ -137,12 +138,12 @@ class ReadinessTrigger(BaseTrigger):
                     except asyncssh.HostKeyNotVerifiable as exc:  # never retried
                         event = await self._host_key_event(exc)
                     except ConnectionSetupError as exc:  # reconnecting cannot help
-                        event = self._event("unreachable", error=str(exc), log_tail=self._log_lines)
+                        event = self._event(ReadinessStatus.UNREACHABLE, error=str(exc), log_tail=self._log_lines)
                     except _connection_errors() as exc:
                         ssh = self._drop(ssh)
                         event, pause = await self._after_ssh_failure(exc, budget, http)
                     if event is None and time.time() - self.started_at > self.timeout_s:
-                        event = self._event("timeout", log_tail=self._log_lines)
+                        event = self._event(ReadinessStatus.TIMEOUT, log_tail=self._log_lines)
                     if event is not None:
                         await self._settle(run_started)
                         yield event
@@ -163,7 +164,8 @@ class ReadinessTrigger(BaseTrigger):
     def _ready_event(self, info: dict) -> TriggerEvent:
         # the pre-load memory line feeds the calibration (tuning/calibration.py)
         self._remember_startup()
-        return self._event("ready", server_info=info, log_tail=self._startup_lines + self._log_lines[-5:])
+        return self._event(ReadinessStatus.READY, server_info=info,
+                           log_tail=self._startup_lines + self._log_lines[-5:])
 
     def _remember_startup(self) -> None:
         from fleetgen.tuning.calibration import LOAD_BEGIN_MARK
@@ -184,10 +186,12 @@ class ReadinessTrigger(BaseTrigger):
         self._remember_startup()
         fatal = readiness.find_fatal(self._log_lines)
         if fatal is not None:
-            return self._event("fatal", kind=fatal.kind.value, fatal_line=fatal.line, log_tail=self._log_lines)
+            return self._event(ReadinessStatus.FATAL, kind=fatal.kind, fatal_line=fatal.line,
+                               log_tail=self._log_lines)
         if not alive:
-            return self._event("fatal", kind=FailureKind.EXITED.value, fatal_line="the server process exited "
-                               "without a recognised error line", log_tail=self._log_lines)
+            return self._event(ReadinessStatus.FATAL, kind=FailureKind.EXITED,
+                               fatal_line="the server process exited without a recognised error line",
+                               log_tail=self._log_lines)
         info = await self._probe_http(http)
         if info is not None:
             return self._ready_event(info)
@@ -204,7 +208,7 @@ class ReadinessTrigger(BaseTrigger):
         host, name = self.server.get("node"), self.server.get("name")
         reason = f"{exc.__class__.__name__}: {exc}".strip().rstrip(":")
         if budget.spent(now):
-            return self._event("unreachable", error=(
+            return self._event(ReadinessStatus.UNREACHABLE, error=(
                 f"lost SSH to {host} while waiting for {name} and could not reconnect: {budget.describe(now)}; "
                 f"last error: {reason}"), budget={"attempts": budget.attempts, "seconds": budget.seconds,
                                                   "failures": budget.failures,
@@ -242,7 +246,7 @@ class ReadinessTrigger(BaseTrigger):
             received = describe(key.get_algorithm(), key.public_data) if key is not None else "(no host key)"
         except (OSError, asyncssh.Error, TimeoutError) as error:
             received = f"(could not be read again: {error})"
-        return self._event("host_key_mismatch", error=f"{exc}", address=connection.host,
+        return self._event(ReadinessStatus.HOST_KEY_MISMATCH, error=f"{exc}", address=connection.host,
                            expected=expected, received=received)
 
     async def _probe_http(self, http) -> dict | None:

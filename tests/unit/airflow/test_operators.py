@@ -6,7 +6,8 @@ import pathlib
 import pytest
 
 from fleetgen.airflow.operators import WaitReadyOperator
-from fleetgen.errors import ServerStartupError
+from fleetgen.airflow.readiness_event import ReadinessEvent, ReadinessStatus
+from fleetgen.errors import FailureKind, ServerError, ServerStartupError
 from fleetgen.tuning import LaunchOptions, ServerPlan, TunerBounds, Workload, backoff, plan_server, profile_model
 from fleetgen.tuning import planner
 
@@ -33,8 +34,10 @@ def _plan(relaunches: int) -> ServerPlan:
 def _fatal(plan: ServerPlan, kind: str, line: str) -> dict:
     launched = {"name": "gpu-node-1:30000", "node": "gpu-node-1", "gpu_ids": [0], "pid": 4242,
                 "log_path": "/tmp/fleetgen/sglang-30000.log", "plan": plan.to_dict()}
-    return {"status": "fatal", "kind": kind, "fatal_line": line, "log_tail": ["loading", line],
-            "context": {"launched": launched, "attempt": plan.attempt}}
+    return ReadinessEvent(status=ReadinessStatus.FATAL, server={"name": launched["name"]},
+                          log_path=launched["log_path"], pid=4242, waited_s=12.5,
+                          context={"launched": launched, "attempt": plan.attempt}, kind=FailureKind(kind),
+                          fatal_line=line, log_tail=["loading", line]).payload()
 
 
 @pytest.fixture
@@ -74,3 +77,40 @@ def test_a_failure_no_smaller_plan_can_fix_is_not_relaunched(operator):
     with pytest.raises(ServerStartupError, match="error: unrecognized arguments: --turbo") as failed:
         operator.execute_complete({}, _fatal(_plan(0), "bad_args", "error: unrecognized arguments: --turbo"))
     assert not operator.relaunched and "after 0 relaunch(es);" in str(failed.value)
+
+
+@pytest.mark.parametrize("kind", list(FailureKind))
+def test_the_operator_relaunches_exactly_the_kinds_the_backoff_takes(operator, kind):
+    line = f"the {kind.value} line"
+    if kind.can_back_off():
+        operator.execute_complete({}, _fatal(_plan(0), kind.value, line))
+        assert [smaller.attempt for smaller in operator.relaunched] == [1]
+    else:
+        with pytest.raises(ServerStartupError) as failure:
+            operator.execute_complete({}, _fatal(_plan(0), kind.value, line))
+        assert operator.relaunched == [] and failure.value.kind == kind.value and failure.value.hint == kind.hint
+        assert line in str(failure.value)
+
+
+@pytest.mark.parametrize("broken, what", [
+    ({"status": "starting"}, "ValueError: 'starting' is not a valid ReadinessStatus"),
+    ({"kind": "oom_everything"}, "ValueError: 'oom_everything' is not a valid FailureKind"),
+    ({"fatal_line": None}, "the readiness event (fatal) lacks fatal_line"),
+    ({"context": {"attempt": 0}}, "lacks context.launched, context.attempt"),
+    ({"context": {"launched": {}, "attempt": True}}, "lacks context.launched, context.attempt"),
+])
+def test_an_event_that_cannot_be_read_is_refused_naming_the_server_and_what_is_missing(operator, broken, what):
+    event = {**_fatal(_plan(0), "oom_kv", "RuntimeError: Not enough memory"), **broken}
+    event = {key: value for key, value in event.items() if value is not None}
+    with pytest.raises(ServerError) as refused:
+        operator.execute_complete({}, event)
+    assert what in str(refused.value) and "gpu-node-1:30000" in str(refused.value)
+    assert "same fleetgen version" in str(refused.value) and not operator.relaunched
+
+
+def test_an_event_survives_the_json_round_trip_with_its_types():
+    payload = json.loads(json.dumps(_fatal(_plan(0), "oom_mamba", "RuntimeError: state cache too small")))
+    event = ReadinessEvent.from_payload(payload)
+    assert event.status is ReadinessStatus.FATAL and event.kind is FailureKind.OOM_MAMBA
+    assert (event.attempt, event.launched["pid"], event.waited_s) == (0, 4242, 12.5)
+    assert "server_info" not in payload and ReadinessEvent.from_payload(event.payload()) == event

@@ -56,28 +56,3 @@ def test_each_kind_backs_off_in_its_own_dimension_or_not_at_all(kind, cases, see
 def test_each_hint_says_what_to_change(kind):
     settings = ("memory_margin_mib", "max_running_requests", "bf16_ssm_state", "extra_args", "ports", "log lines")
     assert any(name in kind.hint for name in settings), kind.hint
-
-
-def _event(kind: FailureKind) -> dict:
-    launched = {"name": "gpu-node-1:30002", "node": "gpu-node-1", "gpu_ids": [2], "pid": 4242,
-                "log_path": "/var/log/sglang-30002.log", "plan": {}}
-    return {"status": "fatal", "kind": kind.value, "fatal_line": LINES[kind], "log_tail": [LINES[kind]],
-            "context": {"launched": launched, "attempt": 0}}
-
-
-@pytest.mark.parametrize("kind", list(FailureKind))
-def test_the_operator_relaunches_exactly_the_kinds_the_backoff_takes(kind, monkeypatch):
-    from fleetgen.airflow.operators import WaitReadyOperator
-
-    operator = WaitReadyOperator(task_id="wait_ready", server={}, fleet={})
-    relaunched = []
-    monkeypatch.setattr(operator, "_relaunch_smaller", lambda context, launched, attempt, got, line:
-                        relaunched.append(got))
-    if kind.can_back_off():
-        operator.execute_complete({}, _event(kind))
-        assert relaunched == [kind]
-    else:
-        with pytest.raises(ServerStartupError) as failure:
-            operator.execute_complete({}, _event(kind))
-        assert relaunched == [] and failure.value.kind == kind.value and failure.value.hint == kind.hint
-        assert LINES[kind] in str(failure.value)
