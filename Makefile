@@ -21,11 +21,11 @@ CHROMIUM ?= /usr/bin/chromium
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 is required, found {sys.version.split()[0]}"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check pip==26.3 uv==0.13.9
-	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -r requirements.txt -c constraints.txt -e .
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -r requirements.txt -r requirements-dev.txt -c constraints.txt -e .
 	touch $(STAMP)
 
 $(SGLANG_STAMP): scripts/sglang-venv.sh

@@ -79,3 +79,19 @@ def test_astro_project_files_are_there():
     import re
     used |= set(re.findall(r"\$\{(FLEETGEN_[A-Z_]+)\}", (PROJECT_ROOT / "airflow_settings.yaml").read_text()))
     assert used <= documented, used - documented
+
+
+def _pins(name: str) -> list[str]:
+    lines = (PROJECT_ROOT / name).read_text().splitlines()
+    return [line.split("==")[0].split("[")[0].strip().lower() for line in lines if line.strip()
+            and not line.startswith("#")]
+
+
+def test_the_image_installs_no_test_tool_and_each_package_is_pinned_once():
+    runtime, development = _pins("requirements.txt"), _pins("requirements-dev.txt")
+    assert len(runtime) == len(set(runtime)) and len(development) == len(set(development))
+    assert not set(runtime) & set(development)
+    assert not {"pytest", "pytest-xdist", "pytest-timeout", "hypothesis", "playwright"} & set(runtime)
+    for name in ("requirements.txt", "requirements-dev.txt"):
+        assert all("==" in line for line in (PROJECT_ROOT / name).read_text().splitlines()
+                   if line.strip() and not line.startswith("#")), name
