@@ -154,20 +154,6 @@ def fleet_share(layout: RunLayout, heartbeat: ShardHeartbeat, *, running_in_airf
     return FleetShare(active=active, others_in_flight=in_flight, others_unpublished=unpublished)
 
 
-def live_shards(layout: RunLayout, *, now: float | None = None, stale_after_s: float = STALE_AFTER_S) -> int:
-    """How many shards of the run have a try whose heartbeat advanced within ``stale_after_s``."""
-    now = time.time() if now is None else now
-    shards_dir = layout.kind_dir("shards")
-    count = 0
-    for path in shards_dir.glob(f"shard-*.{ALIVE_SUFFIX}"):
-        try:
-            if now - path.stat().st_mtime <= stale_after_s:
-                count += 1
-        except FileNotFoundError:  # ended while we looked
-            continue
-    return count
-
-
 def lost_tries(layout: RunLayout) -> list[dict]:
     """Every dead try the run's shards recorded (``shards/shard-NNNNN.lost.jsonl``)."""
     records = []

@@ -9,8 +9,8 @@ import pytest
 from generate_fakes import FakeFleet, fast_settings, write_prompts
 
 from fleetgen.generate import run_shard_async
-from fleetgen.generate.liveness import (STALE_AFTER_S, FleetShare, ShardHeartbeat, dead_seconds, fleet_share,
-                                       live_shards, lost_tries)
+from fleetgen.generate.liveness import (ALIVE_SUFFIX, STALE_AFTER_S, FleetShare, ShardHeartbeat, dead_seconds, fleet_share,
+                                       lost_tries)
 from fleetgen.outputs import RunLayout
 
 
@@ -22,13 +22,14 @@ def _die(heartbeat: ShardHeartbeat, seconds_ago: float) -> None:
 
 def test_a_live_try_counts_until_it_stops(tmp_path):
     layout = RunLayout(tmp_path)
-    heartbeat = ShardHeartbeat(layout, 3)
+    observer, heartbeat = ShardHeartbeat(layout, 0), ShardHeartbeat(layout, 3)
+    observer.start()
     assert heartbeat.start() is None
-    assert live_shards(layout) == 1
+    assert fleet_share(layout, observer).active == 2
     heartbeat.beat()
-    assert live_shards(layout) == 1
+    assert fleet_share(layout, observer).active == 2
     heartbeat.stop()
-    assert live_shards(layout) == 0 and not heartbeat.path.exists()
+    assert fleet_share(layout, observer).active == 1 and not heartbeat.path.exists()
 
 
 def test_a_dead_try_stops_counting_and_no_longer_halves_the_live_shard(tmp_path):
@@ -93,7 +94,7 @@ async def test_a_shard_resumed_after_a_killed_try_reports_it_and_removes_its_hea
     summary = await run_shard_async(shard, fleet.endpoints(), layout.root, fast_settings(), transport=fleet.transport())
     assert summary["done"] == 20
     assert summary["lost_try"]["try"] == 1 and summary["lost_try"]["dead_s"] >= 29
-    assert live_shards(layout) == 0 and not killed.path.exists()
+    assert not list(layout.kind_dir("shards").glob(f"shard-*.{ALIVE_SUFFIX}")) and not killed.path.exists()
     again = await run_shard_async(shard, fleet.endpoints(), layout.root, fast_settings(), transport=fleet.transport())
     assert again["lost_try"] is None
 
