@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Callable
 
-from fleetgen.errors import FleetgenError
+from sglang_sim.errors import SimError
 from sglang_sim.node import NODE_ENV, SimNode, create_node, write_faults
 from sglang_sim.presets import install_model, preset_names
 
@@ -29,7 +29,7 @@ def _node_arg(parser: argparse.ArgumentParser) -> None:
 
 def _load_node(where: str | None) -> SimNode:
     if not where:
-        raise FleetgenError(f"no node given and ${NODE_ENV} is not set", hint="pass --node DIR")
+        raise SimError(f"no node given and ${NODE_ENV} is not set", hint="pass --node DIR")
     return SimNode.load(where)
 
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except FleetgenError as exc:
+    except SimError as exc:
         print(f"fleetgen-sim {args.command}: {exc}", file=sys.stderr)
         return 1
     except json.JSONDecodeError as exc:

@@ -25,7 +25,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fleetgen.errors import ConfigError
+from sglang_sim.errors import SimConfigError
 
 # kind -> the SGLang failure it reproduces
 FAIL_AT_LAUNCH_KINDS = {
@@ -69,16 +69,16 @@ class Faults:
     @classmethod
     def from_dict(cls, data: dict, *, path: str | None = None) -> "Faults":
         if not isinstance(data, dict):
-            raise ConfigError("faults must be a JSON object", path=path,
+            raise SimConfigError("faults must be a JSON object", path=path,
                               hint=f"keys: {sorted(cls.__dataclass_fields__)}")
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
-            raise ConfigError(f"unknown fault keys {unknown}", path=path,
+            raise SimConfigError(f"unknown fault keys {unknown}", path=path,
                               hint=f"known keys: {sorted(cls.__dataclass_fields__)}")
         try:
             return cls(**data)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"invalid faults: {exc}", path=path,
+            raise SimConfigError(f"invalid faults: {exc}", path=path,
                               hint="see include/sglang_sim/faults.py for each key's meaning") from exc
 
     def to_dict(self) -> dict:
@@ -96,6 +96,6 @@ def read_faults(node_path: str | os.PathLike, port: int) -> Faults:
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"faults file is not valid JSON: {exc}", path=str(path), line=exc.lineno,
+        raise SimConfigError(f"faults file is not valid JSON: {exc}", path=str(path), line=exc.lineno,
                           hint="fix or delete the file; it is read when the server starts") from exc
     return Faults.from_dict(data, path=str(path))

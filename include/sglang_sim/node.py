@@ -21,7 +21,7 @@ import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from fleetgen.errors import ConfigError
+from sglang_sim.errors import SimConfigError
 from sglang_sim.faults import Faults, faults_path
 
 NODE_ENV = "FLEETGEN_SIM_NODE"
@@ -93,12 +93,12 @@ class SimSettings:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown sim settings {unknown}", path=path,
+            raise SimConfigError(f"unknown sim settings {unknown}", path=path,
                               hint=f"known settings: {sorted(known)}")
         try:
             return cls(**data)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"invalid sim settings: {exc}", path=path,
+            raise SimConfigError(f"invalid sim settings: {exc}", path=path,
                               hint="see SimSettings in include/sglang_sim/node.py") from exc
 
 
@@ -162,24 +162,24 @@ class SimNode:
         try:
             data = json.loads(node_file.read_text())
         except FileNotFoundError:
-            raise ConfigError("not a simulated node (no node.json)", path=str(node_file),
+            raise SimConfigError("not a simulated node (no node.json)", path=str(node_file),
                               hint="create it with `fleetgen-sim create-node DIR`") from None
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"node.json is not valid JSON: {exc}", path=str(node_file),
+            raise SimConfigError(f"node.json is not valid JSON: {exc}", path=str(node_file),
                               line=exc.lineno) from exc
         try:
             gpus = tuple(GpuSpec(int(g["index"]), str(g["name"]), int(g["total_mib"]), str(g["uuid"]))
                          for g in data["gpus"])
             name = str(data["name"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"node.json lacks a valid 'name'/'gpus': {exc}", path=str(node_file)) from exc
+            raise SimConfigError(f"node.json lacks a valid 'name'/'gpus': {exc}", path=str(node_file)) from exc
         return cls(path, name, gpus, SimSettings.from_dict(data.get("sim"), path=str(node_file)))
 
     @classmethod
     def from_env(cls) -> "SimNode":
         where = os.environ.get(NODE_ENV)
         if not where:
-            raise ConfigError(f"${NODE_ENV} is not set",
+            raise SimConfigError(f"${NODE_ENV} is not set",
                               hint="run commands on a simulated node with SimNode.env() applied")
         return cls.load(where)
 
@@ -193,7 +193,7 @@ class SimNode:
         for gpu in self.gpus:
             if gpu.index == index:
                 return gpu
-        raise ConfigError(f"node {self.name} has no GPU {index}", path=str(self.path / NODE_FILE),
+        raise SimConfigError(f"node {self.name} has no GPU {index}", path=str(self.path / NODE_FILE),
                           hint=f"GPUs present: {[g.index for g in self.gpus]}")
 
     def _holder_dir(self, index: int) -> Path:
@@ -267,12 +267,12 @@ def create_node(path: str | os.PathLike, *, name: str, gpus: list[tuple[str, int
     path = Path(path).resolve()
     if isinstance(gpus, int):
         if gpus < 1:
-            raise ConfigError(f"a node needs at least one GPU, got {gpus}", path=str(path))
+            raise SimConfigError(f"a node needs at least one GPU, got {gpus}", path=str(path))
         specs = [(gpu_name, total_mib)] * gpus
     else:
         specs = [(str(n), int(m)) for n, m in gpus]
         if not specs:
-            raise ConfigError("a node needs at least one GPU", path=str(path))
+            raise SimConfigError("a node needs at least one GPU", path=str(path))
     settings = SimSettings.from_dict(sim, path=str(path / NODE_FILE))
     node = SimNode(path, name, tuple(GpuSpec(i, n, m, _stable_uuid(name, i))
                                      for i, (n, m) in enumerate(specs)), settings)

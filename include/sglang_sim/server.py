@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 
-from fleetgen.errors import FleetgenError
+from sglang_sim.errors import SimError
 from sglang_sim.args import parse_args
 from sglang_sim.faults import read_faults
 from sglang_sim.graphs import capture_failure, graph_memory
@@ -168,7 +168,7 @@ def run(argv: list[str]) -> int:
         if args.speculative_draft_model_path:
             draft_model, _, draft_weights = load_model_dir(args.speculative_draft_model_path)
         faults = read_faults(node.path, args.port)
-    except FleetgenError as exc:
+    except SimError as exc:
         sys.stderr.write(_exception_text("RuntimeError", str(exc)) + "\n")
         return 1
     try:

@@ -49,6 +49,8 @@ def test_structure_retries_tags_and_params(dagbag):
         assert expected in ids
     assert dag.get_task("generate.generate_shard").retries >= 1
     assert dag.get_task("tune.probe_gpus").retries >= 1
+    # A refused SSH connection at launch time is retried: a retry never launches a server twice.
+    assert dag.get_task("servers.launch_servers").retries >= 1
     for name in dag.params:
         param = dag.params.get_param(name)
         assert param.schema.get("type") or param.schema.get("enum"), name
@@ -88,34 +90,6 @@ def test_every_default_is_valid_in_the_form_and_params_come_in_sections(dagbag):
         if param.value in (None, ""):
             assert isinstance(schema_type, list) and "null" in schema_type, name
         param.resolve()  # the default passes its own schema
-
-
-def test_numeric_bounds_are_stated_and_agree_with_the_run_configuration(dagbag):
-    from fleetgen.airflow.run_config import RunConfig
-    from fleetgen.errors import ConfigError
-
-    dag = dagbag.dags["sglang_generation"]
-    defaults = {name: dag.params[name] for name in dag.params}
-    checked = 0
-    for name in dag.params:
-        schema = dag.params.get_param(name).schema
-        if schema.get("type") not in ("integer", "number"):
-            continue
-        high = schema["maximum"]
-        low = schema.get("minimum", schema.get("exclusiveMinimum"))
-        assert f"{high:,}" in dag.params.get_param(name).description, name
-        RunConfig.from_params({**defaults, name: high})
-        with pytest.raises(ConfigError, match=name):
-            RunConfig.from_params({**defaults, name: high + 1})
-        if "exclusiveMinimum" in schema:
-            with pytest.raises(ConfigError, match=name):
-                RunConfig.from_params({**defaults, name: low})
-        else:
-            RunConfig.from_params({**defaults, name: low})
-            with pytest.raises(ConfigError, match=name):
-                RunConfig.from_params({**defaults, name: low - 1})
-        checked += 1
-    assert checked == 15
 
 
 def test_every_task_has_docs_and_every_mapped_task_a_label(dagbag):

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from fleetgen.errors import ConfigError
+from sglang_sim.errors import SimConfigError
 from sglang_sim.faults import Faults, read_faults
 from sglang_sim.node import NODE_ENV, SimNode, SimSettings, create_node, write_faults
 from sglang_sim.presets import install_model, preset_names
@@ -44,11 +44,11 @@ def test_gpu_memory_report(tmp_path):
 
 
 def test_settings_are_validated(tmp_path):
-    with pytest.raises(ConfigError, match="unknown sim settings"):
+    with pytest.raises(SimConfigError, match="unknown sim settings"):
         create_node(tmp_path / "n", name="n", gpus=1, sim={"time_scael": 2})
-    with pytest.raises(ConfigError, match="time_scale"):
+    with pytest.raises(SimConfigError, match="time_scale"):
         SimSettings.from_dict({"time_scale": 0})
-    with pytest.raises(ConfigError, match="not a simulated node"):
+    with pytest.raises(SimConfigError, match="not a simulated node"):
         SimNode.load(tmp_path / "missing")
 
 
@@ -58,12 +58,12 @@ def test_faults_round_trip_and_validation(tmp_path):
     assert path == node.faults_path(30001)
     assert read_faults(node.path, 30001) == Faults(speed=0.7, crash_after_requests=3)
     assert read_faults(node.path, 30002) == Faults()
-    with pytest.raises(ConfigError, match="unknown fault keys"):
+    with pytest.raises(SimConfigError, match="unknown fault keys"):
         write_faults(node, 30001, {"crash_after": 3})
-    with pytest.raises(ConfigError, match="fail_at_launch"):
+    with pytest.raises(SimConfigError, match="fail_at_launch"):
         write_faults(node, 30001, {"fail_at_launch": "segfault"})
     path.write_text("{not json")
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(SimConfigError) as err:
         read_faults(node.path, 30001)
     assert err.value.path == str(path) and err.value.line == 1
 
@@ -81,7 +81,7 @@ def test_install_model_writes_config_and_index(tmp_path):
     llama = install_model(tmp_path / "l", "llama3.1-8b", weights_bytes=16_060_522_496)
     assert json.loads((llama / "model.safetensors.index.json").read_text())["metadata"]["total_size"] \
         == 16_060_522_496
-    with pytest.raises(ConfigError, match="unknown model preset"):
+    with pytest.raises(SimConfigError, match="unknown model preset"):
         install_model(tmp_path / "x", "gpt-9")
 
 
