@@ -42,7 +42,7 @@ from fleetgen.generate.health import DOWN, UP, HealthEntry, SharedHealth
 from fleetgen.generate.liveness import FleetShare
 from fleetgen.generate.chat import CHAT_PATH, HEALTH_PATH, BadResponse, error_message, parse_chat_response, request_body
 from fleetgen.generate.progress import Progress
-from fleetgen.generate.queue import WorkQueue, _Item
+from fleetgen.generate.queue import QueuedPrompt, WorkQueue
 from fleetgen.generate.records import completion_record, error_record, stats_record, utc_now
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.reuse import prompt_hash
@@ -81,17 +81,47 @@ class ServerState:
                 "marked_down": list(self.marked_down), "recovered": list(self.recovered)}
 
 
+@dataclass(frozen=True)
+class ShardWork:
+    """What one shard's dispatcher works through, and where its results go."""
+
+    shard_id: int
+    queue: WorkQueue
+    store: ShardStore
+    progress: Progress
+    finished_before: int = 0  # completed by earlier tries: the client-error breaker is armed only at 0
+
+
+@dataclass(frozen=True)
+class FleetLinks:
+    """How the shard reaches the servers, and what it learns from the run's other shards."""
+
+    transport: httpx.AsyncBaseTransport
+    headers: list[tuple[bytes, bytes]]
+    sharing: Callable[[], FleetShare] | None = None  # this shard's part of every server, asked periodically
+    sharing_interval_s: float = 10.0
+    health: SharedHealth | None = None  # the run's shared server health; None: this shard's own view only
+
+
+@dataclass(frozen=True)
+class ShardRecords:
+    """What the shard reports besides its completions: log lines, server events, metrics samples."""
+
+    log: logging.Logger
+    progress_interval_s: float
+    events: EventJournal | None = None
+    metrics_path: Path | None = None
+
+
 class Dispatcher:
-    def __init__(self, *, shard_id: int, servers: list[ServerEndpoint], queue: WorkQueue, store: ShardStore,
-                 settings: GenerationSettings, transport: httpx.AsyncBaseTransport,
-                 headers: list[tuple[bytes, bytes]], progress: Progress, log: logging.Logger,
-                 progress_interval_s: float, finished_before: int = 0,
-                 sharing: Callable[[], int] | None = None, sharing_interval_s: float = 10.0,
-                 health: SharedHealth | None = None, events: EventJournal | None = None,
-                 metrics_path: Path | None = None) -> None:
+    def __init__(self, *, servers: list[ServerEndpoint], settings: GenerationSettings, work: ShardWork,
+                 links: FleetLinks, records: ShardRecords) -> None:
+        shard_id, queue, store, progress = work.shard_id, work.queue, work.store, work.progress
+        transport, headers, sharing, health = links.transport, links.headers, links.sharing, links.health
+        log, events, metrics_path = records.log, records.events, records.metrics_path
         self.shard_id = shard_id
         self.events = events  # server events (down, recovered, retried, failed) for the report
-        self.health = health  # the run's shared server health; None: this shard's own view only
+        self.health = health
         self._rechecks: list[asyncio.Task] = []  # every re-check started (one may outlive its down period)
         # URLs and headers are parsed once: httpx would parse them again for every request.
         self.servers = [ServerState(endpoint, httpx.URL(endpoint.url + CHAT_PATH),
@@ -99,10 +129,10 @@ class Dispatcher:
         for server in self.servers:
             server.up.set()
             server.cap = server.endpoint.max_in_flight
-        # How many shards use the fleet right now (this one included); each gets its share of every
-        # server's limit, so that together they keep each server at its limit, not a multiple of it.
+        # Each running shard takes its share of every server's limit, so that together they keep each
+        # server at its limit, not a multiple of it.
         self.sharing = sharing
-        self.sharing_interval_s = sharing_interval_s
+        self.sharing_interval_s = links.sharing_interval_s
         self.shards_sharing = 1
         self.queue = queue
         self.store = store
@@ -111,11 +141,11 @@ class Dispatcher:
         self.headers = httpx.Headers(headers)
         self.progress = progress
         self.log = log
-        self.progress_interval_s = progress_interval_s
+        self.progress_interval_s = records.progress_interval_s
         self.fatal: BaseException | None = None
         self._client_errors = 0
         # Client errors trip the breaker only while no prompt of the shard has ever succeeded.
-        self._breaker_armed = finished_before == 0
+        self._breaker_armed = work.finished_before == 0
         self._request_extensions = {"timeout": {
             "connect": settings.connect_timeout_s, "read": settings.effective_request_timeout_s,
             "write": settings.connect_timeout_s, "pool": settings.connect_timeout_s}}
@@ -183,7 +213,7 @@ class Dispatcher:
                 continue
             await self._attempt(server, item)
 
-    async def _attempt(self, server: ServerState, item: _Item) -> str | None:
+    async def _attempt(self, server: ServerState, item: QueuedPrompt) -> str | None:
         """Send one prompt; returns the failure message when the server failed, else None."""
         body, sampling = request_body(item.prompt, self.settings)
         request = httpx.Request("POST", server.chat_url, content=body, headers=self.headers,
@@ -248,7 +278,8 @@ class Dispatcher:
         await response.aread()
         return response
 
-    def _completed(self, server: ServerState, item: _Item, result, latency_s: float, sampling: dict) -> None:
+    def _completed(self, server: ServerState, item: QueuedPrompt, result, latency_s: float,
+                   sampling: dict) -> None:
         record = completion_record(item.prompt, result, server=server.endpoint.name, latency_s=latency_s,
                                    sampling=sampling)
         self.store.record_completion(jsonio.dumps(record) + b"\n", jsonio.dumps(stats_record(record)) + b"\n",
@@ -258,7 +289,7 @@ class Dispatcher:
         self.progress.add_completion(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
         self.queue.finish(item)
 
-    def _write_off(self, server: ServerState, item: _Item, code: str, message: str) -> None:
+    def _write_off(self, server: ServerState, item: QueuedPrompt, code: str, message: str) -> None:
         record = error_record(item.prompt.id, code=code, message=message, server=server.endpoint.name)
         self.store.record_failure(jsonio.dumps(record) + b"\n", item.prompt.id)
         server.failed += 1
@@ -266,7 +297,7 @@ class Dispatcher:
         self.progress.add_failure()
         self.queue.finish(item)
 
-    def _client_error(self, server: ServerState, item: _Item, code: str, message: str) -> None:
+    def _client_error(self, server: ServerState, item: QueuedPrompt, code: str, message: str) -> None:
         self._write_off(server, item, code, message)
         if self._breaker_armed and self.progress.done == 0:
             self._client_errors += 1
@@ -277,7 +308,7 @@ class Dispatcher:
                     hint="a setting is wrong rather than the prompts: check the model name, max_tokens "
                          "against the context length, and extra_body; the errors file lists each one"))
 
-    def _retry(self, server: ServerState, item: _Item, message: str, *, blame: bool = True) -> None:
+    def _retry(self, server: ServerState, item: QueuedPrompt, message: str, *, blame: bool = True) -> None:
         server.retried += 1
         self._event("retried", server, prompt=item.prompt.id, reason=message[:500])
         if blame:
@@ -288,7 +319,7 @@ class Dispatcher:
         delay = min(self.settings.retry_backoff_s * 2 ** max(0, item.attempts - 1), self.settings.recheck_max_s)
         self.queue.retry_later(item, delay)
 
-    def _server_failed(self, server: ServerState, item: _Item, code: str, message: str) -> str:
+    def _server_failed(self, server: ServerState, item: QueuedPrompt, code: str, message: str) -> str:
         reason = f"{code}: {message}"
         already_down = server.down_since is not None
         if not already_down:
@@ -296,16 +327,19 @@ class Dispatcher:
         self._retry(server, item, message, blame=not already_down)
         return reason
 
-    def _mark_down(self, server: ServerState, reason: str, *, shared: HealthEntry | None = None) -> None:
-        """Stop sending to ``server`` and re-check it; tell the other shards unless they told us."""
+    def _mark_down(self, server: ServerState, reason: str, *, shared: HealthEntry | None = None,
+                   hung: bool = False) -> None:
+        """Stop sending to ``server`` and re-check it; tell the other shards unless they told us. A ``hung``
+        server (or one another shard found hung) also has the requests this shard holds there abandoned."""
         server.down_since = time.monotonic()
         server.up.clear()
         at = utc_now()
         if shared is not None:
             reason = f"marked down by {shared.by}: {shared.reason}"
             server.health_at = shared.at
+            hung = shared.hung
         elif self.health is not None:
-            server.health_at = self.health.publish(server.endpoint.name, DOWN, reason)
+            server.health_at = self.health.publish(server.endpoint.name, DOWN, reason, hung=hung)
         server.marked_down.append({"at": at, "reason": reason})
         self._event("down", server, reason=reason[:500])
         self.log.warning("shard %d: server %s marked down at %s (%s); its prompts go to the other servers; "
@@ -313,6 +347,9 @@ class Dispatcher:
                          server.endpoint.url, HEALTH_PATH)
         server.recheck = self._spawn(self._recheck(server))
         self._rechecks.append(server.recheck)
+        if hung:  # what this shard holds there never returns: send it elsewhere now
+            for worker in list(server.requesting):
+                worker.cancel(STALLED)
 
     def _mark_up(self, server: ServerState, *, by: str | None = None) -> None:
         down_s = time.monotonic() - server.down_since
@@ -334,9 +371,6 @@ class Dispatcher:
             server.health_at = entry.at
             if entry.state == DOWN and server.down_since is None:
                 self._mark_down(server, entry.reason, shared=entry)
-                if entry.reason.startswith("stalled"):  # hung: what this shard holds there never returns
-                    for worker in list(server.requesting):
-                        worker.cancel(STALLED)
             elif entry.state == UP and server.down_since is not None:
                 self._mark_up(server, by=entry.by)  # this shard's re-check ends when it next wakes
 
@@ -383,23 +417,18 @@ class Dispatcher:
             self.events.record(kind, server.endpoint.name, **fields)
 
     def _reshare(self) -> None:
-        """Ask how the shards share the fleet and resize every server's cap to this shard's part: 1/n of
-        its limit for a count n, or a ``FleetShare``'s part within the room the other shards leave."""
+        """Ask how the shards share the fleet and resize every server's cap to this shard's part within
+        the room the other shards leave (``FleetShare.cap``)."""
         if self.sharing is None:
             return
         try:
             share = self.sharing()
-            counted_only = not isinstance(share, FleetShare)
-            if counted_only:
-                share = FleetShare(active=max(1, int(share)))
         except Exception as exc:  # keep the last known share: a failed count must not stop generation
             self.log.warning("shard %d: could not count the shards sharing the fleet (%s); keeping 1/%d",
                              self.shard_id, exc, self.shards_sharing)
             return
         caps = {server.endpoint.name: share.cap(server.endpoint.name, server.endpoint.max_in_flight)
                 for server in self.servers}
-        if counted_only:  # a count alone: at least one request per server
-            caps = {name: max(1, cap) for name, cap in caps.items()}
         changed = share.active != self.shards_sharing
         self.shards_sharing = share.active
         for server in self.servers:
@@ -424,9 +453,7 @@ class Dispatcher:
             if why is None or server.down_since is not None:
                 return
             self._mark_down(server, f"stalled: no answer for {silent_s:.0f} s with {server.in_flight} "
-                                    f"request(s) in flight, and {why}")
-            for worker in list(server.requesting):
-                worker.cancel(STALLED)
+                                    f"request(s) in flight, and {why}", hung=True)
         finally:
             server.last_answer = time.monotonic()  # next probe, if any, after another quiet period
             server.stall_probe = None

@@ -2,14 +2,17 @@
 by all of them until it is re-checked.
 
 Without it every shard finds out for itself: a shard that starts after a server hung sends it a
-full share of requests and waits for its own stall check (``stall_check_s`` + ``health_timeout_s``,
-about 90 s with the defaults) before routing around it, and so does every later shard.
+full share of requests and waits for its own stall check (``stall_check_s`` + ``health_timeout_s``)
+before routing around it, and so does every later shard.
 
 The state is one small JSON file in the run's output folder, ``servers-health.json``
 (``fleetgen.outputs.RunLayout.servers_health``; docs/shards.md §2)::
 
-    {"servers": {"host:port": {"state": "down", "at": 1764500000.123,
+    {"servers": {"host:port": {"state": "down", "at": 1764500000.123, "hung": true,
                                "reason": "stalled: no answer for 61 s ...", "by": "shard 3 (try 1)"}}}
+
+``hung`` marks a server that stopped answering with requests in flight: what any shard holds there
+will never return, so each shard abandons those requests at once instead of waiting them out.
 
 ``at`` is wall-clock time (shards may run on several workers that share the output folder), and a
 newer ``at`` wins: each shard applies an entry only if it is newer than the last transition it
@@ -41,13 +44,15 @@ class HealthEntry:
     at: float  # wall-clock time of the transition
     reason: str
     by: str  # which shard (and try) saw it
+    hung: bool = False  # down because it stopped answering: requests held there never return
 
     @classmethod
     def from_json(cls, data: dict) -> "HealthEntry":
         state = data["state"]
         if state not in (DOWN, UP):
             raise ValueError(f"unknown state {state!r}")
-        return cls(state=state, at=float(data["at"]), reason=str(data.get("reason", "")), by=str(data.get("by", "?")))
+        return cls(state=state, at=float(data["at"]), reason=str(data.get("reason", "")), by=str(data.get("by", "?")),
+                   hung=data.get("hung") is True)
 
 
 class SharedHealth:
@@ -62,11 +67,11 @@ class SharedHealth:
         self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) of the last file read
         self._warned = False
 
-    def publish(self, server: str, state: str, reason: str) -> float:
+    def publish(self, server: str, state: str, reason: str, *, hung: bool = False) -> float:
         """Record a transition this shard observed; returns its ``at``. A failure to write is logged
         and ignored: the shard goes on with its own view."""
         at = time.time()
-        entry = {"state": state, "at": at, "reason": reason, "by": self.who}
+        entry = {"state": state, "at": at, "reason": reason, "by": self.who, **({"hung": True} if hung else {})}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.lock_path, "a+b") as lock:

@@ -12,7 +12,9 @@ from fleetgen.prompts.scan import Prompt
 
 
 @dataclass(slots=True)
-class _Item:
+class QueuedPrompt:
+    """A prompt of the shard waiting to be sent, sent, or waiting to be retried."""
+
     index: int  # position among the shard's valid prompts
     prompt: Prompt
     attempts: int = 0
@@ -27,7 +29,7 @@ class WorkQueue:
 
     def __init__(self, fresh: Iterator[tuple[int, int, int, Prompt]], start: tuple[int, int]) -> None:
         self._fresh: Iterator[tuple[int, int, int, Prompt]] | None = fresh
-        self._retry: deque[_Item] = deque()
+        self._retry: deque[QueuedPrompt] = deque()
         self._delayed = 0
         self.in_flight = 0
         self._changed = asyncio.Event()
@@ -36,7 +38,7 @@ class WorkQueue:
         self._finished_indexes: set[int] = set()
         self._after_taken = start  # (index, offset) just past the last prompt read
 
-    def take(self) -> _Item | None:
+    def take(self) -> QueuedPrompt | None:
         if self._retry:
             item = self._retry.popleft()
         elif self._fresh is not None:
@@ -48,13 +50,13 @@ class WorkQueue:
             index, line_start, line_end, prompt = position
             self._taken.append((index, line_start))
             self._after_taken = (index + 1, line_end)
-            item = _Item(index, prompt)
+            item = QueuedPrompt(index, prompt)
         else:
             return None
         self.in_flight += 1
         return item
 
-    def finish(self, item: _Item) -> None:
+    def finish(self, item: QueuedPrompt) -> None:
         """The item's records are written: it will never be sent again."""
         self.in_flight -= 1
         self._finished_indexes.add(item.index)
@@ -70,12 +72,12 @@ class WorkQueue:
     def low_water(self) -> tuple[int, int]:
         return self._taken[0] if self._taken else self._after_taken
 
-    def retry_later(self, item: _Item, delay_s: float) -> None:
+    def retry_later(self, item: QueuedPrompt, delay_s: float) -> None:
         self.in_flight -= 1
         self._delayed += 1
         asyncio.get_running_loop().call_later(delay_s, self._release, item)
 
-    def _release(self, item: _Item) -> None:
+    def _release(self, item: QueuedPrompt) -> None:
         self._delayed -= 1
         self._retry.append(item)
         self._changed.set()

@@ -10,7 +10,7 @@ from generate_fakes import FakeFleet, fast_settings, shard_output, write_prompts
 
 from fleetgen.errors import AllServersDown, GenerationError, PromptsError
 from fleetgen.generate import run_shard_async
-from fleetgen.generate.dispatch import WorkQueue
+from fleetgen.generate.queue import WorkQueue
 from fleetgen.prompts.scan import Prompt, plan_shards
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]  # a hang (a broken dispatcher) fails in seconds
@@ -236,16 +236,34 @@ async def test_the_low_water_mark_follows_the_first_unfinished_prompt():
 
 async def test_a_prompts_file_cut_short_mid_run_stops_the_shard_with_progress_saved(tmp_path):
     path = tmp_path / "p.jsonl"
-    shard = write_prompts(path, 40)
+    shard = write_prompts(path, 2000)  # far more than the reader's buffer holds
     fleet = FakeFleet(1, limit=2)
-    with path.open("r+b") as handle:  # someone truncates the file after planning
-        handle.truncate(path.stat().st_size // 2)
+
+    def truncate_once(prompt_id, attempt):  # someone truncates the file while the shard reads it
+        if attempt == 5:
+            with path.open("r+b") as handle:
+                handle.truncate(path.stat().st_size // 2 + 7)
+
+    fleet.behaviour[fleet.names[0]] = truncate_once
     with pytest.raises(PromptsError, match="malformed JSON") as caught:
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
                               transport=fleet.transport())
-    assert "changed after it was scanned" in str(caught.value)
+    assert "as they were when it was planned" in str(caught.value) and caught.value.shard == 0
     out = shard_output(tmp_path / "out")
-    assert 0 < len(out["completions"]) == len(out["stats"]) <= 20
+    assert 0 < len(out["completions"]) == len(out["stats"]) < 2000
+
+
+async def test_a_prompts_file_cut_short_after_planning_is_refused_before_the_first_request(tmp_path):
+    path = tmp_path / "p.jsonl"
+    shard = write_prompts(path, 40)
+    fleet = FakeFleet(1, limit=2)
+    with path.open("r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)
+    with pytest.raises(PromptsError, match="changed after the run was planned: bytes 0 to 2,950 ") as caught:
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                              transport=fleet.transport())
+    assert "the file is now 1,475 bytes" in caught.value.message and "put the prompts_path file back" in caught.value.hint
+    assert sum(fleet.requests.values()) == 0 and shard_output(tmp_path / "out")["completions"] == []
 
 
 async def test_concurrent_shards_split_each_servers_limit_and_a_lone_shard_takes_it_all(tmp_path):

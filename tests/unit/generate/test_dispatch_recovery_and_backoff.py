@@ -528,7 +528,7 @@ async def test_a_server_another_shard_found_hung_has_this_shards_requests_abando
 
     def s0(pid, n):
         if n == 2:
-            other.publish("s1:1", DOWN, "stalled: no answer for 30 s with 4 request(s) in flight, and /health: timeout")
+            other.publish("s1:1", DOWN, "no answer for 30 s with 4 request(s) in flight", hung=True)
 
     fleet.behaviour["s0:1"] = s0
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
@@ -589,3 +589,23 @@ async def test_a_failing_share_count_is_logged_with_its_cause(tmp_path, caplog):
                               sharing=broken)
     assert "shard 0: could not count the shards sharing the fleet (API unavailable); keeping 1/1" in messages(
         caplog, "WARNING")
+
+
+async def test_a_server_answering_usage_as_strings_is_a_bad_response_and_its_prompts_go_elsewhere(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 8)
+    fleet = FakeFleet(2, limit=1)
+
+    def string_usage(pid, n):
+        body = completion_body(pid)
+        body["usage"] = {"prompt_tokens": 7, "completion_tokens": "12", "total_tokens": 19}
+        return httpx.Response(200, json=body)
+
+    fleet.behaviour["s1:1"] = string_usage
+    fleet.health["s1:1"] = lambda name: httpx.Response(503)
+    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                                    transport=fleet.transport())
+    assert summary["done"] == 8 and summary["failed"] == 0
+    assert summary["completion_tokens"] == 8 * 10  # s0:1's answers only
+    [down] = summary["servers"]["s1:1"]["marked_down"]
+    assert down["reason"].startswith("bad_response: usage.completion_tokens is not a token count ('12'): ")
+    assert summary["servers"]["s1:1"]["completed"] == 0 and summary["servers"]["s1:1"]["retried"] >= 1

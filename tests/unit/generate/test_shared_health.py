@@ -116,3 +116,13 @@ async def test_health_sharing_can_be_turned_off(tmp_path):
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out",
                                     fast_settings(share_server_health=False), transport=fleet.transport())
     assert not summary["servers"]["s1:1"]["marked_down"]
+
+
+def test_a_hung_server_is_flagged_as_such_for_the_other_shards_and_a_plain_down_one_is_not(tmp_path):
+    writer = SharedHealth(tmp_path, who="shard 0", log=logging.getLogger("w"))
+    reader = SharedHealth(tmp_path, who="shard 1", log=logging.getLogger("r"))
+    writer.publish("a:1", "down", "no answer for 61 s with 2 request(s) in flight", hung=True)
+    writer.publish("b:1", "down", "stalled: HTTP 502 (a reason's words decide nothing)")
+    entries = reader.changed_entries()
+    assert (entries["a:1"].hung, entries["b:1"].hung) == (True, False)
+    assert servers_health(tmp_path)["a:1"]["hung"] is True and "hung" not in servers_health(tmp_path)["b:1"]
