@@ -34,7 +34,8 @@ WARMUP_BODY = {"text": "The capital city of France is", "sampling_params": {"tem
 async def _http(host: str, port: int, method: str, path: str, body: dict | None, api_key: str | None) -> int:
     reader, writer = await asyncio.open_connection(host, port)
     payload = json.dumps(body).encode() if body is not None else b""
-    headers = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Connection: close",
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    headers = [f"{method} {path} HTTP/1.1", f"Host: {authority}", "Connection: close",
                f"Content-Length: {len(payload)}", "Content-Type: application/json"]
     if api_key:
         headers.append(f"Authorization: Bearer {api_key}")
@@ -46,9 +47,15 @@ async def _http(host: str, port: int, method: str, path: str, body: dict | None,
     return int(status_line.split()[1])
 
 
+def internal_host(bind_host: str) -> str:
+    """Where the server's own requests (the warm-up) go: ``ServerArgs.url``'s loopback of the family bound
+    to ("::" serves IPv6 only under uvloop)."""
+    return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind_host, bind_host)
+
+
 async def _warmup(server: uvicorn.Server, service: Service) -> None:
     args = service.args
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    host = internal_host(args.host)
     while not server.started:
         await asyncio.sleep(0.01)
     try:

@@ -169,3 +169,34 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(tools, tmp_path, model
     assert "Gracefully exiting... Remaining number of requests 1. Remaining requests remaining_rids=['" in log
     assert log.rstrip().endswith("Gracefully exiting... Remaining number of requests 0. "
                                  "Remaining requests remaining_rids=[].")
+
+
+@pytest.mark.parametrize("bind, internal", [("0.0.0.0", "127.0.0.1"), ("", "127.0.0.1"), ("::", "::1"),
+                                            ("10.0.0.5", "10.0.0.5")])
+def test_the_warm_up_goes_to_the_loopback_of_the_family_bound_to(bind, internal):
+    from sglang_sim.serve import internal_host
+
+    assert internal_host(bind) == internal
+
+
+def test_a_request_to_an_ipv6_host_names_it_in_brackets():
+    import asyncio
+
+    from sglang_sim.serve import _http
+
+    seen = []
+
+    async def main():
+        async def answer(reader, writer):
+            seen.append((await reader.readuntil(b"\r\n\r\n")).decode())
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "::1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await _http("::1", port, "GET", "/model_info", None, None), port
+
+    status, port = asyncio.run(main())
+    assert status == 200 and f"Host: [::1]:{port}\r\n" in seen[0]
