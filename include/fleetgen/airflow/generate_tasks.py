@@ -23,11 +23,11 @@ def generation_settings(config: RunConfig, spec: FleetSpec):
                               sample_interval_s=generation.sample_interval_s)
 
 
-def generation_key(identity: dict, settings) -> str:
-    from fleetgen.generate.reuse import generation_key
+def generation_material(identity: dict, settings) -> dict:
+    from fleetgen.generate.reuse import generation_material
 
-    return generation_key(identity, max_tokens=settings.max_tokens, temperature=settings.temperature,
-                          top_p=settings.top_p, extra_body=settings.extra_body)
+    return generation_material(identity, max_tokens=settings.max_tokens, temperature=settings.temperature,
+                               top_p=settings.top_p, extra_body=settings.extra_body)
 
 
 @fail_fast
@@ -54,7 +54,7 @@ def plan_shards(prompt_scan: dict) -> list[dict]:
 def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identity: dict) -> dict:
     from fleetgen.airflow.sharing import running_shards_counter
     from fleetgen.generate import run_shard, shard_endpoints
-    from fleetgen.generate.reuse import find_reuse_source, reuse_enabled
+    from fleetgen.generate.reuse import look_up_reuse
     from fleetgen.nodes.gpu_sampling import GpuSampling
 
     context, config, layout = run_context()
@@ -68,13 +68,14 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identi
              {e.name: e.max_in_flight for e in endpoints},
              ", shared with the other running shards" if sharing else f" (1/{parallel} of each server's)")
     settings = generation_settings(config, spec)
-    source = None
+    lookup = None
     run_type = getattr(context.get("dag_run"), "run_type", None)
-    if reuse_enabled(config.generation.reuse_completions, getattr(run_type, "value", run_type)):
-        source = find_reuse_source(config.inputs.output_root, layout.root.name,
-                                   generation_key(model_identity, settings), log=log)
-        log.info("Reusing unchanged completions from %s", source.run_folder if source else
-                 "no earlier run (none with the same model and sampling has an index)")
+    if config.generation.reuses(getattr(run_type, "value", run_type)):
+        lookup = look_up_reuse(config.inputs.output_root, layout.root.name,
+                               generation_material(model_identity, settings), log=log)
+        log.info("Reusing unchanged completions from %s", lookup.source.run_folder if lookup.source else
+                 "no earlier run (none with the same model and sampling has a readable index)")
+    source = lookup.source if lookup else None
 
     def open_stream(node: str, command: str):  # one SSH session per node for the whole shard
         return NodeShell(node, spec.node(node).ssh_conn_id).stream(command, describe=f"GPU sampling on {node}")
@@ -85,6 +86,8 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identi
     with sampling:
         result = run_shard(shard, endpoints, layout.root, settings, api_key=lifecycle.api_key(spec), log=log,
                            sharing=sharing, try_number=context["ti"].try_number, reuse=source)
+    if lookup is not None:  # the report's reuse section: where from, what was passed over, what changed
+        result["reuse"] = lookup.summary()
     if result["lost_try"]:
         failures.record_lost_try(layout, context["ti"].task_id, result["lost_try"])
     log.info("Shard %d done: %d completed, %d failed, %d already done before; %d output tokens in %.1f s",

@@ -24,6 +24,7 @@ from typing import Any
 from fleetgen.errors import ConfigError
 from fleetgen.outputs import RunLayout, default_output_root
 from fleetgen.tuning import TunerBounds
+from fleetgen.tuning.model_files import WEIGHTS_HASHES
 from fleetgen.tuning.plan import MODES
 from fleetgen.validation.thresholds import ValidationThresholds
 
@@ -195,12 +196,24 @@ class Generation(_Group):
     reuse_completions: str = setting(
         str, REUSE_MODES[0], "Reuse unchanged completions", GENERATION,
         "Copy a completion from the last successful run instead of generating it again when the prompt, the model "
-        "(path, config and index hashes) and the sampling are unchanged. 'scheduled': on nightly runs, off for "
-        "manual ones; 'always'; 'never'.", choices=REUSE_MODES)
+        "(weights, config, generation config, tokenizer, chat template, SGLang version) and the sampling are "
+        "unchanged. 'scheduled': on nightly runs, off for manual ones; 'always'; 'never'.", choices=REUSE_MODES)
+    weights_hash: str = setting(
+        str, WEIGHTS_HASHES[0], "Weights in the model identity", GENERATION,
+        "How the model identity reads the weights on the node: 'header': each safetensors file's size, header and "
+        "16 sampled blocks (well under a second); 'full': every byte too (minutes for tens of GB).",
+        choices=WEIGHTS_HASHES)
     sample_interval_s: float = setting(
         float, 5.0, "Sampling interval (s)", GENERATION,
         "While generating, every server's /metrics and every node's nvidia-smi are sampled this often for the "
         "occupancy and GPU report; 0: off.", low=0, high=300)
+
+
+    def reuses(self, run_type: str | None) -> bool:
+        """Whether this run copies unchanged completions (``run_type``: Airflow's): ``scheduled`` reuses only
+        on runs the schedule started, so a person's manual run generates everything."""
+        mode = self.reuse_completions
+        return mode == "always" or (mode == "scheduled" and run_type == "scheduled")
 
 
 @dataclass(frozen=True)

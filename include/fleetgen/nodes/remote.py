@@ -16,6 +16,7 @@ docs/security-and-ssh.md §1, §2.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -89,9 +90,22 @@ class LaunchSpec:
         """The server's argv (no secrets: with a key, the launch adds ``--config`` naming the file that holds it)."""
         argv = [self.python, "-m", self.module, "--model-path", self.model_path,
                 "--served-model-name", self.served_name, "--host", self.bind_host, "--port", str(self.port)]
-        if len(self.gpu_ids) > 1:
-            argv += ["--tp-size", str(len(self.gpu_ids))]
+        # Data-parallel replicas (--dp-size in the args) each take tp_size of the server's GPUs.
+        tp_size = len(self.gpu_ids) // dp_size_of_args(self.args)
+        if tp_size > 1:
+            argv += ["--tp-size", str(tp_size)]
         return argv + list(self.args)
+
+
+def dp_size_of_args(args: Sequence[str]) -> int:
+    """The ``--dp-size`` / ``--data-parallel-size`` value in ``args`` (the last one wins, as in argparse), 1 if absent."""
+    size = 1
+    for position, arg in enumerate(args):
+        name, has_inline, inline = str(arg).partition("=")
+        if name in ("--dp-size", "--data-parallel-size"):
+            raw = inline if has_inline else (args[position + 1] if position + 1 < len(args) else "1")
+            size = int(raw) if str(raw).strip().isdigit() and int(raw) > 0 else 1
+    return size
 
 
 def flags_to_args(flags: Mapping[str, object]) -> list[str]:
@@ -207,10 +221,6 @@ def our_pids_command(*, run_dir: str, module: str, ports: Sequence[int]) -> str:
         lines.append(f"if [ -s {pid_path} ] && {_is_ours_test(pid_path, module, port)}; then "
                      f"echo \"ours port={port} pid=$fleetgen_pid\"; fi")
     return "\n".join(lines)
-
-
-def alive_command(pid: int) -> str:
-    return f"kill -0 {int(pid)} 2>/dev/null && echo alive || echo dead"
 
 
 def tail_command(path: str, lines: int = 50) -> str:
@@ -358,12 +368,85 @@ def package_version_command(python: str, module: str) -> str:
     return f"{quote_path(python)} -c {quote(program)} {quote(package)}"
 
 
-def sha256_command(paths: Sequence[str]) -> str:
-    """``sha256sum`` of files on the node (read there: nothing but the digests crosses the network)."""
-    return "sha256sum -- " + " ".join(quote_path(path) for path in paths)
+# Run on the node by model_identity_command: digests of the files that change what a model writes. A safetensors
+# file is an 8-byte little-endian header length, then that many bytes of JSON header (tensor names, dtypes,
+# shapes, offsets), then the tensors: its size and header identify it without reading the weights.
+_MODEL_IDENTITY_PROGRAM = r"""
+import hashlib, json, os, struct, sys
+root, tokenizer_root, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+out = {"files": {}, "tokenizer": {"files": {}, "chat_template": None}, "weights": {}, "unreadable": {},
+       "template_file": None}
+def whole(path):
+    digest, block = hashlib.sha256(), bytearray(1 << 20)
+    with open(path, "rb", buffering=0) as handle:
+        while count := handle.readinto(block):
+            digest.update(memoryview(block)[:count])
+    return digest.hexdigest()
+def json_digest(value):
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+def guard(name, read):
+    try:
+        return read()
+    except (OSError, ValueError, struct.error) as exc:
+        out["unreadable"][name] = f"{type(exc).__name__}: {exc}"
+if not os.path.isdir(root):
+    print(json.dumps({**out, "unreadable": {".": "not a directory"}})); sys.exit(0)
+for name in spec["small_files"]:
+    if os.path.isfile(os.path.join(root, name)):
+        out["files"][name] = guard(name, lambda: whole(os.path.join(root, name)))
+for name in spec["tokenizer_files"]:
+    path = os.path.join(tokenizer_root, name)
+    if not os.path.isfile(path):
+        continue
+    if name == "tokenizer_config.json":
+        def split():
+            with open(path, "rb") as handle:
+                data = json.load(handle)
+            template = data.pop("chat_template", None) if isinstance(data, dict) else None
+            out["tokenizer"]["chat_template"] = None if template is None else json_digest(template)
+            return json_digest(data)
+        out["tokenizer"]["files"][name] = guard(name, split)
+    else:
+        out["tokenizer"]["files"][name] = guard(name, lambda: whole(path))
+if spec["template_file"] and os.path.isfile(os.path.expanduser(spec["template_file"])):
+    out["template_file"] = guard("--chat-template", lambda: whole(os.path.expanduser(spec["template_file"])))
+def header(path):
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        length = struct.unpack("<Q", head)[0]
+        if length > size - 8:
+            raise ValueError(f"header length {length} is beyond the end of the file")
+        digest = hashlib.sha256(head + handle.read(length))
+        start, span = 8 + length, size - 8 - length
+        for block in range(spec["samples"]):  # evenly spread blocks of the tensors: new values of the same shapes
+            handle.seek(start + span * block // spec["samples"])
+            digest.update(handle.read(spec["sample_bytes"]))
+        return digest.hexdigest()
+for name in sorted(os.listdir(root)):
+    path = os.path.join(root, name)
+    if os.path.isfile(path) and name.endswith(".safetensors.index.json"):
+        out["files"][name] = guard(name, lambda: whole(path))
+    if not (os.path.isfile(path) and name.endswith(".safetensors")):
+        continue
+    entry = {"bytes": os.path.getsize(path), "sampled_sha256": guard(name, lambda: header(path))}
+    if spec["full"]:
+        entry["sha256"] = guard(name, lambda: whole(path))
+    out["weights"][name] = entry
+print(json.dumps(out))
+"""
 
 
-def parse_sha256(output: str) -> list[str]:
-    """The digests ``sha256sum`` printed, in order (one a line: ``split("\\n")``, not ``splitlines``, which
-    also splits on the separators a file name may hold; a name with a newline is escaped by sha256sum)."""
-    return [line.split(" ", 1)[0].lstrip("\\") for line in output.split("\n") if line.strip()]
+def model_identity_command(python: str, model_path: str, *, tokenizer_root: str, small_files: Sequence[str],
+                           tokenizer_files: Sequence[str], template_file: str, full: bool, samples: int,
+                           sample_bytes: int) -> str:
+    """Print, as one JSON line, the SHA-256 of the model folder's ``small_files`` and ``*.safetensors.index.json``,
+    of its tokenizer files (tokenizer_config.json without its chat template, which is hashed apart), of a
+    ``--chat-template`` file, and each ``*.safetensors`` file's size and the hash of its header and of
+    ``samples`` blocks of ``sample_bytes`` spread over its tensors (with ``full``, of its whole content too).
+    Read on the node with ``python``; only digests cross the network."""
+    spec = {"small_files": list(small_files), "tokenizer_files": list(tokenizer_files),
+            "template_file": template_file, "full": bool(full), "samples": int(samples),
+            "sample_bytes": int(sample_bytes)}
+    return (f"{quote_path(python)} -c {quote(_MODEL_IDENTITY_PROGRAM)} {quote_path(model_path)} "
+            f"{quote_path(tokenizer_root)} {quote(json.dumps(spec))}")

@@ -145,36 +145,13 @@ def test_every_server_is_launched_with_sglangs_metrics_on_exactly_once():
     assert argv.count("--enable-metrics") == 1
 
 
-def test_the_sampling_loop_and_the_hash_commands_quote_what_they_are_given():
+def test_the_sampling_loop_and_the_version_command_quote_what_they_are_given():
     command = remote.sampling_loop_command("nvidia-smi -L", interval_s=2.5, max_seconds=60)
     assert "sleep 2.5" in command and "+ 60 ))" in command
     assert remote.timed_sample_time("@@fleetgen:t=1764400000.123456789") == 1764400000.123456789
     assert remote.timed_sample_time("0, 97, 900, 1024") is None
-    hashed = remote.sha256_command(["/models/a b/config.json", "~/m/x.json"])
-    assert hashed == "sha256sum -- '/models/a b/config.json' \"$HOME\"/m/x.json"
     version = remote.package_version_command("~/venv/bin/python", "sglang.launch_server")
     assert version.startswith('"$HOME"/venv/bin/python -c ') and version.endswith(" sglang")
-
-
-def test_model_identity_hashes_config_and_index_on_the_node(tmp_path):
-    import hashlib
-
-    from fleetgen.tuning.model_files import model_identity
-
-    model = tmp_path / "my model"
-    model.mkdir()
-    (model / "config.json").write_text('{"hidden_size": 8}')
-    (model / "model.safetensors.index.json").write_text('{"metadata": {"total_size": 1}}')
-
-    def run(command):
-        return subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout
-
-    identity = model_identity(run, str(model))
-    assert identity == {"path": str(model),
-                        "config_sha256": hashlib.sha256(b'{"hidden_size": 8}').hexdigest(),
-                        "index_sha256": hashlib.sha256(b'{"metadata": {"total_size": 1}}').hexdigest()}
-    (model / "config.json").write_text('{"hidden_size": 16}')
-    assert model_identity(run, str(model))["config_sha256"] != identity["config_sha256"]
 
 
 def test_the_scheduler_log_command_reads_the_peak_of_dense_and_hybrid_decode_lines(tmp_path):
@@ -202,3 +179,15 @@ def test_the_scheduler_log_command_reads_the_peak_of_dense_and_hybrid_decode_lin
     assert remote.parse_records(out, ("scheduler",)) == [
         ("scheduler", {"port": "31001", "peak_full_tokens": "4321", "retracted": "2"}),
         ("scheduler", {"port": "31002", "peak_full_tokens": "1234", "retracted": "0"})]
+
+
+@pytest.mark.parametrize("gpu_ids, args, tp_args", [
+    ((0, 1), ("--dp-size", "2"), []),                           # two tp-1 replicas
+    ((0, 1, 2, 3), ("--data-parallel-size=2",), ["--tp-size", "2"]),  # two tp-2 replicas
+    ((0, 1), (), ["--tp-size", "2"]),
+])
+def test_data_parallel_replicas_split_the_gpus_into_tp_groups(gpu_ids, args, tp_args):
+    spec = remote.LaunchSpec(python="python", module="sglang.launch_server", model_path="/m", served_name="m",
+                             port=30000, gpu_ids=gpu_ids, bind_host="127.0.0.1", run_dir="/r", log_dir="/l", args=args)
+    argv = spec.argv()
+    assert argv[argv.index("30000") + 1:] == tp_args + list(args)

@@ -114,11 +114,7 @@ def test_refused_relaunch_names_port_and_pid(tmp_path):
         _bash(remote.stop_command(run_dir=str(tmp_path / "run"), module="fakeserver", ports=[31012], grace_s=1))
 
 
-def test_alive_and_tail_commands(tmp_path, processes):
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    processes.append(sleeper)
-    assert _bash(remote.alive_command(sleeper.pid)).stdout == "alive\n"
-    assert _bash(remote.alive_command(2 ** 22 + 1)).stdout == "dead\n"
+def test_the_tail_command_prints_the_last_lines_and_nothing_for_a_missing_log(tmp_path):
     log = tmp_path / "a log"
     log.write_text("".join(f"{i}\n" for i in range(80)))
     assert _bash(remote.tail_command(str(log), lines=3)).stdout == "77\n78\n79\n"

@@ -107,17 +107,6 @@ def test_the_package_version_command_prints_the_providers_version():
     assert (result.returncode, result.stdout.strip()) == (0, pytest.__version__)
 
 
-def test_digests_of_names_sha256sum_escapes_lose_the_escape(tmp_path):
-    """sha256sum prefixes the line of a name holding a newline or backslash with '\\'."""
-    plain, odd = tmp_path / "plain", tmp_path / "odd\nname"
-    plain.write_text("a")
-    odd.write_text("a")
-    result = _bash(remote.sha256_command([str(plain), str(odd)]))
-    assert result.stdout.split("\n")[1].startswith("\\")
-    digest = "ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb"
-    assert remote.parse_sha256(result.stdout) == [digest, digest]
-
-
 @pytest.mark.parametrize("key", ["", "line\nbreak", "carriage\rreturn", "-flag"])
 def test_api_keys_sglang_could_not_read_are_refused_with_the_rule(key):
     with pytest.raises(ValueError) as refused:

@@ -205,7 +205,6 @@ def test_sections_and_probe_quote_names_modules_and_folders(names, module, run_n
 
 
 @pytest.mark.parametrize("builder", [
-    lambda bad: remote.alive_command(bad),
     lambda bad: remote.watch_command("/x.log", bad),
     lambda bad: remote.tail_command("/x", bad),
     lambda bad: remote.stop_command(run_dir="/r", module="m", ports=[bad], grace_s=1),
@@ -225,16 +224,10 @@ def test_numbers_and_names_written_unquoted_refuse_anything_else(builder):
 
 
 @settings(max_examples=40, deadline=None)
-@given(name=hostile_name, module=hostile)
-def test_hash_and_version_commands_name_hostile_paths_and_modules_intact(name, module):
+@given(module=hostile)
+def test_the_version_command_names_a_hostile_module_intact(module):
     node = Node()
     try:
-        config, index = node.root / name / "config.json", node.root / name / "index.json"
-        config.parent.mkdir()
-        config.write_text("{}")
-        index.write_text("[]")
-        done = node.bash(remote.sha256_command([str(config), str(index)]))
-        assert done.returncode == 0 and len(remote.parse_sha256(done.stdout)) == 2, done.stderr
         done = node.bash(remote.package_version_command(sys.executable, module))
         assert done.returncode != 0  # no such package: refused by Python, never run by the shell
     finally:

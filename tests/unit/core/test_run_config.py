@@ -101,3 +101,10 @@ def test_a_missing_prompts_file_fails_in_one_line_naming_the_setting(tmp_path):
     assert "prompts_path" in str(caught.value) and "FLEETGEN_PROMPTS_PATH" in str(caught.value)
     (tmp_path / "absent.jsonl").write_text("")
     config.inputs.require_prompts_file()
+
+
+@pytest.mark.parametrize("mode, run_type, reuses", [
+    ("scheduled", "scheduled", True), ("scheduled", "manual", False), ("scheduled", None, False),
+    ("always", "manual", True), ("never", "scheduled", False)])
+def test_reuse_follows_the_mode_and_who_started_the_run(mode, run_type, reuses):
+    assert RunConfig.from_params({**PARAMS, "reuse_completions": mode}).generation.reuses(run_type) is reuses
