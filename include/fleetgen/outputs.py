@@ -42,7 +42,7 @@ STATS_COLUMNS = ("id", "prompt_tokens", "completion_tokens", "finish_reason", "r
 NUMBER_COLUMNS = ("prompt_tokens", "completion_tokens", "reasoning_chars", "content_chars", "latency_s",
                   "finished_at")
 CATEGORY_COLUMNS = ("finish_reason", "server", "reused_from")
-# Null on purpose: ``reused_from`` is the run folder a completion was copied from, null when generated tonight.
+# Null on purpose: ``reused_from`` is the run folder that generated a copied completion, null when generated tonight.
 OPTIONAL_STATS_COLUMNS = ("reused_from",)
 # An error record is {"id", "status", "error": {"code", "message"}, "server", "at"}; read flat as these.
 ERROR_COLUMNS = ("id", "code", "message", "server", "at")
@@ -130,12 +130,75 @@ class RunLayout:
             raise ValueError(f"unknown per-shard output kind {kind!r}; expected one of {SHARD_KINDS}")
         return self.root / kind
 
-    def shard_file(self, kind: str, shard_id: int, suffix: str = "jsonl") -> Path:
-        return self.kind_dir(kind) / f"shard-{shard_id:05d}.{suffix}"
+    def shard(self, shard_id: int) -> ShardPaths:
+        """Every file of one shard."""
+        return ShardPaths(self, shard_id)
+
+    def shard_file(self, kind: str, shard_id: int) -> Path:
+        """One shard's JSONL file of a data kind (completions, stats, errors, metrics, events, gpu, reuse)."""
+        return self.kind_dir(kind) / f"{_shard_stem(shard_id)}.jsonl"
 
     def shard_files(self, kind: str) -> list[Path]:
         """Every shard's file of one kind, in shard order."""
         return sorted(self.kind_dir(kind).glob("*.jsonl"))
+
+    def heartbeat_files(self) -> list[Path]:
+        """The heartbeats of the shard tries running now, or of tries that died without removing theirs."""
+        return sorted(self.kind_dir("shards").glob(f"shard-*.{ShardPaths.HEARTBEAT}"))
+
+    def lost_try_files(self) -> list[Path]:
+        """Every shard's record of its tries that died."""
+        return sorted(self.kind_dir("shards").glob(f"shard-*.{ShardPaths.LOST_TRIES}"))
+
+
+def _shard_stem(shard_id: int) -> str:
+    return f"shard-{shard_id:05d}"
+
+
+@dataclass(frozen=True)
+class ShardPaths:
+    """The bookkeeping files of one shard in ``shards/`` (and its data files through ``RunLayout.shard_file``):
+    every name is made here."""
+
+    layout: RunLayout
+    shard_id: int
+
+    PLAN = "json"                 # the byte range the shard reads, fixed at its first try
+    MARK = "mark.json"            # the resume mark: where the next try starts reading
+    LOCK = "lock"                 # flock of the try writing the output
+    LEASE = "lease.json"          # which try holds (or has claimed) the output
+    HEARTBEAT = "alive"           # the live try's heartbeat, touched while it runs
+    LOST_TRIES = "lost.jsonl"     # tries of this shard that died, one record each
+
+    def _bookkeeping(self, suffix: str) -> Path:
+        return self.layout.kind_dir("shards") / f"{_shard_stem(self.shard_id)}.{suffix}"
+
+    @property
+    def plan(self) -> Path:
+        return self._bookkeeping(self.PLAN)
+
+    @property
+    def mark(self) -> Path:
+        return self._bookkeeping(self.MARK)
+
+    @property
+    def lock(self) -> Path:
+        return self._bookkeeping(self.LOCK)
+
+    @property
+    def lease(self) -> Path:
+        return self._bookkeeping(self.LEASE)
+
+    @property
+    def heartbeat(self) -> Path:
+        return self._bookkeeping(self.HEARTBEAT)
+
+    @property
+    def lost_tries(self) -> Path:
+        return self._bookkeeping(self.LOST_TRIES)
+
+    def data(self, kind: str) -> Path:
+        return self.layout.shard_file(kind, self.shard_id)
 
 
 def calibration_file(output_root: str | Path) -> Path:

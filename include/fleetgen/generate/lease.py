@@ -82,8 +82,8 @@ class ShardLease:
         self.shard_id = shard_id
         self.holder = holder
         layout = RunLayout(root)
-        self.lock_path = layout.shard_file("shards", shard_id, "lock")
-        self.lease_path = layout.shard_file("shards", shard_id, "lease.json")
+        self.lock_path = layout.shard(shard_id).lock
+        self.lease_path = layout.shard(shard_id).lease
         self._lock_fd: int | None = None
         self._lease_fd: int | None = None  # keeps our lease file's inode from being reused
         self._lease_ino: int | None = None

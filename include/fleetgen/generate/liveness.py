@@ -36,8 +36,6 @@ from fleetgen.outputs import RunLayout
 HEARTBEAT_INTERVAL_S = 2.0
 STALE_AFTER_S = 15.0
 FIRST_BEAT_S = 0.5
-ALIVE_SUFFIX = "alive"
-LOST_SUFFIX = "lost.jsonl"
 
 
 def _iso(epoch_s: float) -> str:
@@ -49,8 +47,8 @@ class ShardHeartbeat:
 
     def __init__(self, layout: RunLayout, shard_id: int, *, try_number: int | None = None) -> None:
         self.shard_id = shard_id
-        self.path = layout.shard_file("shards", shard_id, ALIVE_SUFFIX)
-        self.lost_path = layout.shard_file("shards", shard_id, LOST_SUFFIX)
+        self.path = layout.shard(shard_id).heartbeat
+        self.lost_path = layout.shard(shard_id).lost_tries
         self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "try": try_number,
                       "token": uuid.uuid4().hex, "started_at": time.time()}
 
@@ -127,7 +125,7 @@ class FleetShare:
 
 def _live_heartbeats(layout: RunLayout, now: float, stale_after_s: float) -> list[dict]:
     beats = []
-    for path in layout.kind_dir("shards").glob(f"shard-*.{ALIVE_SUFFIX}"):
+    for path in layout.heartbeat_files():
         try:
             if now - path.stat().st_mtime <= stale_after_s:
                 beats.append(jsonio.loads(path.read_bytes()))
@@ -157,7 +155,7 @@ def fleet_share(layout: RunLayout, heartbeat: ShardHeartbeat, *, running_in_airf
 def lost_tries(layout: RunLayout) -> list[dict]:
     """Every dead try the run's shards recorded (``shards/shard-NNNNN.lost.jsonl``)."""
     records = []
-    for path in sorted(layout.kind_dir("shards").glob(f"shard-*.{LOST_SUFFIX}")):
+    for path in layout.lost_try_files():
         records.extend(jsonio.loads(line) for line in path.read_bytes().splitlines() if line.strip())
     return records
 

@@ -9,7 +9,7 @@ import pytest
 from generate_fakes import FakeFleet, fast_settings, write_prompts
 
 from fleetgen.generate import run_shard_async
-from fleetgen.generate.liveness import (ALIVE_SUFFIX, STALE_AFTER_S, FleetShare, ShardHeartbeat, dead_seconds, fleet_share,
+from fleetgen.generate.liveness import (STALE_AFTER_S, FleetShare, ShardHeartbeat, dead_seconds, fleet_share,
                                        lost_tries)
 from fleetgen.outputs import RunLayout
 
@@ -94,7 +94,7 @@ async def test_a_shard_resumed_after_a_killed_try_reports_it_and_removes_its_hea
     summary = await run_shard_async(shard, fleet.endpoints(), layout.root, fast_settings(), transport=fleet.transport())
     assert summary["done"] == 20
     assert summary["lost_try"]["try"] == 1 and summary["lost_try"]["dead_s"] >= 29
-    assert not list(layout.kind_dir("shards").glob(f"shard-*.{ALIVE_SUFFIX}")) and not killed.path.exists()
+    assert not layout.heartbeat_files() and not killed.path.exists()
     again = await run_shard_async(shard, fleet.endpoints(), layout.root, fast_settings(), transport=fleet.transport())
     assert again["lost_try"] is None
 
