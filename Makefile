@@ -37,7 +37,7 @@ $(SGLANG_SERVER_STAMP): $(SGLANG_STAMP) $(SGLANG_SERVER_INPUTS)
 	touch $(SGLANG_SERVER_STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m sglang_sim.demo
+	$(BIN)/python -m devstack.demo
 
 # The end-to-end tests also run the simulated nodes behind Debian's OpenSSH sshd (started unprivileged on
 # loopback by the tests themselves). Installed here when we are root; otherwise those variants are skipped.
@@ -81,15 +81,15 @@ mutation: $(MUTATION_STAMP)
 	$(BIN)/python scripts/mutation.py --workers $(MUTATION_WORKERS) $(if $(MODULES),--modules $(MODULES))
 
 ui: $(STAMP)
-	$(BIN)/python -m sglang_sim.ui
+	$(BIN)/python -m devstack.ui
 
 # Production-shaped Airflow (PostgreSQL + CeleryExecutor on Redis, two workers) against two simulated
 # nodes; see README "Running on a production Airflow". prod-down stops it.
 prod-up: $(STAMP)
-	$(BIN)/python -m sglang_sim.prod up
+	$(BIN)/python -m devstack.prod up
 
 prod-down: $(STAMP)
-	$(BIN)/python -m sglang_sim.prod down
+	$(BIN)/python -m devstack.prod down
 
 clean:
 	rm -rf .demo .prod .pytest_cache mutation/.work

@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from utilization import capacity  # noqa: E402  (one capacity formula for both benchmarks)
 
 from fleetgen.outputs import RunLayout  # noqa: E402
-from sglang_sim.demo import DEMO_API_KEY_FILE, SimEnvironment, airflow_cli, airflow_env, free_port_block  # noqa: E402
-from sglang_sim.prod import settings_document  # noqa: E402
-from sglang_sim.sessions import STOP_GRACE_S, terminate_sessions  # noqa: E402
+from devstack.demo import DEMO_API_KEY_FILE, SimEnvironment, airflow_cli, airflow_env, free_port_block  # noqa: E402
+from devstack.prod import settings_document  # noqa: E402
+from devstack.sessions import STOP_GRACE_S, terminate_sessions  # noqa: E402
 
 DAG_ID = "sglang_generation"
 SHARD_TASK = "generate.generate_shard"
@@ -64,7 +64,7 @@ def start_standalone(environment: SimEnvironment, pool: int, port: int) -> tuple
     home.mkdir(parents=True, exist_ok=True)
     subprocess.run(airflow_cli() + ["db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
     settings = environment.airflow_settings(pool_slots=pool)
-    subprocess.run([sys.executable, "-m", "sglang_sim.prod", "apply-settings"], env=env, check=True,
+    subprocess.run([sys.executable, "-m", "devstack.prod", "apply-settings"], env=env, check=True,
                    input=json.dumps(settings_document(settings)).encode())
     (home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": "bench"}))
     log = (environment.root / "standalone.log").open("wb")

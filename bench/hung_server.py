@@ -33,7 +33,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from sglang_sim.local_fleet import LocalSimFleet  # noqa: E402
+from devstack.local_fleet import LocalSimFleet  # noqa: E402
 from sglang_sim.synthetic import write_synthetic_prompts  # noqa: E402
 
 from fleetgen.generate import GenerationSettings, run_shard_async  # noqa: E402

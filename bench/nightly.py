@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from sglang_sim.demo import DAGS_TEST_ENV, SimEnvironment, airflow_cli, airflow_env, prepare_airflow
+from devstack.demo import DAGS_TEST_ENV, SimEnvironment, airflow_cli, airflow_env, prepare_airflow
 from sglang_sim.synthetic import synthetic_prompt
 
 NEW_SHARE = 0.02

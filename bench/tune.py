@@ -39,7 +39,7 @@ from fleetgen.tuning.profile import LaunchOptions, profile_model, weights_bytes_
 from fleetgen.tuning.workload import (KvDemand, RunObservation, decode_reserve_tokens, parse_metrics,
                                       plan_workload_server)
 from fleetgen.validation.stats_table import load_stats
-from sglang_sim.local_fleet import SEED_BASE_FLAGS, SEED_HAND_TUNED_FLAGS, LocalSimFleet, get_json
+from devstack.local_fleet import SEED_BASE_FLAGS, SEED_HAND_TUNED_FLAGS, LocalSimFleet, get_json
 from sglang_sim.synthetic import write_synthetic_prompts
 
 SERVERS = 7

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 
-from sglang_sim.local_fleet import LocalSimFleet  # noqa: E402
+from devstack.local_fleet import LocalSimFleet  # noqa: E402
 
 from fleetgen.generate import GenerationSettings, run_shard_async  # noqa: E402
 from fleetgen.generate.chat import CHAT_PATH, parse_chat_response, request_body  # noqa: E402

@@ -18,7 +18,7 @@ os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(PROJECT_ROOT / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__DAG_RUN_CONF_OVERRIDES_PARAMS", "True")
 os.environ.setdefault("FLEETGEN_RETRY_DELAY_S", "1")
 # dag.test() runs triggers inline: nothing can race a fast resume, so wait_ready does not hold its event
-# (the real-executor stacks, sglang_sim.prod and sglang_sim.ui, drop this and keep the product default).
+# (the real-executor stacks, devstack.prod and devstack.ui, drop this and keep the product default).
 os.environ.setdefault("FLEETGEN_RESUME_SETTLE_S", "0")
 
 import pytest  # noqa: E402

@@ -18,7 +18,7 @@ DAG_ID = "sglang_generation"
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
-    from sglang_sim.sessions import STOP_GRACE_S, terminate_sessions
+    from devstack.sessions import STOP_GRACE_S, terminate_sessions
     from sglang_sim.sshd import free_port, wait_for_port
 
     home = tmp_path_factory.mktemp("airflow-api")

@@ -38,7 +38,7 @@ NO_SCHEDULED_RUN = "0 0 29 2 *"
 @pytest.fixture(scope="module")
 def airflow_ui(tmp_path_factory):
     from sglang_sim.sshd import free_port
-    from sglang_sim.ui import AirflowUI
+    from devstack.ui import AirflowUI
 
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (make test does when run as root), or "

@@ -43,7 +43,7 @@ def ssh_server(request) -> str:
 @pytest.fixture(scope="module")
 def sim_env(tmp_path_factory, airflow_db, ssh_server):
     """One simulated 2 x B200 node reachable over SSH, with the settings of airflow_settings.yaml applied."""
-    from sglang_sim.demo import SimEnvironment
+    from devstack.demo import SimEnvironment
 
     environment = SimEnvironment(root=tmp_path_factory.mktemp("fleet"), gpus_per_node=2, prompts=120,
                                  sim={"time_scale": 400.0, "load_seconds": 4.0}, ssh_server=ssh_server).prepare().start()
@@ -82,7 +82,7 @@ def dag():
 def production_services() -> None:
     """PostgreSQL and Redis for the production-stack tests: skipped with what is missing and how to start
     it on a developer's machine, a failure under CI (CI=true), which always has them."""
-    from sglang_sim.prod import ServiceMissing, check_services
+    from devstack.prod import ServiceMissing, check_services
 
     try:
         check_services()

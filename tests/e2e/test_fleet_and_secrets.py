@@ -14,7 +14,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory, airflow_db):
     from fleetgen.airflow.apply_settings import apply_to_db
-    from sglang_sim.demo import SimEnvironment
+    from devstack.demo import SimEnvironment
     from fleetgen.airflow.settings_file import load_settings
 
     environment = SimEnvironment(root=tmp_path_factory.mktemp("two-nodes"), nodes=2, gpus_per_node=1, prompts=240,

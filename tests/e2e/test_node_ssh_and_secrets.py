@@ -32,7 +32,7 @@ def _connection(environment, host_key: str) -> str:
 @pytest.fixture
 def node(tmp_path, monkeypatch):
     """One simulated GPU whose server takes 8 s to load, behind its own SSH server (the tests kill it)."""
-    from sglang_sim.demo import SimEnvironment
+    from devstack.demo import SimEnvironment
     from sglang_sim.sshd import ensure_keys
 
     environment = SimEnvironment(root=tmp_path / "fleet", gpus_per_node=1, prompts=10,

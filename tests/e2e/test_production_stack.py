@@ -19,8 +19,8 @@ PROMPTS = 160
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, production_services):
-    from sglang_sim.demo import SimEnvironment, free_port_block
-    from sglang_sim.prod import ProdStack, drop_database
+    from devstack.demo import SimEnvironment, free_port_block
+    from devstack.prod import ProdStack, drop_database
 
     environment = SimEnvironment(root=tmp_path_factory.mktemp("prod"), nodes=2, gpus_per_node=1, prompts=PROMPTS,
                                  sim={"time_scale": 15.0, "load_seconds": 2.0}).prepare().start()

@@ -35,7 +35,7 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 
 def _free_port() -> int:
-    from sglang_sim.demo import free_port_block
+    from devstack.demo import free_port_block
 
     return free_port_block(1)
 

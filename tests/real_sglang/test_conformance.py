@@ -99,7 +99,7 @@ def _real_server(request, kind: str) -> real.RealServer:
 
 def _sim_server(request, tmp_path_factory, kind: str):
     reference = _real_server(request, kind)
-    from sglang_sim.demo import free_port_block
+    from devstack.demo import free_port_block
 
     with probes.SimServer(model_dir=reference.model_dir, port=free_port_block(1),
                           root=tmp_path_factory.mktemp(f"sim-{kind}"), flags=tuple(probes.sim_flags(reference))) as sim:

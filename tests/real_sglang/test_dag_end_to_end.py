@@ -27,7 +27,7 @@ MAX_TOKENS = 24
 def real_env(tmp_path_factory, tiny_models):
     """Two simulated GPUs on one node behind the embedded SSH server, Airflow's settings applied, and a fleet
     file whose servers are real SGLang."""
-    from sglang_sim.demo import SimEnvironment
+    from devstack.demo import SimEnvironment
 
     if not (Path(os.environ["AIRFLOW_HOME"]) / "airflow.db").exists():
         subprocess.run([str(Path(os.sys.executable).parent / "airflow"), "db", "migrate"], check=True,

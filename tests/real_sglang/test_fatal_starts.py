@@ -30,7 +30,7 @@ HINT_NAMES = {FailureKind.BAD_ARGS: "server.extra_args", FailureKind.PORT_IN_USE
 
 
 def _port() -> int:
-    from sglang_sim.demo import free_port_block
+    from devstack.demo import free_port_block
 
     return free_port_block(1)
 

@@ -106,7 +106,7 @@ def _scrape(url: str, done: threading.Event, peaks: dict) -> None:
 @pytest.fixture(scope="module", params=sorted(KIND_FLAGS))
 def real_run(request, tiny_models, tmp_path_factory) -> RealRun:
     """One server per kind, the load, then the server stopped (the tests read what it left)."""
-    from sglang_sim.demo import free_port_block
+    from devstack.demo import free_port_block
 
     kind = request.param
     port = free_port_block(1)

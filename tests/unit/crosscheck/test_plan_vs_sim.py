@@ -17,7 +17,7 @@ import httpx
 import pytest
 from sglang_sim.args import parse_args
 from sglang_sim.dryrun import StartupSizing, dry_run
-from sglang_sim.local_fleet import wait_healthy
+from devstack.local_fleet import wait_healthy
 from sglang_sim.modelcfg import load_model_dir
 from sglang_sim.resolve import resolve_launch
 from fleetgen.nodes.readiness import parse_server_info
@@ -192,3 +192,49 @@ def test_simulated_server_process_reports_the_seed_plan(xc, models, seed_node):
     log = proc.stdout.read()
     assert "The server is fired up and ready to roll!" in log
     assert log.count("KV Cache is allocated.") == 2  # the target's pool and the MTP draft worker's
+
+
+def test_data_parallel_replicas_each_get_the_single_gpu_plan(xc, models, seed_node):
+    """--dp-size 2 on two GPUs: two schedulers, each sizing its own GPU's pools as a tp-1 server does,
+    with no NCCL buffers (each replica's world is its own tp group)."""
+    single, _ = _plan_and_start(xc, seed_node, xc.Case(models.llama, (0,)))
+    replicas, sizing = _plan_and_start(xc, seed_node, xc.Case(models.llama, (2, 3), ("--dp-size", "2"), port=30002))
+    assert replicas.expected == single.expected and replicas.flags == single.flags
+    assert sizing.launch.dp == 2 and sizing.launch.tp == 1
+    assert xc.budget(replicas)["CUDA context of the new server"] == seed_node.sim.cuda_context_mib * MIB
+
+
+@pytest.mark.parametrize("extra_args", [(), ("--swa-full-tokens-ratio", "0.5"), ("--disable-hybrid-swa-memory",)])
+def test_sliding_window_model_plans_both_kv_pools_like_the_simulated_server(xc, models, seed_node, extra_args):
+    """gpt-oss: full KV on its 12 full layers, the 12 sliding layers in a separate pool of ratio x the
+    full pool's tokens; with --disable-hybrid-swa-memory every layer is in the one full pool."""
+    plan, sizing = _plan_and_start(xc, seed_node, xc.Case(models.gpt_oss, (0,), extra_args))
+    rows = xc.budget(plan)
+    if "--disable-hybrid-swa-memory" in extra_args:
+        assert "swa_max_total_num_tokens" not in plan.expected and "SWA KV pool" not in rows
+        assert sizing.plan.kv_cell_bytes == 24 * 8 * 128 * 2
+        return
+    ratio = 0.5 if extra_args else 0.8
+    full = plan.expected["max_total_num_tokens"]
+    assert plan.expected["swa_max_total_num_tokens"] == int(full * ratio) // 64 * 64  # trtllm_mha pages on B200
+    assert sizing.plan.kv_cell_bytes == 12 * 8 * 128 * 2
+    assert rows["SWA KV pool"] == plan.expected["swa_max_total_num_tokens"] * 12 * 8 * 128 * 2
+
+
+def test_readback_checks_every_replica_and_its_swa_pool(xc, models, seed_node):
+    """A gpt-oss server with two data-parallel replicas: /server_info has one internal state per replica,
+    each with its own request cap and SWA pool (memory_usage.token_capacity_swa); any replica off is a mismatch."""
+    plan, _ = _plan_and_start(xc, seed_node, xc.Case(models.gpt_oss, (0, 1), ("--dp-size", "2")))
+    expected = plan.expected
+
+    def state(swa_tokens):
+        return {"effective_max_running_requests_per_dp": expected["max_running_requests"],
+                "memory_usage": {"token_capacity": expected["max_total_num_tokens"], "token_capacity_swa": swa_tokens}}
+
+    info = {"max_total_num_tokens": expected["max_total_num_tokens"],
+            "internal_states": [state(expected["swa_max_total_num_tokens"])] * 2}
+    assert compare_expected(plan, parse_server_info(info, server=plan.server)) == []
+    info["internal_states"] = [state(expected["swa_max_total_num_tokens"]), state(expected["swa_max_total_num_tokens"] - 64)]
+    assert compare_expected(plan, parse_server_info(info, server=plan.server)) == [
+        f"{plan.server}: swa_max_total_num_tokens: expected {expected['swa_max_total_num_tokens']}, SGLang reports "
+        f"{expected['swa_max_total_num_tokens'] - 64} (internal_states[1].memory_usage.token_capacity_swa)"]

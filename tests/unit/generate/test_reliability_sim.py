@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from generate_fakes import shard_output
-from sglang_sim.local_fleet import LocalSimFleet
+from devstack.local_fleet import LocalSimFleet
 
 from fleetgen.generate import GenerationSettings, run_shard
 from fleetgen.prompts.scan import iter_prompt_ids, plan_shards, scan_prompts

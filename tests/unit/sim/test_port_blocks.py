@@ -3,7 +3,7 @@ that a DAG run launches, so two picks must never overlap and no outgoing connect
 
 import socket
 
-from sglang_sim.demo import _ephemeral_floor, free_port_block
+from devstack.demo import _ephemeral_floor, free_port_block
 
 
 def test_blocks_handed_out_never_overlap_even_from_the_same_start():

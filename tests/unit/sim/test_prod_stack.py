@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from sglang_sim import prod, sessions
-from sglang_sim.demo import SimEnvironment
+from devstack import prod, sessions
+from devstack.demo import SimEnvironment
 
 
 def _closed_port() -> int:

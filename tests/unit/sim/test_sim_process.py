@@ -8,7 +8,7 @@ import sys
 
 import httpx
 import pytest
-from sglang_sim.local_fleet import wait_healthy
+from devstack.local_fleet import wait_healthy
 from sglang_sim.node import create_node, write_faults
 from sglang_sim.presets import install_model
 

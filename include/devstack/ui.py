@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from sglang_sim.demo import PROJECT_ROOT, SimEnvironment, airflow_cli, airflow_env, prepare_airflow
-from sglang_sim.sessions import STOP_GRACE_S, terminate_sessions
+from devstack.demo import PROJECT_ROOT, SimEnvironment, airflow_cli, airflow_env, prepare_airflow
+from devstack.sessions import STOP_GRACE_S, terminate_sessions
 
 
 @dataclass
@@ -96,7 +96,7 @@ class AirflowUI:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang_sim.ui", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m devstack.ui", description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=str(PROJECT_ROOT / ".demo"))
     parser.add_argument("--port", type=int, default=8080, help="the Airflow UI's port")
     parser.add_argument("--password", default="admin", help="password of the 'admin' user")

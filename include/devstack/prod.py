@@ -6,7 +6,7 @@ of its own. Everything a multi-machine deployment must share is set once here an
 component: the metadata DB, broker and result backend, the JWT secret, API secret key and Fernet key,
 ``execution_api_server_url`` and the storage of prompts, outputs, logs and the SSH key file.
 
-``python -m sglang_sim.prod up`` starts it in the background and returns; ``down`` stops it.
+``python -m devstack.prod up`` starts it in the background and returns; ``down`` stops it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sglang_sim.demo import PROJECT_ROOT, SimEnvironment, airflow_cli
-from sglang_sim.sessions import STOP_GRACE_S, terminate_sessions
+from devstack.demo import PROJECT_ROOT, SimEnvironment, airflow_cli
+from devstack.sessions import STOP_GRACE_S, terminate_sessions
 
 DAG_ID = "sglang_generation"
 PG_ADMIN_URL = os.environ.get("FLEETGEN_PG_ADMIN_URL", "postgresql://root@127.0.0.1:5432/postgres")
@@ -180,7 +180,7 @@ class ProdStack:
             "AIRFLOW__API__PORT": str(self.api_port),
             "AIRFLOW__API__WORKERS": "1",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
-            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "sglang_sim.prod.worker_hostname",
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "devstack.prod.worker_hostname",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.root / "logs" / "tasks"),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.api_port + 1),
@@ -206,7 +206,7 @@ class ProdStack:
         env = self.env()
         subprocess.run(airflow_cli() + ["db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
         settings = self.environment.airflow_settings(pool_slots=self.pool_slots)
-        subprocess.run([sys.executable, "-m", "sglang_sim.prod", "apply-settings"], env=env, check=True,
+        subprocess.run([sys.executable, "-m", "devstack.prod", "apply-settings"], env=env, check=True,
                        input=json.dumps(settings_document(settings)).encode())
         (self.airflow_home / "simple_auth_manager_passwords.json.generated").write_text(
             json.dumps({"admin": self.admin_password}))
@@ -354,7 +354,7 @@ def down(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang_sim.prod", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m devstack.prod", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     start = commands.add_parser("up", help="create the DB, start every component in the background")
     stop = commands.add_parser("down", help="stop what `up` started")

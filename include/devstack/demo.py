@@ -2,7 +2,7 @@
 
 ``SimEnvironment`` lays out (idempotently) simulated GPU nodes, the model directory, SSH keys and a
 prompts file under one folder, starts one loopback SSH server per node, and produces the
-environment variables that ``airflow_settings.yaml`` expects. ``python -m sglang_sim.demo`` runs the
+environment variables that ``airflow_settings.yaml`` expects. ``python -m devstack.demo`` runs the
 whole DAG on it with ``airflow dags test`` and prints where everything is.
 """
 
@@ -345,7 +345,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang_sim.demo", description="Run the DAG end to end on a simulated fleet.")
+    parser = argparse.ArgumentParser(prog="python -m devstack.demo", description="Run the DAG end to end on a simulated fleet.")
     parser.add_argument("--dir", default=str(PROJECT_ROOT / ".demo"), help="where the simulated fleet and outputs live")
     parser.add_argument("--prompts", type=int, default=3000)
     parser.add_argument("--shard-size", type=int, default=1000)
