@@ -14,7 +14,8 @@ import shutil
 from pathlib import Path
 
 STATIC = Path(__file__).with_name("static")
-OFFLINE_FILES = ("offline.css", "offline.js")
+# Our files, copied into the site's static/ folder: (name, its sub-folder there).
+OFFLINE_FILES = (("offline.css", "styles"), ("offline.js", "scripts"))
 _EXTERNAL_LINK = re.compile(r"<link\b[^>]*\bhref=\"(?:https?:)?//[^\"]*\"[^>]*>", re.IGNORECASE)
 _EXTERNAL_SCRIPT = re.compile(r"<script\b[^>]*\bsrc=\"(?:https?:)?//[^\"]*\"[^>]*>\s*</script>", re.IGNORECASE)
 _EXTERNAL_IMAGE = re.compile(r"(<img\b[^>]*\bsrc=\")(?:https?:)?//[^\"]*?/([\w.-]+\.(?:png|svg|gif))(?:\?[^\"]*)?\"",
@@ -26,14 +27,15 @@ def _offline_page(text: str, static: str) -> str:
     text = _EXTERNAL_LINK.sub("", text)
     text = _EXTERNAL_SCRIPT.sub("", text)
     text = _EXTERNAL_IMAGE.sub(lambda match: f'{match.group(1)}{static}/images/{match.group(2)}"', text)
-    offline = (f'<link rel="stylesheet" href="{static}/styles/offline.css">\n'
-               f'<script src="{static}/scripts/offline.js"></script>')
+    (css, css_dir), (js, js_dir) = OFFLINE_FILES
+    offline = (f'<link rel="stylesheet" href="{static}/{css_dir}/{css}">\n'
+               f'<script src="{static}/{js_dir}/{js}"></script>')
     return text.replace("</head>", f"{offline}\n</head>", 1)
 
 
 def make_offline(site: Path) -> int:
     """Rewrite every HTML page under ``site`` (a Data Docs folder); returns how many pages were rewritten."""
-    for name, folder in (("offline.css", "styles"), ("offline.js", "scripts")):
+    for name, folder in OFFLINE_FILES:
         (site / "static" / folder).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(STATIC / name, site / "static" / folder / name)
     pages = 0
