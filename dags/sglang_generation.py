@@ -5,6 +5,7 @@ Wiring only: every task calls fleetgen (include/fleetgen). Nothing here reads fi
 
 from __future__ import annotations
 
+import inspect
 import os
 from datetime import timedelta
 
@@ -13,11 +14,12 @@ from airflow.sdk import DAG, Asset, TaskGroup, task
 from airflow.timetables.trigger import CronTriggerTimetable
 
 from fleetgen.airflow import failures, generate_tasks, server_tasks, tasks, validate_tasks
-from fleetgen.airflow.operators import WaitReadyOperator
+from fleetgen.airflow.operators import WAIT_READY_DOC, WaitReadyOperator
 from fleetgen.airflow.params import dag_params
-from fleetgen.airflow.task_docs import NODE_LABEL, SERVER_LABEL, SHARD_LABEL, TASK_DOCS
+from fleetgen.tuning.planner import MAX_BACKOFF_ATTEMPTS
+from fleetgen.airflow.task_labels import NODE_LABEL, SERVER_LABEL, SHARD_LABEL
 
-DOC_MD = """
+DOC_MD = f"""
 ### SGLang offline generation on a GPU fleet
 1. **tune**: `load_fleet` reads the fleet description, `probe_gpus` runs `nvidia-smi` on every node over SSH,
    `scan_prompts` validates the prompts file (prompts too long for the context go to `rejects.jsonl`),
@@ -26,16 +28,18 @@ DOC_MD = """
    With **dry_run** the run stops here.
 2. **servers**: keep our servers already running tonight's plan (their `/server_info` flags, model path and SGLang
    version equal it, `/health` is 200; **relaunch_servers** forces a full relaunch); stop the others (pid file +
-   command line check), verify the memory came back, launch one server per GPU/TP group under `setsid`, then wait (deferred) until each is ready and read back the
-   *effective* limits from `/server_info`. A memory error re-plans that server one step smaller (3 times at most).
+   command line check), verify the memory came back, launch one server per GPU/TP group under `setsid`, then wait
+   (deferred) until each is ready and read back the *effective* limits from `/server_info`. A memory error re-plans
+   that server one step smaller ({MAX_BACKOFF_ATTEMPTS} times at most).
 3. **generate**: one mapped task per shard; each first copies the completions of the last successful run whose
-   prompt, model (`model_identity`: path, config and index hashes) and sampling are unchanged
+   prompt, model (`model_identity`: weights, config, tokenizer, chat template, SGLang version…) and sampling are
+   unchanged
    (**reuse_completions**), then keeps every server at its effective limit × headroom and resumes from its
    checkpoint when retried. Each shard also samples the servers' `/metrics` and the nodes' `nvidia-smi`.
 4. **validate**: Great Expectations over the per-completion stats (one completion per prompt, token and finish
    reason bounds); **report**: throughput overall / per GPU / per server and the comparison with the previous run.
 
-Outputs: `{output_root}/{run_id}/` (`completions/`, `errors/`, `stats/`, `validation/`, `report/`).
+Outputs: `{{output_root}}/{{run_id}}/` (`completions/`, `errors/`, `stats/`, `validation/`, `report/`).
 """
 
 # Every parameter is declared once, in fleetgen.airflow.run_config (form title, section, bounds, description).
@@ -48,6 +52,12 @@ SCHEDULE = CronTriggerTimetable(os.environ.get("FLEETGEN_SCHEDULE", "0 2 * * *")
 # Downstream training DAGs can be scheduled on this Asset; each event's extra names the run's folder.
 GENERATED_DATASET = Asset(name="sglang_generation_completions", uri="file:///fleetgen/sglang_generation/completions",
                           group="fleetgen")
+
+
+def _task(python_callable, **kwargs):
+    """A task documented by its callable's docstring (a mapped task does not take it by itself)."""
+    return task(python_callable, doc_md=inspect.getdoc(python_callable), **kwargs)
+
 
 # The fleet description as the tasks that need it read it: load_fleet's XCom, pulled when the task renders.
 FLEET = "{{ ti.xcom_pull(task_ids='load_fleet') }}"
@@ -75,60 +85,56 @@ with DAG(
 ) as dag:
     # The fleet description reaches the tasks that need it through a template, not as an argument: one edge
     # from load_fleet instead of one to nearly every task, so the graph reads like the job.
-    fleet = task(tasks.load_fleet, task_id="load_fleet", doc_md=TASK_DOCS["load_fleet"])()
-    nodes = task(tasks.node_names, task_id="node_names", doc_md=TASK_DOCS["node_names"])(fleet)
+    fleet = _task(tasks.load_fleet, task_id="load_fleet")()
+    nodes = _task(tasks.node_names, task_id="node_names")(fleet)
 
     with TaskGroup("tune") as tune:
-        inventories = task(tasks.probe_gpus, task_id="probe_gpus", map_index_template=NODE_LABEL,
-                           doc_md=TASK_DOCS["tune.probe_gpus"]).partial(fleet=FLEET).expand(node=nodes)
+        inventories = _task(tasks.probe_gpus, task_id="probe_gpus", map_index_template=NODE_LABEL).partial(
+            fleet=FLEET).expand(node=nodes)
         # Reads the model's config.json over SSH (its context length) besides the prompts file: transient
         # errors retry, the prompts file's own problems fail at once (fail_fast).
-        prompt_scan = task(tasks.scan_prompts, task_id="scan_prompts", doc_md=TASK_DOCS["tune.scan_prompts"])(FLEET)
-        plans = task(tasks.derive_plan, task_id="derive_plan", doc_md=TASK_DOCS["tune.derive_plan"])(
+        prompt_scan = _task(tasks.scan_prompts, task_id="scan_prompts")(FLEET)
+        plans = _task(tasks.derive_plan, task_id="derive_plan")(
             FLEET, inventories, prompt_scan)
-        identity = task(tasks.model_identity, task_id="model_identity", doc_md=TASK_DOCS["tune.model_identity"])(
+        identity = _task(tasks.model_identity, task_id="model_identity")(
             FLEET)
-        live = task.short_circuit(tasks.go_live, task_id="go_live", doc_md=TASK_DOCS["tune.go_live"])()
+        live = task.short_circuit(tasks.go_live, task_id="go_live", doc_md=inspect.getdoc(tasks.go_live))()
         plans >> live
     fleet >> [prompt_scan, identity]
 
     with TaskGroup("servers") as servers:
-        stopped = task(server_tasks.stop_servers, task_id="stop_servers", map_index_template=NODE_LABEL,
-                       doc_md=TASK_DOCS["servers.stop_servers"]).partial(fleet=FLEET, plans=plans).expand(
-            node=nodes)
-        launched = task(server_tasks.launch_servers, task_id="launch_servers", retries=0,
-                        map_index_template=NODE_LABEL, doc_md=TASK_DOCS["servers.launch_servers"]).partial(
+        stopped = _task(server_tasks.stop_servers, task_id="stop_servers", map_index_template=NODE_LABEL).partial(
+            fleet=FLEET, plans=plans).expand(node=nodes)
+        # Retried with the default retries: a try finds the servers an earlier one launched (server_tasks).
+        launched = _task(server_tasks.launch_servers, task_id="launch_servers",
+                         map_index_template=NODE_LABEL).partial(
             fleet=FLEET, plans=plans, stopped=stopped).expand(node=nodes)
-        to_wait = task(server_tasks.flatten, task_id="servers_to_wait",
-                       doc_md=TASK_DOCS["servers.servers_to_wait"])(launched)
+        to_wait = _task(server_tasks.flatten, task_id="servers_to_wait")(launched)
         readiness = WaitReadyOperator.partial(
             task_id="wait_ready", fleet=FLEET, timeout_s="{{ params.ready_timeout_s }}", retries=0,
-            map_index_template=SERVER_LABEL, doc_md=TASK_DOCS["servers.wait_ready"],
+            map_index_template=SERVER_LABEL, doc_md=WAIT_READY_DOC,
             # unset: the trigger's default hold against Airflow's fast-resume race (airflow/triggers.py)
             resume_settle_s=os.environ.get("FLEETGEN_RESUME_SETTLE_S"),
         ).expand(server=to_wait)
         live >> stopped >> launched
 
     with TaskGroup("generate") as generate:
-        shards = task(generate_tasks.plan_shards, task_id="plan_shards", doc_md=TASK_DOCS["generate.plan_shards"])(
+        shards = _task(generate_tasks.plan_shards, task_id="plan_shards")(
             prompt_scan)
-        results = task(generate_tasks.generate_shard, task_id="generate_shard", retries=3, pool="fleetgen_fleet",
-                       max_active_tis_per_dagrun=16, map_index_template=SHARD_LABEL,
-                       doc_md=TASK_DOCS["generate.generate_shard"]).partial(
+        results = _task(generate_tasks.generate_shard, task_id="generate_shard", retries=3, pool="fleetgen_fleet",
+                       max_active_tis_per_dagrun=16, map_index_template=SHARD_LABEL).partial(
             readiness=readiness.output, fleet=FLEET, model_identity=identity).expand(shard=shards)
         readiness >> shards
 
     with TaskGroup("validate") as validate_group:
-        validation = task(validate_tasks.validate, task_id="validate", retries=0, doc_md=TASK_DOCS["validate.validate"])(
+        validation = _task(validate_tasks.validate, task_id="validate", retries=0)(
             prompt_scan, results)
-        run_report = task(validate_tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET],
-                          doc_md=TASK_DOCS["validate.report"])(
+        run_report = _task(validate_tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET])(
             plans, readiness.output, results, validation, identity, FLEET)
 
-    released = task(server_tasks.release_servers, task_id="release_servers", trigger_rule="all_done",
-                    map_index_template=NODE_LABEL, doc_md=TASK_DOCS["release_servers"]).partial(
+    released = _task(server_tasks.release_servers, task_id="release_servers", trigger_rule="all_done",
+                    map_index_template=NODE_LABEL).partial(
         fleet=FLEET).expand(node=nodes)
     [run_report, readiness] >> released
-    outcome = task(failures.run_outcome, task_id="run_outcome", trigger_rule="one_failed", retries=0,
-                   doc_md=TASK_DOCS["run_outcome"])()
+    outcome = _task(failures.run_outcome, task_id="run_outcome", trigger_rule="one_failed", retries=0)()
     [run_report, released] >> outcome

@@ -104,6 +104,14 @@ def test_every_task_has_docs_and_every_mapped_task_a_label(dagbag):
         assert t.map_index_template, t.task_id
 
 
+def test_the_relaunch_limit_the_docs_state_is_the_planners(dagbag):
+    from fleetgen.tuning.planner import MAX_BACKOFF_ATTEMPTS
+
+    dag = dagbag.dags["sglang_generation"]
+    stated = f"({MAX_BACKOFF_ATTEMPTS} times at most)"
+    assert stated in dag.doc_md and stated in dag.get_task("servers.wait_ready").doc_md
+
+
 def test_the_fleet_reaches_tasks_through_one_edge(dagbag):
     """load_fleet is upstream of node_names and the two first readers of the model (scan_prompts,
     model_identity) only: the other tasks pull it when they render."""

@@ -132,9 +132,10 @@ def outcome_message(task_states: dict[str, str], records: list[dict]) -> str:
 
 
 def run_outcome() -> None:
-    """Runs only when a task failed (trigger rule one_failed): names the failed tasks and their first error
-    line, and keeps the run failed although the release_servers clean-up, a leaf that runs whatever
-    happened, succeeded."""
+    """Runs only when a task failed: names the failed tasks and their first error line, and keeps the run failed
+    (the `release_servers` clean-up, which runs whatever happened, may have succeeded). The *Failures* link lists
+    every failure of the run with what to check next.
+    """
     from fleetgen.airflow.context import run_context
 
     context, _, layout = run_context()

@@ -13,12 +13,26 @@ from fleetgen.nodes import readiness
 from fleetgen.errors import FleetgenError, HostUnreachable, PlanError, ServerNotReady, ServerStartupError
 from fleetgen.nodes.reconnect import DEFAULT_COMMAND_TIMEOUT_S, DEFAULT_RECONNECT_ATTEMPTS, DEFAULT_RECONNECT_BUDGET_S
 from fleetgen.nodes.fleet import ServerSlot, fleet_from_json
+from fleetgen.tuning.planner import MAX_BACKOFF_ATTEMPTS
 
 log = logging.getLogger(__name__)
 
 
+# The task's documentation in the UI (its Details tab).
+WAIT_READY_DOC = f"""
+**Waits (deferred, in the triggerer) until one server is ready** (labelled `host:port (GPU ids)`), watching its log
+for SGLang's fatal lines; reads the *effective* limits from `/server_info`. A memory error re-plans that server
+one step smaller and relaunches it ({MAX_BACKOFF_ATTEMPTS} times at most).
+
+*When it fails*: the log's first lines say SGLang's own fatal line and which DAG parameter to change
+(`memory_margin_mib`, `max_running_requests`, `bf16_ssm_state`, ...), or that the wait timed out
+(`ready_timeout_s`).
+"""
+
+
 class WaitReadyOperator(BaseOperator):
-    """Wait (deferred, in the triggerer) for one server; return its effective limits.
+    """Wait (deferred, in the triggerer) for one server; return its effective limits (``WAIT_READY_DOC`` is what
+    the UI shows).
 
     On an SGLang memory error the server's plan is backed off one step (``fleetgen.tuning.planner.backoff``)
     and the server alone is relaunched; when ``backoff`` finds no smaller plan (its relaunch limit,
@@ -34,6 +48,7 @@ class WaitReadyOperator(BaseOperator):
                  ssh_reconnect_budget_s: Any = DEFAULT_RECONNECT_BUDGET_S,
                  ssh_command_timeout_s: Any = DEFAULT_COMMAND_TIMEOUT_S, resume_settle_s: float | None = None,
                  **kwargs) -> None:
+        kwargs.setdefault("doc_md", WAIT_READY_DOC)
         super().__init__(**kwargs)
         self.server = server
         self.fleet = fleet

@@ -15,7 +15,12 @@ log = logging.getLogger("fleetgen")
 
 @fail_fast
 def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dict:
-    """Keep our servers that already run tonight's plan; stop the others (all of them without ``plans``)."""
+    """**Keeps our servers that already run tonight's plan on one node and stops the others** (only ours: pid file
+    and command line must match; all of them with `relaunch_servers`), TERM then KILL, and waits until the GPU
+    memory is back.
+
+    *When it fails*: memory did not come back (another process holds the GPU) or SSH failed.
+    """
     _, config, _ = run_context()
     spec = fleet_from_json(fleet)
     ports = list(spec.node(node).ports)
@@ -47,7 +52,8 @@ def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dic
 
 @fail_fast
 def release_servers(node: str, fleet: dict) -> dict:
-    """After the run: stop our servers if the run asked for it (the default keeps them up for the next run)."""
+    """Stops our servers after the run unless `keep_servers_up` is set (the default keeps them up for the next
+    run); runs whatever happened."""
     _, config, _ = run_context()
     if config.inputs.keep_servers_up:
         log.info("keep_servers_up is set: servers on %s stay up for the next run", node)
@@ -57,7 +63,14 @@ def release_servers(node: str, fleet: dict) -> dict:
 
 @fail_fast
 def launch_servers(node: str, fleet: dict, plans: list[dict], stopped: list[dict] | None = None) -> list[dict]:
-    """Launch the node's servers that ``stop_servers`` did not keep; a kept one is passed on as running."""
+    """**Launches one SGLang server per GPU / TP group on one node** under `setsid`, with the plan's flags; pid and log
+    files go to the node's run directory.
+
+    A server `stop_servers` kept is passed on as running.
+
+    *When it fails*: SSH (retried: a retry passes on the servers an earlier try launched with the same command
+    line, never launching one twice), or the server's Python/module in the fleet description is wrong.
+    """
     spec = fleet_from_json(fleet)
     slots = [slot for slot in spec.servers() if slot.node == node]
     plan_by_port = {(p["host"], p["port"]): p for p in plans}
@@ -70,11 +83,27 @@ def launch_servers(node: str, fleet: dict, plans: list[dict], stopped: list[dict
     log.info("Launching %d server(s) on %s; %d kept running", len(to_launch), node, len(launched))
     if to_launch:
         with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
-            launched += [lifecycle.launch_server(shell, spec, slot, plan_by_port[(slot.node, slot.port)], key)
-                         for slot in to_launch]
+            earlier, other_plan = lifecycle.already_launched(shell, spec, to_launch, plan_by_port, key)
+            if other_plan:
+                log.warning("ports %s run a server of ours launched with another command line after stop_servers "
+                            "(pids %s): stopping them to launch tonight's plan", sorted(other_plan),
+                            sorted(other_plan.values()))
+                records = lifecycle.stop_ports(shell, spec, sorted(other_plan))
+                lifecycle.wait_memory_released(shell, spec, node, {r["pid"] for r in records
+                                                                    if r["outcome"] == "stopped"})
+            for slot in to_launch:
+                plan = plan_by_port[(slot.node, slot.port)]
+                if slot.port in earlier:
+                    log.info("%s: already launched by an earlier try of this task (pid %s, same command line); "
+                             "not launched again", slot.name, earlier[slot.port])
+                    launched.append(lifecycle.launch_record(spec, slot, plan, earlier[slot.port], kept=False))
+                else:
+                    launched.append(lifecycle.launch_server(shell, spec, slot, plan, key))
     log.info("Servers on %s: pids %s", node, [s["pid"] for s in launched])
     return launched
 
 
 def flatten(nested: list[list[dict]]) -> list[dict]:
+    """Flattens the launched servers into one list: what `wait_ready` is mapped over.
+    """
     return [item for group in mapped_values(nested) for item in group]

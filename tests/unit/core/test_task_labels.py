@@ -2,7 +2,7 @@
 
 import jinja2
 
-from fleetgen.airflow.task_docs import NODE_LABEL, SERVER_LABEL, SHARD_LABEL
+from fleetgen.airflow.task_labels import NODE_LABEL, SERVER_LABEL, SHARD_LABEL
 
 
 class _Task:
