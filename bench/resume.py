@@ -7,7 +7,7 @@ process, times what a retried task does before its first request: open the shard
 torn line, rebuild the missing stats row, load the finished ids) and read the shard's prompts from
 the mark on to find the ones still to do. Peak memory is that process's maximum RSS, interpreter
 included. The completion text is kept short here: resume reads
-only the last chunk of the completions file (tests/unit/generate/test_shard_store.py checks it).
+only the last chunk of the completions file (tests/unit/generate/test_store.py checks it).
 
 Usage: python bench/resume.py [--finished 1000000] [--keep DIR]
 Last line: resume seconds=<x.xx> peak_mib=<n> completions=<n>

@@ -69,7 +69,7 @@ def _trigger(launched: dict, **budget):
     return ReadinessTrigger(server={k: launched[k] for k in ("node", "name", "url", "port", "gpu_ids")},
                             ssh_conn_id=CONN_ID, log_path=launched["log_path"], pid=launched["pid"], timeout_s=120,
                             poll_s=0.5, context={"launched": launched, "attempt": 0},
-                            resume_settle_s=0.0, **budget)  # the hold: tests/unit/core/test_resume_hold.py
+                            resume_settle_s=0.0, **budget)  # the hold: tests/unit/airflow/test_triggers_resume_hold.py
 
 
 async def _first_event(trigger) -> dict:

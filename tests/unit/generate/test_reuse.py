@@ -17,7 +17,6 @@ from fleetgen.generate.reuse import (LINE_CHANGED, SOURCE_UNREADABLE, changed_pa
 from fleetgen.outputs import RunLayout
 from fleetgen.prompts.scan import Prompt, plan_shards
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validate"))
 from validate_fixtures import FileAccessWatch  # noqa: E402
 
 pytestmark = pytest.mark.anyio

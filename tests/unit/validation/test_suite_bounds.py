@@ -228,3 +228,23 @@ def test_distinct_errors_of_one_expectation_are_all_named_once():
             "metric-d": {"raised_exception": False, "exception_message": "ignored"}}
     assert suite._raised_error(info) == "column missing; bad dtype"
     assert suite._raised_error({}) is None
+
+
+def test_a_prompts_own_max_tokens_bounds_its_completion_instead_of_the_runs(tmp_path):
+    data = rows()
+    data[3]["completion_tokens"] = 8 * MAX_TOKENS  # its prompt asked for up to 8x the run's budget
+    data[7]["completion_tokens"] = 600  # its prompt asked for at most 500
+    own = {"p00003": 8 * MAX_TOKENS, "p00007": 500}
+    summary = validate_run(write_run(tmp_path / "run", data), ids(), THRESHOLDS, build_docs=False,
+                           raise_on_failure=False, own_max_tokens=own)
+    check = entries(summary)["completion_tokens_in_range"]
+    assert (check["observed"], check["sample_ids"]) == (1, ["p00007"])
+    assert check["bound"] == ("0 rows outside [1, 1000] (2 prompt(s) bounded by their own sampling.max_tokens "
+                              "instead)")
+
+
+def test_ids_that_differ_only_by_a_trailing_nul_are_two_prompts(tmp_path):
+    data = [good_row(0, id="z"), good_row(1, id="z\u0000"), *rows()[2:]]
+    summary = validate_run(write_run(tmp_path / "run", data), ["z", "z\u0000", *ids()[2:]], THRESHOLDS,
+                           build_docs=False, raise_on_failure=False)
+    assert summary["missing"]["count"] == 0 and summary["duplicates"]["count"] == 0 and summary["success"]

@@ -39,7 +39,6 @@ def test_units_and_no_processes():
 @pytest.mark.parametrize("gpus, message", [
     ("0, GPU-a, NVIDIA B200, 183359, 1\n", "expected 6 fields"),
     ("x, GPU-a, NVIDIA B200, 183359, 1, 2\n", "GPU index 'x'"),
-    ("0, GPU-a, NVIDIA B200, [N/A], 1, 2\n", "reports memory.total as '[N/A]'"),
     ("", "listed no GPUs"),
 ])
 def test_bad_gpu_csv_names_host_and_line(gpus, message):
@@ -57,3 +56,38 @@ def test_select_gpus_missing_index():
     inventory = probe.parse_probe_output(_output(), host="n")
     with pytest.raises(ProbeError, match=r"names GPU\(s\) \[5\]"):
         probe.select_gpus(inventory, [0, 5])
+
+
+BROKEN = GPUS.replace("21650, 161709", "[GPU requires reset], [GPU requires reset]").replace(
+    "183359, [GPU", "[GPU requires reset], [GPU")
+
+
+def test_a_gpu_that_requires_reset_is_refused_naming_host_and_gpu_with_what_to_do():
+    with pytest.raises(ProbeError) as error:
+        probe.select_gpus(probe.parse_probe_output(_output(gpus=BROKEN), host="node7"), [0, 1])
+    assert str(error.value).startswith("[host node7] GPU 1 (GPU-7c6b5a49-3e2d-4f1c-8b0a-9e8d7c6b5a4f): nvidia-smi "
+                                       "reports memory.total as '[GPU requires reset]'")
+    assert "`nvidia-smi --gpu-reset -i 1`" in error.value.hint and "reboot node7" in error.value.hint
+    assert "leave GPU 1 out of the node's gpus / tp_groups in the fleet file" in error.value.hint
+
+
+def test_a_broken_gpu_the_fleet_leaves_out_does_not_stop_the_probe():
+    inventory = probe.parse_probe_output(_output(gpus=BROKEN, apps=APPS.replace("21138", "[GPU requires reset]")),
+                                         host="node7")
+    assert [gpu["index"] for gpu in probe.select_gpus(inventory, [0])] == [0]
+    assert inventory["gpus"][1]["processes"][0]["used_mib"] == 0
+    assert "GPU 1 NVIDIA B200: unusable, nvidia-smi reports memory.total as [GPU requires reset]" in (
+        probe.format_inventory(inventory))
+
+
+@pytest.mark.parametrize("value, advice", [
+    ("[N/A]", "check the driver and MIG mode"),
+    ("[Not Supported]", "check the driver and MIG mode"),
+    ("[Unknown Error]", "Xid errors in `dmesg`"),
+])
+def test_every_bracketed_nvidia_smi_value_names_the_gpu_and_says_what_to_do(value, advice):
+    gpus = f"0, GPU-a, NVIDIA B200, 183359, {value}, {value}\n"
+    with pytest.raises(ProbeError) as error:
+        probe.select_gpus(probe.parse_probe_output(_output(gpus=gpus, apps=""), host="n"), [0])
+    assert f"GPU 0 (GPU-a): nvidia-smi reports memory.used as '{value}'" in str(error.value)
+    assert advice in error.value.hint and "leave GPU 0 out" in error.value.hint

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-
 import pytest
 from validate_fixtures import error_row, good_row, write_jsonl, write_run
-
 from fleetgen.errors import ConfigError, ValidationFailed
 from fleetgen.validation.suite import STATS_COLUMNS, ValidationThresholds, load_errors, load_stats
-
+import logging
+from fleetgen.validation.stats_table import STATS_COLUMNS, load_stats
 
 @pytest.mark.parametrize("changes", [
     {"max_tokens": 0}, {"max_tokens": 1.5}, {"max_tokens": True},
@@ -92,3 +91,10 @@ def test_load_errors_flattens_the_error_object(tmp_path):
     assert errors["message"].tolist() == ["internal error"] * 2
     assert errors["server"].tolist() == ["node-a:30000", "node-b:30000"]
     assert len(load_errors(tmp_path / "nothing-here")) == 0
+
+
+def test_no_stats_files_is_an_empty_table_and_a_warning(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="fleetgen.validation.stats_table"):
+        stats = load_stats(tmp_path)
+    assert stats.empty and list(stats.columns) == list(STATS_COLUMNS)
+    assert [record.getMessage() for record in caplog.records] == [f"no stats files under {tmp_path / 'stats'}"]

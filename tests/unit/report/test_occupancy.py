@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from test_report import ROWS, report_of
+from report_fixtures import ROWS, report_of
 from validate_fixtures import SERVERS, T0, good_row, write_jsonl, write_run
 
 from fleetgen.outputs import RunLayout
+from fleetgen.report.build import build_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -105,7 +107,7 @@ def test_gpu_utilisation_power_and_energy_per_million_tokens(tmp_path):
 
 def test_kept_and_relaunched_servers_are_counted(tmp_path):
     from fleetgen.report.build import build_report
-    from test_report import plan_and_readiness
+    from report_fixtures import plan_and_readiness
 
     out = run_with_series(tmp_path, {})
     plan, readiness = plan_and_readiness(40)
@@ -125,7 +127,42 @@ def test_reused_completions_count_in_the_run_but_not_in_tonights_throughput(tmp_
         row.update(reused_from="night1", finished_at=T0 - 86_400)  # copied from yesterday's run
     out = write_run(tmp_path / "run", data)
     _, report = report_of(out, "run")
-    assert report["reuse"] == {"reused": 100, "generated": ROWS - 100, "from_runs": {"night1": 100}}
+    assert report["reuse"] == {"reused": 100, "generated": ROWS - 100, "from_runs": {"night1": 100},
+                               "source_runs": [], "regenerated": {}, "passed_over": [], "changed": None}
     assert report["totals"]["completions"] == ROWS - 100
     assert report["timing"]["first_start"] == T0 + 100 * 0.1  # yesterday's timestamps do not stretch the span
     assert "reused unchanged from earlier runs: 100 (night1)" in (out / "report" / "report.md").read_text()
+
+
+def test_the_reuse_section_says_what_was_generated_again_passed_over_or_changed(tmp_path):
+    from fleetgen.generate.reuse import SOURCE_UNREADABLE
+
+    data = [good_row(index) for index in range(ROWS)]
+    for row in data[:100]:
+        row.update(reused_from="night1", finished_at=T0 - 86_400)
+    out = write_run(tmp_path / "run", data)
+    torn = {"run": "night3", "reason": "/out/night3/reuse/index.npy is 99 bytes, its index.json recorded 4128"}
+
+    def shard(shard_id: int, regenerated: int) -> dict:
+        return {"shard_id": shard_id, "done": 1, "failed": 0, "seconds": 1.0,
+                "reuse": {"source": "night2", "skipped": [torn], "changed": None,
+                          "regenerated": {SOURCE_UNREADABLE: regenerated}}}
+
+    build_report(out, run_id="run", plan=None, readiness=None, shard_results=[shard(0, 7), shard(1, 5)],
+                 validation=None, previous_report=None)
+    report = json.loads((out / "report" / "report.json").read_text())["reuse"]
+    assert report["source_runs"] == ["night2"] and report["regenerated"] == {SOURCE_UNREADABLE: 12}
+    assert report["passed_over"] == [torn] and report["changed"] is None
+    text = (out / "report" / "report.md").read_text()
+    assert f"copied from run night2; generated again because their earlier copy could not be used: 12 " \
+           f"({SOURCE_UNREADABLE})" in text
+    assert "passed over run night3: /out/night3/reuse/index.npy is 99 bytes" in text
+
+    changed = {"shard_id": 0, "done": ROWS, "failed": 0, "seconds": 1.0,
+               "reuse": {"source": None, "skipped": [], "regenerated": {},
+                         "changed": {"run": "night2", "parts": ["model.chat_template", "model.weights"]}}}
+    build_report(out, run_id="run", plan=None, readiness=None, shard_results=[changed], validation=None,
+                 previous_report=None)
+    assert json.loads((out / "report" / "report.json").read_text())["reuse"]["changed"] == changed["reuse"]["changed"]
+    assert "nothing reused from run night2: changed since model.chat_template, model.weights" in \
+        (out / "report" / "report.md").read_text()

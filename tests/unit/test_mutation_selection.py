@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "mutation.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mutation.py"
 
 
 @pytest.fixture

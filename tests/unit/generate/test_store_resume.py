@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from fleetgen.errors import OutputError, ShardLeaseBusy
+from fleetgen.errors import OutputError, PromptsError, ShardLeaseBusy
 from fleetgen.generate.store import ShardStore
 from fleetgen.prompts.length import LengthLimit
 from fleetgen.prompts.scan import plan_shards, scan_prompts
@@ -125,3 +125,85 @@ def test_a_lock_file_that_cannot_be_opened_is_named(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert caught.value.errno == errno.EACCES and caught.value.path.endswith(".lock")
     assert caught.value.path.startswith(str(tmp_path / "shards"))
+
+
+def _prompt_line(prompt_id):
+    return json.dumps({"id": prompt_id, "prompt": f"say {prompt_id}"}) + "\n"
+
+
+def _half_done_second_shard(tmp_path, *, last_newline=True):
+    """Six prompts in shards of three; the second shard finished q3 and saved its mark past it, then failed."""
+    path = tmp_path / "p.jsonl"
+    text = "".join(_prompt_line(f"q{n}") for n in range(6))
+    path.write_text(text if last_newline else text.rstrip("\n"))
+    shards = plan_shards(path, shard_size=3, scan=scan_prompts(path))
+    store, _ = ShardStore.open(tmp_path / "out", shards[1])
+    positions = [position for position in store.pending_prompts(shards[1])]
+    _record(store, "q3")
+    store.save_mark(positions[1][0], positions[1][1])  # q3 done; q4 is where a retry starts reading
+    store.close()
+    return path, shards
+
+
+def _record(store, prompt_id):
+    line = {"id": prompt_id, "content": "answer", "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+    store.record_completion(json.dumps(line).encode() + b"\n",
+                            json.dumps({"id": prompt_id, "completion_tokens": 2}).encode() + b"\n", prompt_id)
+
+
+def _pending_ids(out, shard):
+    store, _ = ShardStore.open(out, shard)
+    try:
+        return [prompt.id for _, _, _, prompt in store.pending_prompts(shard)]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("edit", ["insert at the top", "replace a line"])
+def test_a_retry_refuses_a_prompts_file_edited_since_the_plan_and_says_what_to_do(tmp_path, edit):
+    path, shards = _half_done_second_shard(tmp_path)
+    lines = path.read_text().splitlines(keepends=True)
+    if edit == "insert at the top":  # every byte offset of the plan now points elsewhere
+        lines[:0] = [_prompt_line("new1"), _prompt_line("new2")]
+    else:
+        lines[4] = _prompt_line("qX")
+    path.write_text("".join(lines))
+    with pytest.raises(PromptsError) as caught:
+        _pending_ids(tmp_path / "out", shards[1])
+    error = caught.value
+    assert error.shard == 1 and error.message.startswith("the prompts file changed after the run was planned: bytes ")
+    assert "put the prompts_path file back as it was then" in error.hint and "start a new run" in error.hint
+
+
+def test_a_retry_reads_the_planned_prompts_when_lines_were_appended(tmp_path):
+    path, shards = _half_done_second_shard(tmp_path, last_newline=False)
+    with path.open("a") as handle:  # `cat more.jsonl >> p.jsonl`: the last line had no newline, it goes on
+        handle.write(_prompt_line("late"))
+    assert _pending_ids(tmp_path / "out", shards[1]) == ["q4", "q5"]
+
+
+def test_rerunning_a_finished_last_shard_of_a_file_without_a_final_newline_reads_nothing(tmp_path):
+    path, shards = _half_done_second_shard(tmp_path, last_newline=False)
+    store, _ = ShardStore.open(tmp_path / "out", shards[1])
+    for prompt_id in ("q4", "q5"):
+        _record(store, prompt_id)
+    store.save_mark(3, path.stat().st_size)  # every prompt finished: the mark is the end of the file
+    store.close()
+    assert shards[1]["end"] == path.stat().st_size
+    assert _pending_ids(tmp_path / "out", shards[1]) == []
+
+
+@pytest.mark.parametrize("offset", ["mid-line", "past the end"])
+def test_a_hand_edited_mark_is_ignored_with_a_warning_and_the_shard_read_whole(tmp_path, caplog, offset):
+    path, shards = _half_done_second_shard(tmp_path)
+    store, _ = ShardStore.open(tmp_path / "out", shards[1])
+    store.save_mark(1, shards[1]["start"] + 5 if offset == "mid-line" else shards[1]["end"] + 10)
+    store.close()
+    store, _ = ShardStore.open(tmp_path / "out", shards[1], log=logging.getLogger("t"))
+    try:
+        with caplog.at_level(logging.WARNING):
+            pending = [prompt.id for _, _, _, prompt in store.pending_prompts(shards[1])]
+    finally:
+        store.close()
+    assert pending == ["q4", "q5"]  # q3 is finished and skipped by id
+    assert "reading the whole shard" in caplog.text and str(store.mark_path) in caplog.text

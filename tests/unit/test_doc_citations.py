@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 CODE_DIRS = ("include", "dags", "plugins", "tests", "bench")
 # Background notes that are not part of the repository; code cites docs/ or SGLang's own source instead.

@@ -1,8 +1,0 @@
-"""Makes the synthetic run writer (validate_fixtures.py) importable under --import-mode=importlib."""
-
-import sys
-from pathlib import Path
-
-_here = str(Path(__file__).resolve().parent)
-if _here not in sys.path:
-    sys.path.insert(0, _here)
