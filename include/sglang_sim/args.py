@@ -127,6 +127,9 @@ def _state_speculative_and_backend_flags(add) -> None:
     add("--mamba-ssm-dtype", choices=["float32", "bfloat16", "float16"])
     add("--mamba-radix-cache-strategy", default="auto", choices=MAMBA_STRATEGIES)
     add("--mamba-track-interval", type=int, default=256)
+    # sliding-window (SWA) KV pool
+    add("--swa-full-tokens-ratio", type=float)
+    add("--disable-hybrid-swa-memory", action="store_true")
     # speculative decoding
     add("--speculative-algorithm", choices=SPEC_ALGORITHMS)
     add("--speculative-draft-model-path", "--speculative-draft-model", dest="speculative_draft_model_path")

@@ -56,10 +56,14 @@ class StartupSizing:
         return self.free_at_capture_bytes - self.graphs.total_bytes
 
     def server_info_limits(self) -> dict:
-        """The three values /server_info reports for this launch (rank 0)."""
-        return {"max_running_requests": self.plan.max_running_requests,
-                "max_mamba_cache_size": self.plan.max_mamba_cache_size if self.plan.mamba_ratio else None,
-                "max_total_num_tokens": self.plan.max_total_num_tokens}
+        """The values /server_info reports for this launch (rank 0; every data-parallel replica sizes the
+        same on equally free GPUs), with the SWA pool's tokens for a hybrid-SWA model."""
+        limits = {"max_running_requests": self.plan.max_running_requests,
+                  "max_mamba_cache_size": self.plan.max_mamba_cache_size if self.plan.mamba_ratio else None,
+                  "max_total_num_tokens": self.plan.max_total_num_tokens}
+        if self.plan.swa_max_total_num_tokens is not None:
+            limits["swa_max_total_num_tokens"] = self.plan.swa_max_total_num_tokens
+        return limits
 
 
 def size_startup(args: argparse.Namespace, model: ModelShape, weights_bytes: int, *, gpus: list[GpuMemory],

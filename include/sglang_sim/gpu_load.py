@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
 WRITE_INTERVAL_S = 0.5
 # GPU name substring -> (idle W, power limit W); first match wins
 GPU_POWER = (("B300", 160, 1100), ("B200", 140, 1000), ("H200", 90, 700), ("H100", 75, 700), ("H800", 75, 700),
-             ("H20", 60, 500), ("A100", 55, 400), ("L40S", 35, 350), ("A10", 25, 150))
+             ("H20", 60, 500), ("A100", 55, 400), ("L40S", 35, 350), ("L4", 16, 72),
+             ("A10", 25, 150))
 DEFAULT_POWER = (60, 400)
 
 

@@ -3,26 +3,48 @@
 Covers what the simulated server must size: dense GQA/MHA (Llama/Qwen2/Qwen3-like), MLA
 (DeepSeek: kv_lora_rank + qk_rope_head_dim), and hybrid full/linear attention with GatedDeltaNet
 state (Qwen3-Next, Qwen3.5/3.6). Parameter counts are estimates used for speed and activations;
-memory for weights always comes from the safetensors index.
+memory for weights always comes from the safetensors index, or without one from the safetensors files' headers.
+The checkpoint's quantization (config.json, ModelOpt's hf_quant_config.json) decides the KV dtype under
+``--kv-cache-dtype auto``; a text config's missing keys take its transformers class's defaults.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetgen.errors import ModelConfigError
+from sglang_sim.errors import SimModelConfigError
 # configs/model_config.py::multimodal_model_archs and the archs ModelConfig turns off by default: one table,
 # SGLang's, for the product and the simulator alike.
-from fleetgen.tuning.geometry import MULTIMODAL_ARCHITECTURES, MULTIMODAL_OFF_BY_DEFAULT
+from sglang_sim.multimodal import MULTIMODAL_ARCHITECTURES, MULTIMODAL_OFF_BY_DEFAULT
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1,
                "float8_e4m3fn": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 # get_context_length (docs/sglang-memory-model.md §1.6): first key found, times the rope factor
 CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
                 "max_position_embeddings")
+# configs/model_config.py::is_hybrid_swa_model, the architectures whose SWA split the simulator knows
+# (get_hybrid_layer_ids): layer_types for the SWA_SINK_ARCHS, every 4th layer full for Llama 4. Each
+# reports its window as models/<arch>.py::get_attention_sliding_window_size does (sliding_window - 1),
+# Llama 4 as attention_chunk_size (load_model_utils.resolve_sliding_window_size).
+SWA_BY_LAYER_TYPES = {"GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "IQuestQ1ForCausalLM"}
+SWA_EVERY_FOURTH_FULL = {"Llama4ForConditionalGeneration"}
+# What the transformers config class SGLang builds (utils/hf_transformers/config.py, AutoConfig) gives the keys a
+# text config leaves out, per model_type: Gemma3TextConfig's defaults (transformers 5.19). "rope_by_layer_type":
+# the class keys rope_scaling by layer type (sliding_attention/full_attention), so get_context_length finds no
+# "factor" at its top level and applies none.
+TEXT_CONFIG_DEFAULTS = {
+    "gemma3_text": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "max_position_embeddings": 131_072, "sliding_window": 4096, "tie_word_embeddings": True,
+                    "rope_by_layer_type": True},
+}
+# The checkpoint's quantization files: ModelOpt's beside config.json (configs/model_config.py::_parse_quant_hf_config).
+QUANT_CONFIG_FILE = "hf_quant_config.json"
+INDEX_FILE = "model.safetensors.index.json"
 # Vision hidden size of the tower a config class builds when config.json has no vision_config.
 DEFAULT_VISION_HIDDEN = {"Qwen3_5ForConditionalGeneration": 1152, "Qwen3_5MoeForConditionalGeneration": 1152}
 
@@ -86,6 +108,18 @@ class ModelShape:
     is_multimodal: bool = False
     vision_tower: tuple[int, int] | None = None
     mamba_layers: int | None = None  # Mamba2 hybrids: layers holding state (None: every non-attention layer)
+    # The checkpoint's quantization method (quant_method as the checkpoint names it, a ModelOpt quant_algo mapped
+    # to modelopt_fp8 / modelopt_fp4) and the KV-cache algorithm its config carries ("FP8": an FP8 KV cache
+    # under --kv-cache-dtype auto, mem_cache/kv_cache_dtype.py); None when unquantized.
+    quantization: str | None = None
+    kv_cache_quant_algo: str | None = None
+    # Hybrid SWA: the layers SGLang keeps in its SWA pool (counted in full_attention_layers too), their
+    # KV heads and head dims, and the model's window.
+    swa_layers: int = 0
+    swa_kv_heads: int = 0
+    swa_head_dim: int = 0
+    swa_v_head_dim: int = 0
+    sliding_window_size: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.hidden_size, self.num_layers, self.num_heads, self.vocab_size) <= 0:
@@ -113,6 +147,13 @@ class ModelShape:
             return (self.kv_lora_rank + self.qk_rope_head_dim) * self.full_attention_layers * kv_dtype_bytes
         heads = max(1, self.num_kv_heads // attn_tp)
         return heads * (self.head_dim + self.v_head_dim) * self.full_attention_layers * kv_dtype_bytes
+
+    def swa_split_bytes_per_token(self, attn_tp: int, kv_dtype_bytes: int) -> tuple[int, int]:
+        """(full-pool cell over the full layers, SWA-pool cell over the SWA layers) of a hybrid-SWA model
+        (``HybridSWAPoolConfigurator._full_per_token`` / ``_swa_per_token`` times their layer counts)."""
+        per_layer = self.kv_bytes_per_token(attn_tp, kv_dtype_bytes) // self.full_attention_layers
+        swa_per_layer = max(1, self.swa_kv_heads // attn_tp) * (self.swa_head_dim + self.swa_v_head_dim) * kv_dtype_bytes
+        return per_layer * (self.full_attention_layers - self.swa_layers), swa_per_layer * self.swa_layers
 
     def mamba_bytes_per_slot(self, tp: int, ssm_dtype_bytes: int) -> tuple[int, int]:
         """(conv bytes, ssm bytes) of one state slot over all linear layers; (0, 0) if not hybrid."""
@@ -179,6 +220,8 @@ def _first(d: dict, *keys, default=None):
 
 def _context_length(text: dict) -> int:
     rope = text.get("rope_scaling") or {}
+    if text.get("rope_by_layer_type"):
+        rope = {}
     factor = rope.get("factor", 1) if isinstance(rope, dict) else 1
     if isinstance(rope, dict) and ("original_max_position_embeddings" in rope or
                                    rope.get("rope_type") == "llama3"):
@@ -212,13 +255,14 @@ def _mamba2_state(text: dict, layers: int) -> tuple[LinearAttention, int, int] |
 
 def from_config(config: dict, *, path: str | None = None) -> ModelShape:
     text = config.get("text_config") or config
+    text = {**TEXT_CONFIG_DEFAULTS.get(str(text.get("model_type")), {}), **text}
     try:
         hidden = int(text["hidden_size"])
         layers = int(text["num_hidden_layers"])
         heads = int(text["num_attention_heads"])
         vocab = int(_first(text, "vocab_size", default=config.get("vocab_size")))
     except (KeyError, TypeError, ValueError) as exc:
-        raise ModelConfigError(f"config.json lacks a required key: {exc}", path=path,
+        raise SimModelConfigError(f"config.json lacks a required key: {exc}", path=path,
                                hint="hidden_size, num_hidden_layers, num_attention_heads and vocab_size are needed") from exc
     dtype = str(_first(text, "dtype", "torch_dtype", default=_first(config, "dtype", "torch_dtype",
                                                                       default="bfloat16")))
@@ -240,7 +284,7 @@ def from_config(config: dict, *, path: str | None = None) -> ModelShape:
         elif text.get("layer_types"):
             full_layers = sum(1 for t in text["layer_types"] if t == "full_attention")
         else:
-            raise ModelConfigError("hybrid config has neither full_attention_interval nor layer_types",
+            raise SimModelConfigError("hybrid config has neither full_attention_interval nor layer_types",
                                    path=path, hint="add full_attention_interval (e.g. 4) to config.json")
         linear = LinearAttention(int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"]),
                                  int(text["linear_key_head_dim"]), int(text["linear_value_head_dim"]),
@@ -265,6 +309,18 @@ def from_config(config: dict, *, path: str | None = None) -> ModelShape:
     eos = _first(text, "eos_token_id", default=config.get("eos_token_id"))
     architecture = str((config.get("architectures") or text.get("architectures") or ["unknown"])[0])
     nextn = text.get("num_nextn_predict_layers")
+    swa: dict = {}
+    if architecture in SWA_BY_LAYER_TYPES | SWA_EVERY_FOURTH_FULL and not linear and not kv_lora:
+        if architecture in SWA_BY_LAYER_TYPES:
+            count = sum(1 for t in (text.get("layer_types") or [])[:layers] if t == "sliding_attention")
+            window = int(text["sliding_window"]) - 1 if text.get("sliding_window") is not None else None
+        else:
+            count = sum(1 for i in range(layers) if (i + 1) % 4)
+            window = text.get("attention_chunk_size")
+        swa_head = int(text.get("swa_head_dim") or head_dim)
+        swa = {"swa_layers": count, "swa_kv_heads": int(text.get("swa_num_key_value_heads") or kv_heads),
+               "swa_head_dim": swa_head, "swa_v_head_dim": int(text.get("swa_v_head_dim") or swa_head),
+               "sliding_window_size": window}
     try:
         return ModelShape(
             architecture=architecture,
@@ -286,30 +342,79 @@ def from_config(config: dict, *, path: str | None = None) -> ModelShape:
             eos_token_id=eos[0] if isinstance(eos, list) and eos else (eos if isinstance(eos, int) else None),
             nextn_predict_layers=int(nextn) if nextn is not None else None,
             is_multimodal=architecture in MULTIMODAL_ARCHITECTURES - MULTIMODAL_OFF_BY_DEFAULT,
-            vision_tower=_vision_tower(config, architecture), mamba_layers=mamba_layers,
+            vision_tower=_vision_tower(config, architecture), mamba_layers=mamba_layers, **swa,
         )
     except ValueError as exc:
-        raise ModelConfigError(str(exc), path=path) from exc
+        raise SimModelConfigError(str(exc), path=path) from exc
+
+
+def checkpoint_quantization(config: dict, quant_file: dict | None) -> tuple[str | None, str | None]:
+    """(method, kv_cache_quant_algo) of a checkpoint, read as SGLang reads them: config.json's
+    quantization_config (ModelOpt's flat form has a quant_algo and names its KV cache with kv_cache_scheme or
+    kv_cache_quant_algo), else compression_config, else hf_quant_config.json's "quantization" section
+    (layers/quantization/modelopt_quant.py, fp8.py ``from_config``)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    quant = config.get("quantization_config") or text.get("quantization_config") or config.get("compression_config")
+    if isinstance(quant, dict) and quant:
+        method = str(quant.get("quant_method") or "modelopt").lower()
+        if method == "modelopt":
+            algo = str(quant.get("quant_algo") or "")
+            method = "modelopt_fp4" if "FP4" in algo else "modelopt_fp8" if algo == "FP8" else method
+        scheme = quant.get("kv_cache_scheme")
+        if method.startswith("modelopt") and isinstance(scheme, dict):
+            kv = "FP8" if scheme.get("type") == "float" and scheme.get("num_bits") == 8 else None
+        elif method.startswith("modelopt") or method == "fp8":
+            kv = quant.get("kv_cache_quant_algo")
+        else:
+            kv = None
+        return method, kv
+    if isinstance(quant_file, dict):
+        section = quant_file.get("quantization", quant_file)
+        algo = str(section.get("quant_algo") or "")
+        method = "modelopt_fp4" if "FP4" in algo else "modelopt_fp8" if algo == "FP8" else None
+        return method, section.get("kv_cache_quant_algo") if method else None
+    return None, None
+
+
+def safetensors_bytes(path: Path) -> int:
+    """Tensor bytes one safetensors file declares: an 8-byte little-endian header length, then a JSON header
+    whose entries (all but ``__metadata__``) span ``data_offsets``."""
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise SimModelConfigError("shorter than a safetensors header", path=str(path))
+        header = json.loads(handle.read(int.from_bytes(prefix, "little")))
+    return sum(end - start for key, entry in header.items() if key != "__metadata__"
+               for start, end in [entry["data_offsets"]])
 
 
 def load_model_dir(model_path: str | os.PathLike) -> tuple[ModelShape, dict, int | None]:
-    """(shape, raw config, weights bytes from model.safetensors.index.json or None)."""
+    """(shape, raw config, weights bytes from model.safetensors.index.json, else the safetensors files' headers,
+    else None)."""
     root = Path(model_path)
     config_file = root / "config.json"
     try:
         config = json.loads(config_file.read_text())
     except FileNotFoundError:
-        raise ModelConfigError(f"{root} does not appear to have a file named config.json",
+        raise SimModelConfigError(f"{root} does not appear to have a file named config.json",
                                path=str(config_file), hint="install one with `fleetgen-sim install-model`") from None
     except json.JSONDecodeError as exc:
-        raise ModelConfigError(f"config.json is not valid JSON: {exc}", path=str(config_file),
+        raise SimModelConfigError(f"config.json is not valid JSON: {exc}", path=str(config_file),
                                line=exc.lineno) from exc
     weights = None
-    index_file = root / "model.safetensors.index.json"
+    index_file = root / INDEX_FILE
     if index_file.exists():
         try:
             weights = int(json.loads(index_file.read_text())["metadata"]["total_size"])
         except (ValueError, KeyError, TypeError) as exc:
-            raise ModelConfigError(f"safetensors index has no metadata.total_size: {exc}",
+            raise SimModelConfigError(f"safetensors index has no metadata.total_size: {exc}",
                                    path=str(index_file)) from exc
-    return from_config(config, path=str(config_file)), config, weights
+    elif any(root.glob("*.safetensors")):
+        # model_loader/weight_utils.py: without an index every *.safetensors file in the folder is loaded
+        weights = sum(safetensors_bytes(path) for path in sorted(root.glob("*.safetensors")))
+    quant_file = root / QUANT_CONFIG_FILE
+    quant = json.loads(quant_file.read_text()) if quant_file.is_file() else None
+    method, kv_algo = checkpoint_quantization(config, quant)
+    shape = dataclasses.replace(from_config(config, path=str(config_file)), quantization=method,
+                                kv_cache_quant_algo=kv_algo)
+    return shape, config, weights

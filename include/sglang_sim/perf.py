@@ -22,7 +22,8 @@ from sglang_sim.resolve import Launch
 # name substring -> (HBM bytes/s, dense bf16 FLOP/s); first match wins, unknown GPUs read as H100
 GPU_SPEEDS = (("B300", 8.0e12, 2.25e15), ("B200", 8.0e12, 2.25e15), ("H200", 4.8e12, 0.989e15),
               ("H100", 3.35e12, 0.989e15), ("H800", 3.35e12, 0.989e15), ("H20", 4.0e12, 0.148e15),
-              ("A100", 2.0e12, 0.312e15), ("L40S", 0.864e12, 0.362e15), ("A10", 0.6e12, 0.125e15))
+              ("A100", 2.0e12, 0.312e15), ("L40S", 0.864e12, 0.362e15), ("L4", 0.3e12, 0.121e15),
+              ("A10", 0.6e12, 0.125e15))
 BANDWIDTH_EFFICIENCY = 0.75
 DECODE_MFU = 0.5
 PREFILL_MFU = 0.5

@@ -46,6 +46,7 @@ class PoolPlan:
     max_running_requests: int    # effective, per DP worker
     max_req_input_len: int
     warnings: tuple[str, ...]
+    swa_max_total_num_tokens: int | None = None  # the SWA pool's tokens (hybrid SWA), None without one
 
     def __post_init__(self) -> None:
         if self.max_total_num_tokens <= 0 or self.max_running_requests <= 0:
@@ -214,13 +215,30 @@ def size_pools(model: ModelShape, launch: Launch, pre_load_free_bytes: int,
         raise weights_oom_error(launch, available_gb, pre_gb)
     rest_bytes = int(rest_gb * GB)
     cell = kv_cell_bytes(model, launch)
-    tokens = rest_bytes // cell // launch.page_size * launch.page_size
+    page = launch.page_size
+    swa_cell = 0
+    if launch.hybrid_swa:
+        # pool_configurator.HybridSWAPoolConfigurator: full tokens from the budget over the full cell plus
+        # ratio x the SWA cell (a float division), page-floored; the SWA pool gets int(full x ratio).
+        cell, swa_cell = model.swa_split_bytes_per_token(launch.attn_tp, launch.kv_dtype_bytes)
+        tokens = int(rest_bytes // (cell + launch.swa_full_tokens_ratio * swa_cell)) // page * page
+    else:
+        tokens = rest_bytes // cell // page * page
     warnings: list[str] = []
     if launch.max_total_tokens is not None:
         if launch.max_total_tokens > tokens:
             warnings.append(f"max_total_tokens={launch.max_total_tokens} is larger than the profiled "
                             f"value {tokens}. Use the profiled value instead.")
-        tokens = min(tokens, launch.max_total_tokens // launch.page_size * launch.page_size)
+        tokens = min(tokens, launch.max_total_tokens // page * page)
+    swa_tokens = None
+    if launch.hybrid_swa:
+        swa_tokens = int(tokens * launch.swa_full_tokens_ratio) // page * page
+        window = model.sliding_window_size
+        if window is not None and window + page >= swa_tokens:  # validate_swa_pool_size
+            raise LaunchError("ValueError", f"SWA pool ({swa_tokens} tokens) cannot hold even one request: the "
+                              f"prefill admission floor is sliding_window_size ({window}) + page_size ({page}). "
+                              "Increase --swa-full-tokens-ratio or the total KV budget.", kind="swa_pool",
+                              in_scheduler=True)
     if tokens <= 0:
         raise kv_oom_error(launch)
     requests = resolve_max_running_requests(model, launch, tokens, slots, ratio, warnings)
@@ -228,12 +246,12 @@ def size_pools(model: ModelShape, launch: Launch, pre_load_free_bytes: int,
         warnings.append(f"KV pool holds {tokens} tokens, fewer than --context-length {launch.context_len}.")
     conv, ssm = model.mamba_bytes_per_slot(launch.tp, launch.ssm_dtype_bytes)
     draft = launch.spec_draft_tokens if launch.spec_algorithm else 0
-    target_cell = model.kv_bytes_per_token(launch.attn_tp, launch.kv_dtype_bytes)
+    target_cell = cell if launch.hybrid_swa else model.kv_bytes_per_token(launch.attn_tp, launch.kv_dtype_bytes)
     draft_cell = draft_kv_cell_bytes(model, launch, draft_model)
     folded = cell - target_cell
     return PoolPlan(
         pre_load_free_bytes=pre_load_free_bytes, available_bytes=available_bytes, rest_bytes=rest_bytes,
-        kv_cell_bytes=cell, max_total_num_tokens=tokens, kv_bytes=tokens * target_cell,
+        kv_cell_bytes=cell, max_total_num_tokens=tokens, kv_bytes=tokens * target_cell + (swa_tokens or 0) * swa_cell,
         draft_kv_cell_bytes=draft_cell, draft_kv_bytes=tokens * draft_cell,
         draft_kv_outside_bytes=tokens * max(0, draft_cell - folded),
         mm_reservation_bytes=int(launch.mm_reservation_mb * (1 << 20)),
@@ -243,4 +261,5 @@ def size_pools(model: ModelShape, launch: Launch, pre_load_free_bytes: int,
         mamba_intermediate_bytes=(spec_requests + 1) * draft * (conv + ssm) if model.is_hybrid and draft else 0,
         max_running_requests=requests,
         max_req_input_len=min(launch.context_len - 1, tokens - 1) - 5, warnings=tuple(warnings),
+        swa_max_total_num_tokens=swa_tokens,
     )

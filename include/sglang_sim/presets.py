@@ -9,6 +9,10 @@ DeepSeek-V2-Lite MLA model, Nemotron-H, Falcon-H1 and Qwen3-VL-8B), among them:
 
 Only ``metadata.total_size`` matters to the simulated server; the ``weight_map`` holds plausible
 tensor names spread over ~5 GB shards so that tools reading the index see a normal checkpoint.
+
+A preset in ``SINGLE_FILE_PRESETS`` ships as its public checkpoint does: one ``model.safetensors`` and no index,
+written as a sparse file whose header declares the weight bytes (nothing but the header takes disk space). A
+preset folder may hold an ``hf_quant_config.json`` (ModelOpt exports), installed beside config.json.
 """
 
 from __future__ import annotations
@@ -19,10 +23,35 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from fleetgen.errors import ConfigError
-from sglang_sim.modelcfg import ModelShape, from_config
+from sglang_sim.errors import SimConfigError
+from sglang_sim.modelcfg import INDEX_FILE, QUANT_CONFIG_FILE, ModelShape, from_config
 
-PRESET_WEIGHTS_BYTES = {"qwen3.6-27b": 54_000_000_000}
+PRESET_WEIGHTS_BYTES = {"qwen3.6-27b": 54_000_000_000,
+                        # the public checkpoints' safetensors files' bytes (gpt-oss-20b: MXFP4 experts)
+                        "gpt-oss-20b": 13_761_316_904, "gemma-3-270m": 536_223_056,
+                        # the public checkpoints' model.safetensors.index.json metadata.total_size
+                        "qwen3-30b-a3b": 61_064_245_248, "mixtral-8x7b": 93_405_585_408,
+                        "llama3.2-3b": 6_425_499_648, "qwen3-4b": 8_044_936_192,
+                        # DeepSeek-V3 (FP8 block-quantized, MTP layer included): its safetensors files' bytes
+                        "deepseek-v3": 688_586_727_753,
+                        # BF16 checkpoints at 2 bytes per parameter: Llama-4-Scout-17B-16E-Instruct's
+                        # published 108,641,793,536; Mistral-Small-3.1-24B-Instruct-2503's 24,011,361,280
+                        # (its config's text and Pixtral tower shapes)
+                        "llama4-scout": 217_283_587_072, "mistral-small-3.1-24b": 48_022_722_560}
+# Public checkpoints' bytes for the quantized and single-file presets: the index's metadata.total_size, or the
+# single model.safetensors file's size.
+PRESET_WEIGHTS_BYTES.update({"llama3.2-1b": 2_471_645_608,        # Llama-3.2-1B-Instruct model.safetensors
+                             "gemma-3-4b-it": 8_600_158_944,
+                             "llama3.3-70b-nvfp4": 42_709_045_632,  # nvidia Llama-3.3-70B-Instruct NVFP4
+                             # tensor bytes of the checkpoints' own layouts: AWQ / GPTQ 4-bit (int32-packed weights
+                             # and zeros, fp16 scales per 128 inputs, GPTQ's int32 g_idx; embeddings, lm_head, biases
+                             # and norms fp16), FP8 (fp8 Linear weights with float32 weight/input scales, ModelOpt's
+                             # k/v scales, bf16 embeddings, lm_head and norms)
+                             "qwen2.5-7b-awq": 5_570_747_392, "qwen2.5-7b-gptq-int4": 5_575_277_568,
+                             "llama3.1-8b-fp8-compressed": 9_081_202_432, "llama3.1-8b-fp8-modelopt": 9_081_202_688})
+# Presets whose public checkpoint is a single model.safetensors without an index.
+SINGLE_FILE_PRESETS = frozenset({"llama3.2-1b"})
+SINGLE_FILE = "model.safetensors"
 SHARD_BYTES = 5_000_000_000
 
 
@@ -33,7 +62,7 @@ def preset_names() -> list[str]:
 
 def preset_config(preset: str) -> dict:
     if preset not in preset_names():
-        raise ConfigError(f"unknown model preset {preset!r}", hint=f"presets: {preset_names()}")
+        raise SimConfigError(f"unknown model preset {preset!r}", hint=f"presets: {preset_names()}")
     text = resources.files("sglang_sim").joinpath("models", preset, "config.json").read_text()
     return json.loads(text)
 
@@ -70,7 +99,7 @@ def _layer_tensors(shape: ModelShape, prefix: str, index: int, full_attention: b
 def safetensors_index(shape: ModelShape, weights_bytes: int) -> dict:
     """``{"metadata": {"total_size": N}, "weight_map": {tensor: shard file}}``."""
     if weights_bytes <= 0:
-        raise ConfigError(f"weights_bytes must be > 0, got {weights_bytes}")
+        raise SimConfigError(f"weights_bytes must be > 0, got {weights_bytes}")
     shards = max(1, math.ceil(weights_bytes / SHARD_BYTES))
 
     def shard(position: float) -> str:
@@ -135,17 +164,40 @@ def tokenizer_files(shape: ModelShape) -> dict[str, dict]:
     return {"tokenizer.json": tokenizer, "tokenizer_config.json": config}
 
 
+def write_single_file(path: Path, shape: ModelShape, weights_bytes: int) -> None:
+    """A sparse ``model.safetensors``: the 8-byte little-endian header length, a header whose tensors (the
+    index's names, as raw bytes) span ``weights_bytes``, then a hole of that size."""
+    names = list(safetensors_index(shape, weights_bytes)["weight_map"])
+    share, start, header = weights_bytes // len(names), 0, {}
+    for position, name in enumerate(names):
+        size = weights_bytes - start if position == len(names) - 1 else share
+        header[name] = {"dtype": "U8", "shape": [size], "data_offsets": [start, start + size]}
+        start += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # safetensors pads the header to 8 bytes
+    with open(path, "wb") as handle:
+        handle.write(len(encoded).to_bytes(8, "little") + encoded)
+        handle.truncate(8 + len(encoded) + weights_bytes)
+
+
 def install_model(dest_dir: str | os.PathLike, preset: str = "qwen3.6-27b",
                   weights_bytes: int | None = None) -> Path:
-    """Write ``config.json``, ``model.safetensors.index.json`` and the tokenizer files of ``preset`` into
-    ``dest_dir``."""
+    """Write ``config.json``, the weights' file layout (``model.safetensors.index.json``, or a sparse
+    ``model.safetensors`` for a single-file preset), ``hf_quant_config.json`` where the preset has one, and the
+    tokenizer files of ``preset`` into ``dest_dir``."""
     config = preset_config(preset)
     shape = from_config(config, path=f"preset {preset}")
     dest = Path(dest_dir)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     size = default_weights_bytes(preset, shape) if weights_bytes is None else int(weights_bytes)
-    (dest / "model.safetensors.index.json").write_text(json.dumps(safetensors_index(shape, size)) + "\n")
+    if preset in SINGLE_FILE_PRESETS:
+        write_single_file(dest / SINGLE_FILE, shape, size)
+    else:
+        (dest / INDEX_FILE).write_text(json.dumps(safetensors_index(shape, size)) + "\n")
+    quant = resources.files("sglang_sim").joinpath("models", preset, QUANT_CONFIG_FILE)
+    if quant.is_file():
+        (dest / QUANT_CONFIG_FILE).write_text(quant.read_text())
     for name, content in tokenizer_files(shape).items():
         (dest / name).write_text(json.dumps(content, indent=1, ensure_ascii=False) + "\n")
     return dest

@@ -41,6 +41,32 @@ QWEN35_HYBRID_ARCHITECTURES = {"Qwen3NextForCausalLM", "Qwen3_5MoeForConditional
                                "Qwen3_5ForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
                                "InternS2MobiusForConditionalGeneration"}
 SM100_TRITON_ARCHITECTURES = {"FalconH1ForCausalLM", "JetNemotronForCausalLM", "JetVLMForConditionalGeneration"}
+# model_overrides/deepseek_v2.py: the DeepSeek family (DSA variants aside) takes trtllm_mla on SM100 when no
+# attention backend is given.
+SM100_TRTLLM_MLA_ARCHITECTURES = {
+    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration", "MistralLarge3ForCausalLM",
+    "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM", "Glm5NextForConditionalGeneration", "HYV4ForCausalLM",
+    "HYV4ForCausalLMNextN", "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN", "Dots3NoteForCausalLM"}
+# overrides.py::_mla_backend_page_constraints: page sizes each backend accepts; it moves any other to 64.
+BACKEND_PAGE_SIZES = {"trtllm_mha": (16, 32, 64, 128), "trtllm_mla": (32, 64), "cutedsl_mla": (32, 64),
+                      "flashmla": (64,), "hpc_ops": (64,)}
+# overrides.py::_mla_kv_cache_dtype_checks, _cutedsl_prefill_backend_fill and attention_hook.py: the SM versions
+# and --kv-cache-dtype values these backends start with (None: any), and the ValueErrors SGLang raises otherwise.
+BACKEND_START_LIMITS = {
+    "trtllm_mla": ((100,), ("fp8_e4m3", "bf16", "auto"), "TRTLLM MLA backend is only supported on Blackwell GPUs "
+                   "(SM100/SM12x). Please use a different backend.",
+                   "TensorRT-LLM MLA backend only supports kv-cache-dtype of fp8_e4m3, bf16, or auto."),
+    "cutedsl_mla": ((100,), ("fp8_e4m3", "bf16", "bfloat16", "auto"), "CuteDSL MLA backend is only supported on "
+                    "Blackwell GPUs (SM100). Please use a different backend.",
+                    "CuteDSL MLA backend only supports kv-cache-dtype of fp8_e4m3, bf16, or auto."),
+    "trtllm_mha": ((90, 100), None, "TRTLLM MHA backend for prefill requires Hopper (SM90), Blackwell (SM100), or "
+                   "SM120 GPUs. Please use a different prefill backend.", None),
+}
+# model_overrides/gpt_oss.py, llama4.py: with no --attention-backend, trtllm_mha on SM100, fa3 on SM90,
+# triton on other CUDA GPUs.
+ARCH_PINNED_BACKEND = {"GptOssForCausalLM", "Llama4ForConditionalGeneration", "Llama4ForCausalLM"}
+# arg_groups/fields/schedule.py: --swa-full-tokens-ratio falls back to 0.8.
+SWA_FULL_TOKENS_RATIO_DEFAULT = 0.8
 # configs/model_config.py::multimodal_breakable_cuda_graph_supported_model_archs (the ones modelled here)
 BREAKABLE_PREFILL_MULTIMODAL = {"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                                 "Qwen4ExpForConditionalGeneration", "KimiK25ForConditionalGeneration",
@@ -107,6 +133,8 @@ class Launch:
     ssm_dtype_name: str
     messages: tuple[str, ...]          # log lines start-up hooks emit
     attention_backend: str = ""        # resolved --attention-backend ("": GPU generation unknown)
+    hybrid_swa: bool = False           # ModelConfig.is_hybrid_swa: a separate SWA KV pool
+    swa_full_tokens_ratio: float = SWA_FULL_TOKENS_RATIO_DEFAULT
 
     def __post_init__(self) -> None:
         if min(self.draft_layers, self.draft_kv_layers) < 0 or self.mm_reservation_mb < 0:
@@ -269,7 +297,7 @@ def compute_capability(gpu_name: str | None) -> int | None:
     """The SM version SGLang's platform probes see, from the GPU's marketing name (None: unknown)."""
     name = (gpu_name or "").upper()
     for keys, sm in ((("B200", "B300"), 100), (("H100", "H200", "H20", "H800"), 90), (("L40", "L4 "), 89),
-                     (("A100", "A800"), 80)):
+                     (("A100", "A800"), 80), (("A10", "A40"), 86)):
         if any(key in name for key in keys) or (sm == 89 and name.endswith(" L4")):
             return sm
     return None
@@ -277,10 +305,14 @@ def compute_capability(gpu_name: str | None) -> int | None:
 
 def attention_backend(args: argparse.Namespace, model: ModelShape, sm: int | None, topk: int,
                       spec_on: bool) -> str:
-    """``get_default_attn_backend`` plus the model overrides that replace it (qwen3_5.py, falcon_h1.py):
-    what ``--attention-backend`` resolves to when it is not given."""
+    """``get_default_attn_backend`` plus the model overrides that replace it (qwen3_5.py, falcon_h1.py,
+    deepseek_v2.py): what ``--attention-backend`` resolves to when it is not given."""
     if args.attention_backend:
         return args.attention_backend
+    if model.architecture in ARCH_PINNED_BACKEND:
+        return {90: "fa3", 100: "trtllm_mha"}.get(sm, "triton")
+    if sm == 100 and model.architecture in SM100_TRTLLM_MLA_ARCHITECTURES:
+        return "trtllm_mla"
     if model.is_mla:
         return "fa3" if sm == 90 else "flashinfer" if sm == 100 else "triton"
     if sm == 90 and topk <= 1:
@@ -301,11 +333,23 @@ def attention_backend(args: argparse.Namespace, model: ModelShape, sm: int | Non
 
 
 def _page_size(args: argparse.Namespace, backend: str) -> int:
-    """``_mla_backend_page_constraints`` and ``_page_size_default``: trtllm_mha pages hold 16-128 tokens
-    (64 unless one of those is given); everything else defaults to 1."""
-    if backend == "trtllm_mha":
-        return args.page_size if args.page_size in (16, 32, 64, 128) else 64
+    """``_mla_backend_page_constraints`` and ``_page_size_default``: trtllm_mha pages hold 16-128 tokens,
+    trtllm_mla ones 32 or 64 (64 unless one of those is given); everything else defaults to 1."""
+    allowed = BACKEND_PAGE_SIZES.get(backend)
+    if allowed is not None:
+        return args.page_size if args.page_size in allowed else 64
     return args.page_size or 1
+
+
+def _check_backend_starts(backend: str, kv_cache_dtype: str, sm: int | None) -> None:
+    """The backend's GPU and KV-dtype checks at argument resolution (an unknown GPU passes)."""
+    if backend not in BACKEND_START_LIMITS:
+        return
+    sms, kv_dtypes, gpu_message, kv_message = BACKEND_START_LIMITS[backend]
+    if sm is not None and sm not in sms:
+        raise LaunchError("ValueError", gpu_message, kind="args", in_scheduler=False)
+    if kv_dtypes is not None and kv_cache_dtype not in kv_dtypes:
+        raise LaunchError("ValueError", kv_message, kind="args", in_scheduler=False)
 
 
 def _check_no_buffer(page_size: int, overlap_disabled: bool, backend: str) -> None:
@@ -367,11 +411,52 @@ def _radix_strategy(args: argparse.Namespace, model: ModelShape, page_size: int,
 
 
 def _kv_dtype(args: argparse.Namespace, model: ModelShape) -> tuple[str, int]:
-    kv_name = {"auto": "bfloat16" if model.dtype_bytes == 2 else "float32", "bf16": "bfloat16",
+    # mem_cache/kv_cache_dtype.py::configure_kv_cache_dtype: "auto" takes the checkpoint's FP8 KV cache
+    auto = "float8_e4m3fn" if str(model.kv_cache_quant_algo or "").upper() == "FP8" else \
+        "bfloat16" if model.dtype_bytes == 2 else "float32"
+    kv_name = {"auto": auto, "bf16": "bfloat16",
                "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
                "fp4_e2m1": "float4_e2m1fn_x2"}.get(args.kv_cache_dtype, args.kv_cache_dtype)
     return kv_name, {"float8_e4m3fn": 1, "float8_e5m2": 1, "float4_e2m1fn_x2": 1}.get(kv_name,
                                                                                      DTYPE_BYTES.get(kv_name, 2))
+
+
+# configs/model_config.py::_verify_quantization, compatible_quantization_methods: a --quantization that may
+# differ from the checkpoint's method.
+COMPATIBLE_QUANTIZATION = {"modelopt_fp8": {"modelopt"}, "modelopt_fp4": {"modelopt", "fp8"},
+                           "modelopt_mixed": {"modelopt"}, "nvfp4_online": {"fp8", "modelopt_fp8"},
+                           "w8a8_int8": {"compressed-tensors"}, "w8a8_fp8": {"compressed-tensors"}}
+
+
+def _check_quantization(args: argparse.Namespace, model: ModelShape) -> None:
+    """ModelConfig refuses a --quantization that contradicts the checkpoint's (before anything loads)."""
+    flag = (args.quantization or "").lower() or None
+    if flag is None or model.quantization is None or flag == model.quantization:
+        return
+    if model.quantization in ("modelopt_fp8", "modelopt_fp4") and flag not in ("nvfp4_online", "quark_mxfp4"):
+        return  # base_config.py::_modelopt_override_quantization_method: the checkpoint's method wins
+    if model.quantization in COMPATIBLE_QUANTIZATION.get(flag, ()):
+        return
+    if flag in ("marlin", f"{model.quantization}_marlin"):
+        return
+    raise LaunchError("ValueError", "Quantization method specified in the model config "
+                      f"({model.quantization}) does not match the quantization method specified in the "
+                      f"`quantization` argument ({flag}).", kind="args", in_scheduler=False)
+
+
+# get_min_capability of each method SGLang loads a checkpoint with (layers/quantization/*; AWQ and GPTQ load
+# through Marlin on CUDA).
+QUANTIZATION_MIN_SM = {"modelopt_fp8": 89, "modelopt_fp4": 80, "fp8": 80, "mxfp4": 80, "awq": 80, "gptq": 80,
+                       "compressed-tensors": 70}
+
+
+def _check_quantization_capability(model: ModelShape, sm: int | None) -> None:
+    """model_loader/loader.py refuses a GPU below the quantization method's minimum capability."""
+    needed = QUANTIZATION_MIN_SM.get(model.quantization or "", 0)
+    if sm is not None and sm < needed:
+        raise LaunchError("ValueError", f"The quantization method {model.quantization} is not supported for the "
+                          f"current GPU. Minimum capability: {needed}. Current capability: {sm}.", kind="args",
+                          in_scheduler=True)
 
 
 def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: list[int],
@@ -383,6 +468,13 @@ def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: 
     if args.language_model_only and model.architecture not in LANGUAGE_MODEL_ONLY_ARCHITECTURES:
         raise LaunchError("ValueError", f"--language-model-only does not support ['{model.architecture}']. "
                           f"Supported: {list(LANGUAGE_MODEL_ONLY_ARCHITECTURES)}.", kind="args", in_scheduler=False)
+    _check_quantization(args, model)
+    _check_quantization_capability(model, compute_capability(gpu_name))
+    ratio = args.swa_full_tokens_ratio
+    if ratio is not None and not 0 < ratio <= 1.0:
+        # arg_groups/kv_cache_hook.py::_handle_cache_compatibility
+        raise LaunchError("ValueError", "--swa-full-tokens-ratio should be in range (0, 1.0].", kind="args",
+                          in_scheduler=False)
     sm = compute_capability(gpu_name)
     tp, pp = args.tp_size, args.pp_size
     attn_dp, dp = args.attn_dp_size, args.dp_size
@@ -434,6 +526,7 @@ def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: 
 
     backend = attention_backend(args, model, sm, topk if algo else 1, algo is not None)
     page_size = _page_size(args, backend)
+    _check_backend_starts(backend, args.kv_cache_dtype, sm)
     strategy, overlap_disabled = _radix_strategy(args, model, page_size, backend)
     ssm_name = args.mamba_ssm_dtype or (model.linear.ssm_dtype if model.linear else "float32")
     kv_name, kv_bytes = _kv_dtype(args, model)
@@ -453,4 +546,6 @@ def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: 
         mamba_full_memory_ratio=0.9 if args.mamba_full_memory_ratio is None else args.mamba_full_memory_ratio,
         ssm_dtype_bytes=DTYPE_BYTES[ssm_name], ssm_dtype_name=ssm_name, messages=tuple(messages),
         attention_backend=backend if sm is not None or args.attention_backend else "",
+        hybrid_swa=model.swa_layers > 0 and not args.disable_hybrid_swa_memory,
+        swa_full_tokens_ratio=SWA_FULL_TOKENS_RATIO_DEFAULT if ratio is None else ratio,
     )

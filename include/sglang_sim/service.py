@@ -268,7 +268,7 @@ class Service:
                      "kv_events": None, "version": VERSION, "frontend": "python"})
         memory = {"weight": round(self.weights_bytes / launch.tp / GB, 3), "kvcache": round(plan.kv_bytes / GB, 3),
                   "startup_available": round(plan.pre_load_free_bytes / GB, 3),
-                  "token_capacity": plan.max_total_num_tokens, "token_capacity_swa": None,
+                  "token_capacity": plan.max_total_num_tokens, "token_capacity_swa": plan.swa_max_total_num_tokens,
                   "graph": {phase: round(value / GB, 3) for phase, value in self.graph_memory_by_phase().items()}}
         states = []
         for engine in self.engines:

@@ -21,7 +21,8 @@ import subprocess
 import pytest
 
 from fleetgen.nodes import probe, remote
-from fleetgen.tuning import LaunchOptions, TunerBounds, Workload, plan_server, profile_model, weights_bytes_from_index
+from fleetgen.tuning import LaunchOptions, TunerBounds, Workload, plan_server, profile_model
+from fleetgen.tuning.model_files import read_model
 from sglang_sim.node import create_node
 from sglang_sim.nvidia_smi import render
 from sglang_sim.presets import install_model
@@ -33,12 +34,12 @@ HOST = "oracle-node"
 # nvidia-smi memory.total (MiB) and name of each GPU type; the SGLang generation follows from the name.
 GPUS = {"B200": ("NVIDIA B200", 183_359, "sm100"), "H200": ("NVIDIA H200", 143_771, "sm90"),
         "H100": ("NVIDIA H100 80GB HBM3", 81_559, "sm90"), "A100-80G": ("NVIDIA A100-SXM4-80GB", 81_920, "sm80"),
-        "A100-40G": ("NVIDIA A100-SXM4-40GB", 40_960, "sm80"), "L40S": ("NVIDIA L40S", 46_068, "sm89")}
+        "A100-40G": ("NVIDIA A100-SXM4-40GB", 40_960, "sm80"), "L40S": ("NVIDIA L40S", 46_068, "sm89"),
+        "L4": ("NVIDIA L4", 23_034, "sm89"), "A10G": ("NVIDIA A10G", 23_028, "sm86")}
 SEED_SPEC = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
              "--speculative-num-draft-tokens", "4")
 SEED_ARGS = SEED_SPEC + ("--mamba-radix-cache-strategy", "extra_buffer", "--context-length", "8192")
 WORKLOAD = Workload(max_output_tokens=4096, prompt_tokens_mean=270.0, prompt_tokens_max=1900, prompt_count=913_786)
-WEIGHTS = {"qwen3.6-27b": 54_000_000_000}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,7 @@ class MatrixCase:
     extra_args: tuple[str, ...] = ()
     bounds: TunerBounds = TunerBounds()
     foreign_mib: int = 0
+    refused: str | None = None  # a case SGLang refuses: the words of the reason the tuner and simulator name too
 
 
 def _inventory(node) -> dict:
@@ -72,18 +74,25 @@ class Prepared:
 def prepare(case: MatrixCase, root: pathlib.Path) -> Prepared:
     """The node, the model folder and the tuner's plan (or the reason it refuses) for ``case``."""
     name, total_mib, _ = GPUS[case.gpu]
-    node = create_node(root / case.id / "node", name=HOST, gpus=case.tp, gpu_name=name, total_mib=total_mib,
+    try:
+        options, refusal = dataclasses.replace(LaunchOptions.from_args(list(case.extra_args)), tp_size=case.tp), None
+    except Exception as error:  # noqa: BLE001  (refused args: compared like any refusal, below)
+        options, refusal = None, error
+    gpu_ids = list(range(options.gpus_per_server if options else case.tp))  # tp GPUs per --dp-size replica
+    node = create_node(root / case.id / "node", name=HOST, gpus=len(gpu_ids), gpu_name=name, total_mib=total_mib,
                        sim={"load_seconds": 0.3, "time_scale": 1000})
     if case.foreign_mib:
         node.set_holder(0, os.getpid(), "python", case.foreign_mib)
-    model_dir = install_model(root / case.id / case.preset, case.preset, WEIGHTS.get(case.preset))
+    # weights: the preset's bytes (sglang_sim.presets.PRESET_WEIGHTS_BYTES)
+    model_dir = install_model(root / case.id / case.preset, case.preset)
     prepared = Prepared(case, node, model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    weights = weights_bytes_from_index(json.loads((model_dir / "model.safetensors.index.json").read_text()))
-    options = dataclasses.replace(LaunchOptions.from_args(list(case.extra_args)), tp_size=case.tp)
-    gpu_ids = list(range(case.tp))
+    # the node's model folder read as the DAG reads it over SSH: the same command, run by a local shell
+    model = read_model(lambda command: subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                                                      check=True).stdout, str(model_dir), host=HOST)
     try:
-        profile = profile_model(config, weights, options)
+        if refusal is not None:
+            raise refusal
+        profile = profile_model(model.config, model.weights_bytes, options, hf_quant_config=model.hf_quant_config)
         gpus = probe.select_gpus(_inventory(node), gpu_ids)
         prepared.plan = plan_server(host=HOST, gpu_ids=gpu_ids, port=30000, gpus=gpus, profile=profile,
                                     options=options, workload=WORKLOAD, bounds=case.bounds)
@@ -126,6 +135,11 @@ def run_oracle(prepared: list[Prepared], extra: list[dict] = ()) -> dict[str, di
     the ``extra`` oracle inputs (one SGLang import for all)."""
     cases = list(extra)
     for item in prepared:
+        if item.plan is None and item.case.refused:
+            # the launch as the user wrote it: SGLang refuses it before measuring memory
+            total = GPUS[item.case.gpu][1] << 20
+            argv = ["--model-path", str(item.model_dir), "--tp-size", str(item.case.tp), *item.case.extra_args]
+            cases.append(oracle_case(item.case.id, argv, item.case.gpu, total, total))
         if item.plan is None:
             continue
         rows = {row["item"].strip(): row["bytes"] for row in item.plan.budget}

@@ -5,8 +5,8 @@ SGLang once and sizes every case read from stdin, printing one JSON line of resu
 
 A case is ``{"id", "argv", "gpu": {"total_mib", "arch"}, "pre_model_load_bytes", "available_bytes"}``:
 ``argv`` is the server's flags as the launcher writes them (``--model-path`` to a folder with a
-config.json); ``arch`` is the GPU generation (``sm100`` B200, ``sm90`` H100/H200, ``sm89`` L40S,
-``sm80`` A100); the two byte counts are what SGLang measures on the real GPU: the free memory before
+config.json); ``arch`` is the GPU generation (``sm100`` B200, ``sm90`` H100/H200, ``sm89`` L40S/L4,
+``sm86`` A10G, ``sm80`` A100); the two byte counts are what SGLang measures on the real GPU: the free memory before
 the weights load (``distributed/bootstrap.py::measure_pre_model_load_memory``) and after
 (``get_available_gpu_memory`` in ``mem_cache/kv_cache_configurator.py``).
 
@@ -50,7 +50,11 @@ ARCH_FACTS = {
                  is_blackwell=False, is_hopper_with_cuda_12_3=False, device_sm=89, device_capability=(8, 9)),
     "sm80": dict(is_sm90=False, is_sm100=False, is_sm100_or_sm110=False, is_sm110=False, is_sm120=False,
                  is_blackwell=False, is_hopper_with_cuda_12_3=False, device_sm=80, device_capability=(8, 0)),
+    "sm86": dict(is_sm90=False, is_sm100=False, is_sm100_or_sm110=False, is_sm110=False, is_sm120=False,
+                 is_blackwell=False, is_hopper_with_cuda_12_3=False, device_sm=86, device_capability=(8, 6)),
 }
+# The capability import-time probes see; sizing reads each case's own.
+IMPORT_DEVICE_CAPABILITY = (9, 0)
 COMMON_FACTS = dict(is_cuda=True, is_hip=False, is_npu=False, is_xpu=False, is_musa=False, is_mps=False,
                     has_amx=False, has_flashinfer=True)
 
@@ -59,7 +63,11 @@ class _StubMeta(type):
     def __getattr__(cls, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        return _stub_class(name)
+        # the same object on every access: SGLang compares stubbed constants by identity (marlin_utils checks
+        # ``quant_type in supported_types`` with scalar_types.uint4 from sgl_kernel)
+        value = _stub_class(name)
+        type.__setattr__(cls, name, value)
+        return value
 
 
 class _Anything(metaclass=_StubMeta):
@@ -85,7 +93,9 @@ class _StubModule(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        return _stub_class(name)
+        value = _stub_class(name)
+        setattr(self, name, value)
+        return value
 
 
 class _StubFinder(MetaPathFinder, Loader):
@@ -112,8 +122,24 @@ def _install_stubs() -> None:
     sys.meta_path.insert(0, _StubFinder())
 
 
+def _cuda_before_import() -> None:
+    """Answer ``is_cuda()`` (torch.version.cuda on a CUDA build) as a CUDA machine does before the rest of
+    SGLang imports: modules read it at import time (``layers/quantization/__init__.py`` registers MXFP4 only on
+    CUDA; ``awq.py`` keeps ``_is_cuda`` for the Marlin upgrade)."""
+    import sglang.srt.utils as utils
+    import sglang.srt.utils.common as common
+
+    for module in (common, utils):
+        module.is_cuda = lambda: True
+        module.is_cuda_alike = lambda: True
+        # what import-time kernel probes read on a CUDA build (fp8_utils.cutlass_fp8_supported, ...); each
+        # case then answers its own GPU's (``_Sglang.size``)
+        module.get_device_capability = lambda *args, **kwargs: IMPORT_DEVICE_CAPABILITY
+
+
 def _import_sglang():
     _install_stubs()
+    _cuda_before_import()
     import sglang.srt.arg_groups.pipeline  # noqa: F401  (imports every hook module)
     import sglang.srt.mem_cache.kv_cache_configurator as configurator_module
     from sglang.srt import runtime_context
@@ -148,6 +174,8 @@ class _Sglang:
     def __init__(self) -> None:
         self.configurator_module, self.runtime_context, self.prepare_server_args = _import_sglang()
         from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
+        from sglang.srt.configs.load_config import LoadConfig
+        from sglang.srt.model_loader import loader
         from sglang.srt.mem_cache import kv_cache_dtype
         from sglang.srt.model_executor.model_runner_components.layer_setup import resolve_layer_indices
         from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import (
@@ -155,6 +183,12 @@ class _Sglang:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         self.model_config_of, self.resolving_view = model_config_of, resolving_view
+        self.LoadConfig, self.loader = LoadConfig, loader
+        # _get_quantization_config imports the model class only for its packed-module names (how fused layers
+        # map to checkpoint tensors), which the quantization method and its KV dtype do not depend on; model
+        # modules that need GPU kernels do not import here.
+        loader.get_model_architecture = lambda model_config: (
+            types.SimpleNamespace(packed_modules_mapping={}), model_config.hf_config.architectures[0])
         self.kv_cache_dtype = kv_cache_dtype
         self.resolve_layer_indices = resolve_layer_indices
         self.resolve_spec_aux = resolve_spec_aux_hidden_state_config
@@ -177,6 +211,8 @@ class _Sglang:
         facts = {**COMMON_FACTS, **ARCH_FACTS[case["gpu"]["arch"]]}
         # is_sm90_supported is imported by name where the Qwen3-VL override reads it.
         _patch_everywhere("is_sm90_supported", lambda: facts["is_sm90"])
+        # model_loader/loader.py compares it with the quantization method's minimum capability
+        _patch_everywhere("get_device_capability", lambda *args, **kwargs: facts["device_capability"])
         override = self.runtime_context.override_platform(**facts)
         override.install()
         try:
@@ -218,11 +254,17 @@ class _Sglang:
         import torch
 
         spec = self.SpeculativeAlgorithm.from_string(self.resolving_view(server_args).speculative_algorithm)
+        # The loaded model carries the checkpoint's quantization config (model_loader/loader.py builds it, and
+        # refuses a GPU below its capability); configure_kv_cache_dtype reads its kv_cache_quant_algo.
+        quant_config = None
+        if model_config.quantization is not None:
+            quant_config = self.loader._get_quantization_config(
+                model_config, self.LoadConfig(load_format=server_args.load_format))
+        model = types.SimpleNamespace(quant_config=quant_config)
         _, kv_dtype = self.kv_cache_dtype.configure_kv_cache_dtype(
-            server_args_kv_cache_dtype=self.resolving_view(server_args).kv_cache_dtype, model=None,
+            server_args_kv_cache_dtype=self.resolving_view(server_args).kv_cache_dtype, model=model,
             model_dtype=model_config.dtype, is_draft_worker=False, is_dflash=False,
             speculative_draft_attention_backend=None, speculative_draft_kv_cache_dtype=None)
-        model = types.SimpleNamespace()
         configurator = self.configurator_module.KVCacheConfigurator(
             device="cuda", gpu_id=0, attn_dp_size=1, pp_size=1, pp_group=None, model=model,
             model_config=model_config, server_args=server_args, kv_cache_dtype=kv_dtype,
@@ -244,9 +286,11 @@ class _Sglang:
             mamba = getattr(config, "max_mamba_cache_size", None)
             if mamba is None and schedule is not None:
                 mamba = schedule.max_mamba_cache_size
-        return {"max_total_num_tokens": config.max_total_num_tokens,
+        return {"kv_cache_dtype": str(kv_dtype).removeprefix("torch."), "quantization": model_config.quantization,
+                "max_total_num_tokens": config.max_total_num_tokens,
                 "max_running_requests_effective": config.max_running_requests,
-                "max_mamba_cache_size": mamba}
+                "max_mamba_cache_size": mamba,
+                "swa_max_total_num_tokens": config.swa_max_total_num_tokens if model_config.is_hybrid_swa else None}
 
 
 def _size_one(sglang: _Sglang, case: dict) -> dict:

@@ -5,12 +5,17 @@ tokens, Mamba slots and the effective max_running_requests. A case the tuner ref
 refuses too (it names the reason before anything is launched).
 """
 
+import re
+
 import pytest
 
 from sglang_sim.dryrun import dry_run
 from fleetgen.tuning import TunerBounds
 
 from oracle_harness import SEED_ARGS, SEED_SPEC, MatrixCase, oracle_case, prepare, run_oracle
+from cases_checkpoints import CHECKPOINT_CASES
+from cases_parallel_and_window import PARALLEL_AND_WINDOW_CASES
+from cases_public_models import PUBLIC_MODEL_CASES
 
 CONTEXT_LONG = ("--context-length", "131072")
 MATRIX = [
@@ -48,7 +53,7 @@ MATRIX = [
     MatrixCase("qwen3-vl-8b-h100", "qwen3-vl-8b", "H100"),
     MatrixCase("qwen3-vl-8b-h200-mrr-500", "qwen3-vl-8b", "H200", bounds=TunerBounds(max_running_requests=500)),
     MatrixCase("qwen3-vl-8b-b200-defaults", "qwen3-vl-8b", "B200", bounds=TunerBounds(mode="sglang_defaults")),
-]
+] + CHECKPOINT_CASES + PARALLEL_AND_WINDOW_CASES + PUBLIC_MODEL_CASES
 COMPARED = ("mem_fraction_static", "chunked_prefill_size", "decode_max_bs", "page_size", "max_total_num_tokens",
             "max_mamba_cache_size", "max_running_requests")
 
@@ -98,13 +103,25 @@ def test_matrix_is_large_enough():
 def test_plan_simulator_and_sglang_agree(matrix, case_id):
     prepared, oracle = matrix
     item = prepared[case_id]
+    if item.case.refused:
+        assert item.plan is None and item.case.refused in item.plan_error, item.plan_error
+        assert not oracle[case_id]["ok"] and item.case.refused in oracle[case_id]["error"], oracle[case_id]
+        argv = ["--model-path", str(item.model_dir), "--tp-size", str(item.case.tp), *item.case.extra_args]
+        with pytest.raises(Exception, match=re.escape(item.case.refused)):
+            dry_run(item.node, argv, list(range(item.case.tp)))
+        return
     assert item.plan is not None, item.plan_error
     sglang = oracle[case_id]
     assert sglang["ok"], sglang["error"]
-    sizing = dry_run(item.node, item.argv, list(range(item.case.tp)))
+    sizing = dry_run(item.node, item.argv, item.plan.gpu_ids)
     expected = plan_values(item.plan)
     assert {k: sim_values(sizing)[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
     assert {k: sglang_values(sglang)[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
+    # the checkpoint's quantization method as SGLang resolved it (ModelConfig.quantization)
+    assert sglang["quantization"] == item.plan.inputs["profile"]["quantization"]
+    # hybrid sliding-window models: the SWA pool's tokens too (absent from the plan without an SWA pool)
+    swa = expected.get("swa_max_total_num_tokens")
+    assert (sim_values(sizing).get("swa_max_total_num_tokens"), sglang.get("swa_max_total_num_tokens")) == (swa, swa)
 
 
 def test_no_buffer_that_sglang_refuses_is_refused_before_launch(matrix):

@@ -32,6 +32,8 @@ def generation_material(identity: dict, settings) -> dict:
 
 @fail_fast
 def plan_shards(prompt_scan: dict) -> list[dict]:
+    """Cuts the valid prompts into byte-range shards of `shard_size` prompts.
+    """
     from airflow.sdk import conf
 
     from fleetgen.prompts import scan as prompts
@@ -52,6 +54,12 @@ def plan_shards(prompt_scan: dict) -> list[dict]:
 
 @fail_fast
 def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identity: dict) -> dict:
+    """**Generates one shard** (labelled with its prompt range) through every ready server, keeping each at its
+    effective limit × `headroom`; resumes from its checkpoint when retried.
+
+    *When it fails*: every server went down (the progress is saved; a retry resumes), or the servers refuse requests
+    (the log shows SGLang's answer).
+    """
     from fleetgen.airflow.sharing import running_shards_counter
     from fleetgen.generate import run_shard, shard_endpoints
     from fleetgen.generate.reuse import look_up_reuse

@@ -96,17 +96,67 @@ def launch_server(shell: NodeShell, fleet: FleetSpec, slot: ServerSlot, plan: di
     if "pid" not in fields:
         raise ServerStartupError(f"the launch printed no pid: {out.strip()[-500:]}", host=slot.node,
                                  server=slot.name, kind="launch")
-    log_path = remote.log_file(fleet.server.log_dir, slot.port)
-    log.info("launched %s on GPU(s) %s: pid %s, log %s", slot.name, list(slot.gpu_ids), fields["pid"], log_path)
-    return {**slot.to_dict(), "pid": int(fields["pid"]), "log_path": log_path, "plan": plan,
-            "command": " ".join(spec.argv()), "args": spec.argv()[3:], "kept": False}
+    record = launch_record(fleet, slot, plan, int(fields["pid"]), kept=False)
+    log.info("launched %s on GPU(s) %s: pid %s, log %s", slot.name, list(slot.gpu_ids), fields["pid"],
+             record["log_path"])
+    return record
+
+
+def launch_record(fleet: FleetSpec, slot: ServerSlot, plan: dict, pid: int, *, kept: bool) -> dict:
+    """What ``wait_ready`` is given for one server: launched now, by an earlier try, or kept running."""
+    spec = launch_spec(fleet, slot, plan, with_api_key=False)
+    return {**slot.to_dict(), "pid": int(pid), "log_path": remote.log_file(fleet.server.log_dir, slot.port),
+            "plan": plan, "command": " ".join(spec.argv()), "args": spec.argv()[3:], "kept": kept}
 
 
 def kept_server(fleet: FleetSpec, slot: ServerSlot, plan: dict, pid: int) -> dict:
     """The launch record of a server kept running (same shape as ``launch_server``'s, ``kept`` true)."""
-    spec = launch_spec(fleet, slot, plan, with_api_key=False)
-    return {**slot.to_dict(), "pid": int(pid), "log_path": remote.log_file(fleet.server.log_dir, slot.port),
-            "plan": plan, "command": " ".join(spec.argv()), "args": spec.argv()[3:], "kept": True}
+    return launch_record(fleet, slot, plan, pid, kept=True)
+
+
+def already_launched(shell: NodeShell, fleet: FleetSpec, slots: list[ServerSlot], plan_by_port: dict,
+                     key: str | None) -> tuple[dict[int, int], dict[int, int]]:
+    """Our servers already running on the ports of ``slots``: ``({port: pid}`` of those whose command line is
+    exactly this launch's, ``{port: pid}`` of the others).
+
+    ``stop_servers`` leaves no server of ours on a port it did not keep, so one found here was started after
+    it: by an earlier try of ``launch_servers`` whose connection dropped (the same command line: it is
+    adopted, never launched twice), or with another plan (a relaunch by ``wait_ready`` before the task was
+    cleared: it is stopped and launched afresh)."""
+    if not slots:
+        return {}, {}
+    _, out, _ = shell.run(remote.our_pids_command(run_dir=fleet.server.run_dir, module=fleet.server.module,
+                                                  ports=[slot.port for slot in slots]), describe="our servers")
+    ours = {port: pid for pid, port in probe.parse_our_pids(out).items()}
+    same, other = {}, {}
+    for slot in slots:
+        if slot.port not in ours:
+            continue
+        pid = ours[slot.port]
+        status, cmdline, _ = shell.run(remote.read_file_command(f"/proc/{int(pid)}/cmdline"), check=False,
+                                       describe=f"command line of pid {pid}")
+        expected = launch_spec(fleet, slot, plan_by_port[(slot.node, slot.port)], with_api_key=key is not None)
+        running = cmdline.split("\0") if status == 0 else []
+        if running and running[-1] == "":  # each word of /proc/PID/cmdline ends with a NUL
+            running.pop()
+        (same if _same_command(running, expected) else other)[slot.port] = pid
+    return same, other
+
+
+def _same_command(running: list[str], spec: remote.LaunchSpec) -> bool:
+    """``running`` (a /proc cmdline) is the argv ``launch_command`` starts for ``spec``. The interpreter and the
+    model path may have had their ``~/`` expanded by the node's shell; with the API key the launch appends
+    ``--config <file>``."""
+    expected = spec.argv()
+    if spec.api_key_on_stdin:
+        if running[-2:-1] != ["--config"]:
+            return False
+        running = running[:-2]
+    if len(running) != len(expected):
+        return False
+    expandable = {0, 4}  # the interpreter, the model path (remote.launch_command quotes them with quote_path)
+    return all(seen == wanted or (index in expandable and wanted.startswith("~/") and seen.endswith(wanted[1:]))
+               for index, (seen, wanted) in enumerate(zip(running, expected)))
 
 
 def installed_version(shell: NodeShell, fleet: FleetSpec) -> tuple[str | None, str | None]:

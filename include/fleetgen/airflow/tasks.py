@@ -33,6 +33,12 @@ def _read_fleet(config: RunConfig) -> FleetSpec:
 
 @fail_fast
 def load_fleet() -> dict:
+    """**Reads the fleet description** (the `fleet_file` parameter, else the Airflow Variable `fleetgen_fleet`) and
+    checks the run's parameters: an unknown key in the run's conf or a prompts file that does not exist stops the
+    run here, before any node is touched.
+
+    *When it fails*: the message names the parameter or the line of the fleet YAML to fix.
+    """
     _, config, _ = run_context()  # the whole run configuration, checked once: unknown conf keys stop here
     config.inputs.require_prompts_file()
     log.info("Reading the fleet description (%s)", config.inputs.fleet_file or f"Variable {FLEET_VARIABLE}")
@@ -44,11 +50,19 @@ def load_fleet() -> dict:
 
 
 def node_names(fleet: dict) -> list[str]:
+    """The node names of the fleet: what the per-node tasks are mapped over.
+    """
     return [node["name"] for node in fleet["nodes"]]
 
 
 @fail_fast
 def probe_gpus(node: str, fleet: dict) -> dict:
+    """**Runs `nvidia-smi` on one node over SSH** (one task per node, labelled with the node's name): total, used and
+    free memory per GPU, and which processes hold memory (ours or foreign).
+
+    *When it fails*: the SSH connection (`ssh_conn_id` of the node, host key in its `host_key` extra) or a GPU the
+    fleet names that the node does not have.
+    """
     spec = fleet_from_json(fleet)
     log.info("Probing the GPUs of %s over SSH (%s)", node, spec.node(node).ssh_conn_id)
     with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
@@ -67,11 +81,9 @@ def _prompt_length_limit(spec: FleetSpec, config: RunConfig):
     from fleetgen.tuning.geometry import context_length_of
     from fleetgen.tuning.model_files import read_model_config
 
-    node = spec.nodes[0]
-    with NodeShell(node.name, node.ssh_conn_id) as shell:
-        model_config = read_model_config(
-            lambda path: shell.run(remote.read_file_command(path), describe=f"read {path}")[1], spec.model.path,
-            host=node.name)
+    node, run_on_node = spec.nodes[0].name, _node_runner(spec)
+    model_config = read_model_config(
+        lambda path: run_on_node(node, remote.read_file_command(path), f"read {path}"), spec.model.path, host=node)
     return length_limit(model_context=context_length_of(model_config), max_tokens=config.generation.max_tokens,
                         launch_context=LaunchOptions.from_args(list(spec.server.extra_args)).context_length,
                         param_context=config.tuning.context_length or None)
@@ -79,6 +91,11 @@ def _prompt_length_limit(spec: FleetSpec, config: RunConfig):
 
 @fail_fast
 def scan_prompts(fleet: dict) -> dict:
+    """**Validates the prompts file** (`prompts_path`): structural errors fail with file:line; invalid prompts go to
+    `rejects.jsonl` in the run's folder.
+
+    *When it fails*: the file is not readable on the worker or a line is not JSON; the log names the line.
+    """
     from fleetgen.prompts.scan import scan_prompts as scan_file
     from fleetgen.report.previous import prompts_identity
 
@@ -107,96 +124,85 @@ def scan_prompts(fleet: dict) -> dict:
 
 @fail_fast
 def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list[dict]:
-    from fleetgen.nodes import remote
+    """**Sizes every server** from its GPUs' free memory and the model: `--mem-fraction-static`,
+    `--max-running-requests`, `--max-mamba-cache-size`, `--context-length`. The log shows each server's budget table.
+
+    *When it fails*: the model does not fit the free memory: lower `max_tokens` or `context_length`, or free the GPUs
+    (the probe's inventory lists foreign processes).
+    """
+    from fleetgen.prompts.scan import PromptScan
     from fleetgen.report.previous import prompt_token_statistics
-    from fleetgen.tuning import LaunchOptions, Workload, plan_server, profile_model, render_budget_table
-    from fleetgen.outputs import calibration_file
-    from fleetgen.tuning.calibration import CalibrationStore, model_key
+    from fleetgen.tuning import LaunchOptions, Workload, render_budget_table
+    from fleetgen.tuning.fleet_plan import FleetPlanRun, plan_fleet
     from fleetgen.tuning.model_files import read_model
-    from fleetgen.tuning.planner import resolved_page_size
 
     _, config, layout = run_context()
     spec = fleet_from_json(fleet)
     log.info("Deriving launch flags for %d server(s) (mode %s)", len(spec.servers()), config.tuning.mode)
-    node = spec.nodes[0]
-    with NodeShell(node.name, node.ssh_conn_id) as shell:
-        model_config, weights_bytes = read_model(
-            lambda path: shell.run(remote.read_file_command(path), describe=f"read {path}")[1], spec.model.path,
-            host=node.name)
-    options = dataclasses.replace(LaunchOptions.from_args(list(spec.server.extra_args)), tp_size=spec.server.tp_size)
-    profile = profile_model(model_config, weights_bytes, options, config_path=f"{spec.model.path}/config.json")
+    run_on_node = _node_runner(spec)
+    model = read_model(lambda command: run_on_node(spec.nodes[0].name, command, "read the model's config and weights"),
+                       spec.model.path, host=spec.nodes[0].name)
+    log.info("Model weights: %d bytes (%s)", model.weights_bytes, model.weights_source)
     tokens = prompt_token_statistics(config.inputs.output_root, layout, prompt_scan)
     log.info("Prompt tokens for the plan: mean %.0f, max %d (%s); %d prompt(s) too long for the context were set "
              "aside at scan time", tokens.mean, tokens.max, tokens.source, prompt_scan.get("too_long", 0))
-    workload = Workload(max_output_tokens=config.generation.max_tokens, prompt_tokens_mean=tokens.mean,
+    # A prompt's own sampling.max_tokens may exceed the run's: the context must hold it (docs/shards.md §4).
+    workload = Workload(max_output_tokens=PromptScan.from_dict(prompt_scan).output_tokens_max(
+                            config.generation.max_tokens), prompt_tokens_mean=tokens.mean,
                         prompt_tokens_max=tokens.max, prompt_count=int(prompt_scan["count"]))
-    by_host = {inventory["host"]: inventory for inventory in mapped_values(inventories)}
-    store = CalibrationStore(calibration_file(config.inputs.output_root))
-
-    def planner(slot):
-        gpus = probe.select_gpus(by_host[slot.node], slot.gpu_ids)
-        measured = store.latest(str(gpus[0]["name"]), model_key(spec.model.path), spec.server.tp_size)
-        if measured:
-            log.info("Calibration for %s from an earlier readback: %d bytes less pre-load memory", slot.name,
-                     measured["correction_bytes"])
-        correction = int(measured["correction_bytes"]) if measured else 0
-        return lambda bounds: plan_server(host=slot.node, gpu_ids=list(slot.gpu_ids), port=slot.port, gpus=gpus,
-                                          profile=profile, options=options, workload=workload, bounds=bounds,
-                                          calibration_bytes=correction)
-
-    plan_for = {slot.name: planner(slot) for slot in spec.servers()}
-    if config.tuning.mode == "tuned":
-        first = spec.servers()[0]
-        page_size = resolved_page_size(profile, options, probe.select_gpus(by_host[first.node], first.gpu_ids),
-                                       config.tuning.bounds())
-        server_plans = _workload_plans(config, layout, spec, plan_for, profile, options, page_size)
-    else:
-        server_plans = [plan_with(config.tuning.bounds()) for plan_with in plan_for.values()]
+    options = dataclasses.replace(LaunchOptions.from_args(list(spec.server.extra_args)), tp_size=spec.server.tp_size)
+    server_plans = plan_fleet(
+        spec, {inventory["host"]: inventory for inventory in mapped_values(inventories)}, model, options, workload,
+        config.tuning.bounds(),
+        FleetPlanRun(config.inputs.output_root, layout, pin_full_context=config.tuning.pin_full_context_plan,
+                     run_on_node=lambda node, command: run_on_node(node, command,
+                                                                   "read the previous run's scheduler lines")),
+        log)
     plans = []
-    for name, plan in zip(plan_for, server_plans):
-        log.info("Plan for %s:\n%s", name, render_budget_table(plan))
+    for slot, plan in zip(spec.servers(), server_plans):
+        log.info("Plan for %s:\n%s", slot.name, render_budget_table(plan))
         plans.append(plan.to_dict())
     caps = sorted({p["expected"]["max_running_requests"] for p in plans})
     log.info("Planned %d server(s); expected effective max_running_requests %s", len(plans), caps)
     return plans
 
 
-def _workload_plans(config: RunConfig, layout, spec: FleetSpec, plan_for: dict, profile, options,
-                    page_size: int) -> list:
-    """The workload mode (docs/sglang-scheduler.md §7): learn from the previous run, record tonight's plan."""
-    from fleetgen.tuning import workload_history
-    from fleetgen.tuning.workload import decode_reserve_tokens
-
-    def run_on_node(node: str, command: str) -> str:
+def _node_runner(spec: FleetSpec):
+    """``run(node, command, what) -> stdout``: one SSH session per call, on the node's connection."""
+    def run(node: str, command: str, what: str) -> str:
         with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
-            return shell.run(command, describe="read the previous run's scheduler lines")[1]
-
-    learned = workload_history.learn_from_previous_run(
-        config.inputs.output_root, layout, page_size=page_size,
-        reserve_tokens=decode_reserve_tokens(profile.spec_steps, profile.spec_topk, profile.draft_tokens, page_size),
-        log_dir=spec.server.log_dir, ports_by_node={node.name: list(node.ports) for node in spec.nodes},
-        run_on_node=run_on_node)
-    log.info("Workload mode: %s, %d server(s) observed", learned.source, len(learned.seen))
-    plans = workload_history.plan_fleet(plan_for, config.tuning.bounds(), demand=learned.demand, seen=learned.seen,
-                                        record=learned.record, pin_full_context=config.tuning.pin_full_context_plan)
-    workload_history.write_plan_record(layout, plans)
-    return plans
+            return shell.run(command, describe=what)[1]
+    return run
 
 
 @fail_fast
 def model_identity(fleet: dict) -> dict:
+    """Reads on the node, in one SSH command, what changes the text the servers write: each safetensors file's size,
+    header and sampled blocks (every byte with `weights_hash` = full), `config.json`, `generation_config.json`, the
+    tokenizer files, the chat template, the fleet's extra SGLang flags and the SGLang version. This is the model
+    identity a completion may be reused under (`reuse_completions`); no weight crosses the network. A failure here
+    is the node (SSH) or an unreadable model directory: check `model.path` and `server.python` in the fleet description.
+    """
     from fleetgen.tuning.model_files import model_identity as read_identity
 
+    _, config, _ = run_context()
     spec = fleet_from_json(fleet)
     node = spec.nodes[0]
     with NodeShell(node.name, node.ssh_conn_id) as shell:
-        identity = read_identity(lambda command: shell.run(command, describe="model file hashes")[1], spec.model.path)
-    log.info("Model %s: config.json sha256 %s, index sha256 %s (completions of runs with the same identity and "
-             "sampling can be reused)", identity["path"], identity["config_sha256"][:12], identity["index_sha256"][:12])
+        identity = read_identity(
+            lambda command, timeout_s: shell.run(command, describe="model identity", timeout_s=timeout_s)[1],
+            spec.model.path, python=spec.server.python, module=spec.server.module,
+            extra_args=spec.server.extra_args, weights_hash=config.generation.weights_hash, host=node.name)
+    log.info("Model %s: %d safetensors file(s), %d bytes (%s hashed), SGLang %s; identity %s (completions of runs "
+             "with the same identity and sampling can be reused)", identity["path"], identity["weight_files"],
+             identity["weight_bytes"], identity["weights_hash"], identity["parts"]["sglang"],
+             {part: digest[:12] for part, digest in identity["parts"].items() if part not in ("path", "sglang")})
     return identity
 
 
 def go_live() -> bool:
+    """Stops the run here (skipping the rest) when `dry_run` is set: the plan was printed above.
+    """
     _, config, _ = run_context()
     if config.inputs.dry_run:
         log.info("dry_run is set: the plan above was printed; no server is touched")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from fleetgen.airflow.generate_tasks import generation_key, generation_settings
+from fleetgen.airflow.generate_tasks import generation_material, generation_settings
 from fleetgen.airflow.context import fail_fast, mapped_values, run_context
 from fleetgen.errors import ValidationFailed
 from fleetgen.nodes.fleet import fleet_from_json
@@ -14,14 +14,20 @@ log = logging.getLogger("fleetgen")
 
 @fail_fast
 def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
-    from fleetgen.prompts.scan import iter_prompt_ids
+    """**Great Expectations over the per-completion stats**: one completion per prompt, token and finish-reason bounds,
+    the shares set in the *Validation thresholds* section. The Data Docs link opens every expectation.
+
+    *When it fails*: the message lists each failed expectation with its observed value and sample ids.
+    """
+    from fleetgen.prompts.scan import read_planned_prompts
     from fleetgen.validation.suite import validate_run
 
     context, config, layout = run_context()
     log.info("Validating %d expected completions in %s with Great Expectations", prompt_scan["count"], layout.root)
+    # The prompts the run planned (the scan's byte range, each block checked), not the file as it is now.
+    planned = read_planned_prompts(prompt_scan)
     try:
-        expected = iter_prompt_ids(config.inputs.prompts_path, length_limit=prompt_scan.get("length_limit"))
-        summary = validate_run(layout.root, expected, config.validation,
+        summary = validate_run(layout.root, planned.ids, config.validation, own_max_tokens=planned.own_max_tokens,
                                run_name=context["run_id"])  # the Data Docs name the Airflow run
     except ValidationFailed as failure:
         # The small JSON summary goes to XCom first, so the report and on-call can read it; then fail.
@@ -35,6 +41,9 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
 @fail_fast
 def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], validation: dict,
            model_identity: dict, fleet: dict) -> dict:
+    """**Writes the run report**: throughput overall / per GPU / per server, the tuning used, validation, comparison
+    with the previous run. The *Report* link above opens it.
+    """
     from fleetgen.generate.reuse import write_reuse_index
     from fleetgen.report.build import build_report
     from fleetgen.report.previous import find_previous_report
@@ -42,7 +51,8 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
     context, config, layout = run_context()
     # Validation passed (this task runs only then): the run's completions may be reused from now on.
     settings = generation_settings(config, fleet_from_json(fleet))
-    indexed = write_reuse_index(layout, key=generation_key(model_identity, settings), run_id=context["run_id"])
+    indexed = write_reuse_index(layout, material=generation_material(model_identity, settings),
+                                run_id=context["run_id"])
     log.info("Indexed %d completion(s) for later runs to reuse (%s)", indexed, layout.reuse_index)
     previous = find_previous_report(config.inputs.output_root, layout.root.name)
     log.info("Writing the run report to %s (previous run: %s)", layout.report_dir, previous or "none")

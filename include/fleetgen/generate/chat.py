@@ -15,6 +15,9 @@ from fleetgen.prompts.scan import Prompt
 CHAT_PATH = "/v1/chat/completions"
 HEALTH_PATH = "/health"
 ERROR_TEXT_LIMIT = 500
+# The token counts of SGLang's UsageInfo (entrypoints/openai/protocol.py): integers, completion_tokens and
+# reasoning_tokens possibly null. The progress line, the stats and the report add them up.
+USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens", "reasoning_tokens")
 
 
 class BadResponse(ValueError):
@@ -52,6 +55,12 @@ def parse_chat_response(raw: bytes) -> ChatResult:
         raise BadResponse(f"message content is not text: {raw[:200]!r}")
     if not isinstance(finish_reason, str):
         raise BadResponse(f"finish_reason missing: {raw[:200]!r}")
+    if not isinstance(usage, dict):
+        raise BadResponse(f"usage is not an object: {raw[:200]!r}")
+    for key in USAGE_COUNTS:
+        count = usage.get(key)
+        if count is not None and (type(count) is not int or count < 0):  # bool is an int: not a count
+            raise BadResponse(f"usage.{key} is not a token count ({count!r}): {raw[:200]!r}")
     return ChatResult(content=content, reasoning_content=reasoning, finish_reason=finish_reason,
                       usage=usage, model=data.get("model") or "")
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 
 from fleetgen.errors import ConfigError
-from fleetgen.generate.dispatch import Dispatcher, WorkQueue
+from fleetgen.generate.dispatch import Dispatcher, FleetLinks, ShardRecords, ShardWork
+from fleetgen.generate.queue import WorkQueue
 from fleetgen.generate.health import SharedHealth
 from fleetgen.generate.liveness import HEARTBEAT_INTERVAL_S, FleetShare, ShardHeartbeat, fleet_share
 from fleetgen.generate.progress import Progress
@@ -22,7 +23,8 @@ from fleetgen.generate.transport import PooledTransport
 from fleetgen.generate.watch import EventJournal
 from fleetgen.outputs import RunLayout
 
-SHARD_KEYS = ("shard_id", "input_path", "start", "count")
+# "end" and "blocks" fix the bytes the shard reads at plan time (docs/shards.md §5).
+SHARD_KEYS = ("shard_id", "input_path", "start", "end", "count", "blocks")
 # How often a shard recounts the shards sharing the fleet: as often as they beat, so a shard that ends
 # (its heartbeat removed) hands its part of every server over within seconds, not at a 10 s recount.
 SHARING_INTERVAL_S = HEARTBEAT_INTERVAL_S
@@ -74,12 +76,13 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         health = SharedHealth(out_dir, who=who, log=log) if settings.share_server_health else None
         layout = RunLayout(Path(out_dir))
         events = EventJournal(layout.shard_file("events", shard_id), shard_id)
-        dispatcher = Dispatcher(shard_id=shard_id, servers=servers, queue=queue, store=store, settings=settings,
-                                transport=pooled, headers=headers, progress=progress, log=log,
-                                progress_interval_s=progress_interval_s, finished_before=resume.finished,
-                                sharing=_shared_by_heartbeats(sharing, layout, heartbeat),
-                                sharing_interval_s=sharing_interval_s, health=health, events=events,
-                                metrics_path=layout.shard_file("metrics", shard_id))
+        dispatcher = Dispatcher(
+            servers=servers, settings=settings,
+            work=ShardWork(shard_id, queue, store, progress, finished_before=resume.finished),
+            links=FleetLinks(pooled, headers, sharing=_shared_by_heartbeats(sharing, layout, heartbeat),
+                             sharing_interval_s=sharing_interval_s, health=health),
+            records=ShardRecords(log, progress_interval_s, events=events,
+                                 metrics_path=layout.shard_file("metrics", shard_id)))
         beating = asyncio.create_task(heartbeat.run(dispatcher.share_state))
         try:
             await dispatcher.run()

@@ -40,8 +40,9 @@ from fleetgen.errors import GenerationError, OutputError, OutputUnwritable
 from fleetgen.generate import jsonio
 from fleetgen.generate.lease import ShardLease
 from fleetgen.generate.records import stats_record
+from fleetgen.generate.reuse import line_checksum
 from fleetgen.outputs import RunLayout
-from fleetgen.prompts.scan import Prompt, fast_id, iter_shard_positions
+from fleetgen.prompts.scan import Prompt, fast_id, iter_shard_positions, resume_offset_problem
 
 TAIL_CHUNK = 1 << 20
 BLOCK = 1 << 22
@@ -52,6 +53,8 @@ _STATS_ID = re.compile(rb'\{"id":"([^"\\]*)"')
 _NO_SPACE = (errno_codes.ENOSPC, errno_codes.EDQUOT, errno_codes.EFBIG)
 _NEVER_WRITABLE = (errno_codes.EROFS, errno_codes.EACCES, errno_codes.EPERM)
 DEFAULT_LEASE_WAIT_S = 60.0
+# What shards/shard-NNNNN.json records of the plan: a retry must be cut the same way over the same bytes.
+PLAN_KEYS = ("shard_id", "input_path", "start", "end", "count", "blocks")
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,8 @@ class ShardStore:
         self.completions_path = layout.shard_file("completions", self.shard_id)
         self.stats_path = layout.shard_file("stats", self.shard_id)
         self.errors_path = layout.shard_file("errors", self.shard_id)
-        self.plan_path = layout.shard_file("shards", self.shard_id, "json")
-        self.mark_path = layout.shard_file("shards", self.shard_id, "mark.json")
+        self.plan_path = layout.shard(self.shard_id).plan
+        self.mark_path = layout.shard(self.shard_id).mark
         # prompt hash -> where its completion line is (fleetgen.generate.reuse); a row lost in a crash
         # only means that completion is generated again next time.
         self.reuse_path = layout.shard_file("reuse", self.shard_id)
@@ -84,6 +87,7 @@ class ShardStore:
                        "reuse": self.reuse_path}
         self._lease: ShardLease | None = None
         self._broken: OutputError | None = None  # the first failed write; every later write re-raises it
+        self._log: logging.Logger | None = None
 
     @classmethod
     def open(cls, out_dir: str | os.PathLike, shard: dict, *, log: logging.Logger | None = None,
@@ -95,6 +99,7 @@ class ShardStore:
         """
         root = Path(out_dir)
         store = cls(root, shard)
+        store._log = log
         with store._output_errors(store.plan_path.parent):
             store._lease = ShardLease.acquire(root, store.shard_id, try_number=try_number,
                                               wait_s=lease_wait_s, log=log)
@@ -124,7 +129,7 @@ class ShardStore:
         return _OutputErrors(self, path, attempted)
 
     def _check_plan(self, shard: dict) -> None:
-        plan = {key: shard[key] for key in ("shard_id", "input_path", "start", "count")}
+        plan = {key: shard[key] for key in PLAN_KEYS if key in shard}
         if self.plan_path.exists():
             recorded = jsonio.loads(self.plan_path.read_bytes())
             if recorded != plan:
@@ -190,7 +195,9 @@ class ShardStore:
             return None
         # Every prompt before the mark is finished, so there are at least that many records; a
         # mark without them (output files removed by hand) would skip prompts: read everything.
-        if not (0 <= mark[0] <= min(int(shard["count"]), len(self.done_ids)) and mark[1] >= int(shard["start"])):
+        end = shard.get("end")
+        if not (0 <= mark[0] <= min(int(shard["count"]), len(self.done_ids)) and mark[1] >= int(shard["start"])
+                and (end is None or mark[1] <= int(end))):
             if log is not None:
                 log.warning("shard %d: %s does not match the output on disk; reading the whole shard",
                             self.shard_id, self.mark_path)
@@ -202,11 +209,20 @@ class ShardStore:
         return self.mark or (0, int(shard["start"]))
 
     def pending_prompts(self, shard: dict) -> Iterator[tuple[int, int, int, Prompt]]:
-        """The shard's prompts not yet finished, with their positions, from the resume point on."""
+        """The shard's prompts not yet finished, with their positions, from the resume point on.
+
+        The plan's blocks are checked before the first prompt (``iter_shard_positions``); a mark that is
+        not at a line start of the planned range (edited by hand) is dropped for the whole shard."""
+        if self.mark is not None and (problem := resume_offset_problem(shard, self.mark[1])):
+            if self._log is not None:
+                self._log.warning("shard %d: ignoring %s: %s; reading the whole shard (finished prompts are "
+                                  "skipped by id)", self.shard_id, self.mark_path, problem)
+            self.mark = None
         valid_before, offset = self.resume_point(shard)
         return iter_shard_positions(shard["input_path"], offset, int(shard["count"]) - valid_before,
                                     skip_ids=self.done_ids, first_index=valid_before,
-                                    length_limit=shard.get("length_limit"))
+                                    length_limit=shard.get("length_limit"), end=shard.get("end"),
+                                    blocks=shard.get("blocks"), shard=self.shard_id)
 
     def save_mark(self, valid_before: int, offset: int) -> None:
         """Record that every prompt before ``offset`` (``valid_before`` of them) is finished.
@@ -278,8 +294,8 @@ class ShardStore:
         self._append("stats", stats_line)
         self.done_ids.add(prompt_id.encode())
         if prompt_hash is not None:
-            self._append("reuse", b'{"h":"%s","o":%d,"n":%d}\n' % (prompt_hash.hex().encode(), offset,
-                                                                   len(completion_line)))
+            self._append("reuse", b'{"h":"%s","o":%d,"n":%d,"c":"%s"}\n' % (
+                prompt_hash.hex().encode(), offset, len(completion_line), line_checksum(completion_line).encode()))
 
     def record_failure(self, error_line: bytes, prompt_id: str) -> None:
         self._check_writable()

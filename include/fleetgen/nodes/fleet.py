@@ -1,8 +1,9 @@
 """The fleet description: which nodes, which GPUs, which ports, which server command.
 
 One YAML/JSON document (a file, or the Airflow Variable ``fleetgen_fleet``) validated into frozen
-dataclasses. It is read inside the first task, never at DAG parse time; any problem names the key
-and the node it concerns.
+dataclasses. It is read inside the first task, never at DAG parse time, and checked whole before any node
+is touched; any problem names the key and the node it concerns. Two entries reaching one machine (same
+``ssh_conn_id``, or same non-loopback ``address``) may share no GPU and no port (docs/architecture.md).
 
 Example::
 
@@ -16,17 +17,21 @@ Example::
       extra_args: [--speculative-algorithm, NEXTN, --reasoning-parser, qwen3]
       run_dir: ~/fleetgen/run            # pid files
       log_dir: ~/fleetgen/logs
+      bind_host: 0.0.0.0                 # what the servers listen on: IPv4 only; "::" (IPv6 only) when
+                                         # the addresses are IPv6
       api_key_conn_id: sglang_api_key    # optional: Airflow connection whose password is the key
     nodes:
       - name: node0
         ssh_conn_id: fleetgen_node0
-        address: 10.0.0.5                # where workers reach the servers over HTTP
+        address: 10.0.0.5                # where workers reach the servers over HTTP: a host name or an
+                                         # IPv4/IPv6 address (fd00::5), never a port or URL
         gpus: [0, 1, 2, 3, 4, 5, 6]      # or tp_groups: [[0, 1], [2, 3]]
         base_port: 30000
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from dataclasses import dataclass
@@ -34,15 +39,86 @@ from pathlib import Path
 from typing import Any
 
 from fleetgen.errors import ConfigError
+from fleetgen.nodes.remote import dp_size_of_args
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+# A DNS name (RFC 1123 labels; '_' too, which /etc/hosts and some internal zones use).
+_HOST_LABEL_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+_ADDRESS_HINT = "give the bare host the workers reach the node's servers at, e.g. 10.0.0.5, fd00::5 or gpu-node-1"
+_BIND_HINT = "give the address the servers listen on: 0.0.0.0 (every IPv4 address), :: (every IPv6 address)"
+
+
+def url_host(host: str) -> str:
+    """``host`` as the host part of a URL or ``host:port``: an IPv6 address goes in brackets (RFC 3986 §3.2.2)."""
+    return f"[{host}]" if ":" in host else host
+
+
+def http_url(host: str, port: int) -> str:
+    """The base URL of a server; every URL fleetgen builds for a fleet address comes from here."""
+    return f"http://{url_host(host)}:{int(port)}"
+
+
+def parse_host(value: str, where: str, source: str, *, hint: str = _ADDRESS_HINT) -> str:
+    """A host from the fleet file: an IPv4 or IPv6 address (brackets optional) or a DNS name.
+
+    Returned canonical (an IPv6 address compressed, without brackets), so that two spellings of one address
+    compare equal. Anything else (a port, a URL, a space, nothing) is refused here, before any server is
+    touched, instead of failing in URL parsing after the relaunch.
+    """
+    def refuse(problem: str, what_to_do: str = hint) -> ConfigError:
+        return ConfigError(f"'{where}' {value!r} {problem}", path=source, hint=what_to_do)
+
+    if not value.strip():
+        raise refuse("is empty")
+    if any(char.isspace() for char in value):
+        raise refuse("holds a space or other blank")
+    if "/" in value:
+        raise refuse("is a URL or holds a path", f"the fleet builds http://host:port itself: {hint}")
+    text = value
+    if text.startswith("["):
+        inner, closed, rest = text[1:].partition("]")
+        if closed and rest.startswith(":"):
+            raise refuse("holds a port", "give the port in nodes[].ports or base_port, not in the address")
+        if not closed or rest:
+            raise refuse("is not a bracketed IPv6 address")
+        text = inner
+    if "%" in text:
+        raise refuse("has an IPv6 zone (%interface), which a URL cannot carry portably",
+                     "use the node's global or unique-local IPv6 address, or its host name")
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    if ":" in text:
+        host, _, port = text.rpartition(":")
+        if port.isdigit() and ":" not in host:
+            raise refuse("holds a port", "give the port in nodes[].ports or base_port, not in the address")
+        raise refuse("is not a valid IPv6 address")
+    labels = text[:-1].split(".") if text.endswith(".") else text.split(".")
+    if all(label.isdigit() for label in labels):
+        raise refuse("is not a valid IPv4 address")
+    if len(text) > 253 or not all(_HOST_LABEL_RE.match(label) for label in labels):
+        raise refuse("is not a host name or IP address")
+    return text
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _is_loopback(host: str) -> bool:
+    ip = _ip(host)
+    return ip.is_loopback if ip is not None else host.lower().rstrip(".") == "localhost"
 
 
 def _require(mapping: dict, key: str, where: str, kind: type | tuple[type, ...], source: str) -> Any:
     if key not in mapping:
         raise ConfigError(f"missing key '{where}.{key}'", path=source,
-                          hint=f"add '{key}' under '{where}' (see the example at the top of fleetgen/fleet.py)")
+                          hint=f"add '{key}' under '{where}' (see the example at the top of fleetgen/nodes/fleet.py)")
     return _typed(mapping[key], f"{where}.{key}", kind, source)
 
 
@@ -87,6 +163,11 @@ class ServerSpec:
     api_key_conn_id: str | None = None
     stop_grace_s: float = 30.0
 
+    @property
+    def gpus_per_server(self) -> int:
+        """GPUs one server holds: tp_size for each data-parallel replica (--dp-size in extra_args)."""
+        return self.tp_size * dp_size_of_args(self.extra_args)
+
 
 @dataclass(frozen=True)
 class NodeSpec:
@@ -113,7 +194,7 @@ class ServerSlot:
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
+        return http_url(self.address, self.port)
 
     def to_dict(self) -> dict:
         return {"node": self.node, "ssh_conn_id": self.ssh_conn_id, "address": self.address,
@@ -172,19 +253,75 @@ def parse_fleet(document: dict, *, source: str = "<fleet>") -> FleetSpec:
     nodes_doc = _require(document, "nodes", "fleet", list, source)
     if not nodes_doc:
         raise ConfigError("'nodes' is empty: the fleet needs at least one node", path=source)
-    nodes = tuple(_parse_node(node_doc, index, server.tp_size, source) for index, node_doc in enumerate(nodes_doc))
+    nodes = tuple(_parse_node(node_doc, index, server.gpus_per_server, source)
+                  for index, node_doc in enumerate(nodes_doc))
 
     names = [n.name for n in nodes]
     for name in names:
         if names.count(name) > 1:
             raise ConfigError(f"node name '{name}' appears {names.count(name)} times", path=source)
+    _check_machines(nodes, source)
     seen_endpoints: dict[tuple[str, int], str] = {}
     for node in nodes:
         for port in node.ports:
-            other = seen_endpoints.setdefault((node.address, port), node.name)
+            other = seen_endpoints.setdefault((node.address.lower(), port), node.name)
             if other != node.name:
-                raise ConfigError(f"nodes '{other}' and '{node.name}' both serve {node.address}:{port}", path=source)
+                raise ConfigError(f"nodes '{other}' and '{node.name}' both serve {url_host(node.address)}:{port}",
+                                  path=source, hint="give one of them other nodes[].ports / base_port")
+    _check_bind_family(server, nodes, source)
     return FleetSpec(model=model, server=server, nodes=nodes, source=source)
+
+
+def _same_machine(first: NodeSpec, second: NodeSpec) -> str | None:
+    """What makes two entries the same machine: the SSH connection that launches their servers, or the
+    address their servers answer at; None when neither is shared. A loopback address alone proves nothing:
+    the worker reaches other machines through it only by forwarded ports (SSH tunnels, the simulator)."""
+    if first.ssh_conn_id == second.ssh_conn_id:
+        return f"SSH connection '{first.ssh_conn_id}'"
+    if first.address.lower() == second.address.lower() and not _is_loopback(first.address):
+        return f"address {first.address}"
+    return None
+
+
+def _check_machines(nodes: tuple[NodeSpec, ...], source: str) -> None:
+    """Two entries for one machine must not share a GPU (two servers each sizing the whole GPU for itself
+    run each other out of memory) nor a port (one binds it, the other dies; they share pid files)."""
+    for index, node in enumerate(nodes):
+        for earlier in nodes[:index]:
+            shared = _same_machine(earlier, node)
+            if shared is None:
+                continue
+            gpus = sorted({g for group in node.gpu_groups for g in group}
+                          & {g for group in earlier.gpu_groups for g in group})
+            if gpus:
+                raise ConfigError(
+                    f"nodes '{earlier.name}' and '{node.name}' both reach the machine of {shared} and both use "
+                    f"GPU(s) {gpus}: two servers would share each of them and run out of memory", path=source,
+                    hint=f"if '{node.name}' was copied from '{earlier.name}', give it its own ssh_conn_id and "
+                         f"address; if both are one machine, split its GPUs between their nodes[].gpus / tp_groups")
+            ports = sorted(set(node.ports) & set(earlier.ports))
+            if ports:
+                raise ConfigError(
+                    f"nodes '{earlier.name}' and '{node.name}' both reach the machine of {shared} and both use "
+                    f"port(s) {ports}", path=source, hint="give one of them other nodes[].ports / base_port")
+
+
+def _check_bind_family(server: ServerSpec, nodes: tuple[NodeSpec, ...], source: str) -> None:
+    """A server bound to an address of one family is unreachable at an address of the other. SGLang's HTTP
+    server (uvicorn on uvloop) binds a literal host on one socket, and uvloop sets IPV6_V6ONLY on an IPv6
+    one (uvloop/loop.pyx ``create_server``): ``--host ::`` serves IPv6 only, ``0.0.0.0`` IPv4 only."""
+    bind = _ip(server.bind_host)
+    if bind is None:
+        return
+    for index, node in enumerate(nodes):
+        address = _ip(node.address)
+        if address is not None and address.version != bind.version:
+            wildcard = "::" if address.version == 6 else "0.0.0.0"
+            raise ConfigError(
+                f"'nodes[{index}] ({node.name}).address' {node.address} is IPv{address.version} but "
+                f"server.bind_host {server.bind_host} listens on IPv{bind.version} only", path=source,
+                hint=f"set server.bind_host to '{wildcard}' (every IPv{address.version} address) and give every "
+                     f"node an address of that family, or a host name")
 
 
 def _parse_server(doc: dict, source: str) -> ServerSpec:
@@ -227,7 +364,8 @@ def _parse_server(doc: dict, source: str) -> ServerSpec:
         env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
         run_dir=_typed(doc.get("run_dir", defaults.run_dir), "server.run_dir", str, source),
         log_dir=_typed(doc.get("log_dir", defaults.log_dir), "server.log_dir", str, source),
-        bind_host=_typed(doc.get("bind_host", defaults.bind_host), "server.bind_host", str, source),
+        bind_host=parse_host(_typed(doc.get("bind_host", defaults.bind_host), "server.bind_host", str, source),
+                             "server.bind_host", source, hint=_BIND_HINT),
         api_key_conn_id=api_key_conn_id,
         stop_grace_s=float(grace),
     )
@@ -242,7 +380,7 @@ def _parse_node(doc: Any, index: int, tp_size: int, source: str) -> NodeSpec:
     where = f"nodes[{index}] ({name})"
     _check_unknown(doc, {"name", "ssh_conn_id", "address", "gpus", "tp_groups", "base_port", "ports"}, where, source)
     ssh_conn_id = _require(doc, "ssh_conn_id", where, str, source)
-    address = _require(doc, "address", where, str, source)
+    address = parse_host(_require(doc, "address", where, str, source), f"{where}.address", source)
     if "gpus" in doc and "tp_groups" in doc:
         raise ConfigError(f"'{where}' sets both 'gpus' and 'tp_groups'; give one", path=source)
     if "tp_groups" in doc:
@@ -252,14 +390,14 @@ def _parse_node(doc: Any, index: int, tp_size: int, source: str) -> NodeSpec:
             _typed(group, f"{where}.tp_groups[{g_index}]", list, source)
             if len(group) != tp_size:
                 raise ConfigError(f"'{where}.tp_groups[{g_index}]' has {len(group)} GPUs but server.tp_size is "
-                                  f"{tp_size}", path=source)
+                                  f"{tp_size} (x --dp-size)", path=source)
             groups.append(tuple(_gpu_id(g, f"{where}.tp_groups[{g_index}]", source) for g in group))
     else:
         gpus_doc = _require(doc, "gpus", where, list, source)
         gpus = [_gpu_id(g, f"{where}.gpus", source) for g in gpus_doc]
         if len(gpus) % tp_size:
             raise ConfigError(f"'{where}.gpus' lists {len(gpus)} GPUs, not a multiple of server.tp_size "
-                              f"{tp_size}", path=source)
+                              f"{tp_size} (x --dp-size)", path=source)
         groups = [tuple(gpus[i:i + tp_size]) for i in range(0, len(gpus), tp_size)]
     if not groups:
         raise ConfigError(f"'{where}' has no GPUs", path=source)

@@ -39,11 +39,27 @@ def _mib(value: str, what: str, host: str, line: int) -> int:
     try:
         return int(text)
     except ValueError:
-        if text in ("[N/A]", "[Not Supported]", "N/A"):
-            # nvidia-smi prints this for memory it cannot read (e.g. MIG or no permission).
-            raise ProbeError(f"nvidia-smi reports {what} as {value!r}", host=host, line=line,
-                             hint="the probe needs per-GPU memory; check the driver and MIG mode") from None
         raise ProbeError(f"cannot read {what} from {value!r}", host=host, line=line) from None
+
+
+def _is_placeholder(value: str) -> bool:
+    """nvidia-smi prints a bracketed word instead of a value it cannot read: ``[N/A]``, ``[Not Supported]``,
+    ``[GPU requires reset]``, ``[Unknown Error]``, ``[Insufficient Permissions]``..."""
+    text = value.strip()
+    return (text.startswith("[") and text.endswith("]")) or text == "N/A"
+
+
+def _unreadable_hint(value: str, index: int, host: str) -> str:
+    """What to do about a GPU whose memory nvidia-smi cannot read; leaving it out of the fleet always works."""
+    leave_out = f"or leave GPU {index} out of the node's gpus / tp_groups in the fleet file until it is fixed"
+    text = value.strip()
+    if text == "[GPU requires reset]":
+        return (f"reset it (as root, with no process on it: `nvidia-smi --gpu-reset -i {index}`) or reboot {host}, "
+                f"{leave_out}")
+    if text in ("[N/A]", "[Not Supported]", "N/A"):
+        return f"the probe needs per-GPU memory: check the driver and MIG mode (`nvidia-smi -q -i {index}`), {leave_out}"
+    return (f"check the driver on {host} (`nvidia-smi -q -i {index}`, Xid errors in `dmesg`); reset the GPU or reboot "
+            f"if it persists, {leave_out}")
 
 
 def parse_gpu_csv(text: str, *, host: str) -> list[dict]:
@@ -57,13 +73,18 @@ def parse_gpu_csv(text: str, *, host: str) -> list[dict]:
             index = int(row[0])
         except ValueError:
             raise ProbeError(f"GPU index {row[0]!r} is not an integer", host=host, line=line_no) from None
-        gpus.append({
-            "index": index, "uuid": row[1], "name": row[2],
-            "total_mib": _mib(row[3], "memory.total", host, line_no),
-            "used_mib": _mib(row[4], "memory.used", host, line_no),
-            "free_mib": _mib(row[5], "memory.free", host, line_no),
-            "processes": [],
-        })
+        gpu = {"index": index, "uuid": row[1], "name": row[2], "processes": []}
+        unreadable = next(((field, value) for field, value in zip(GPU_FIELDS[3:], row[3:]) if _is_placeholder(value)),
+                          None)
+        if unreadable is None:
+            gpu.update(total_mib=_mib(row[3], "memory.total", host, line_no),
+                       used_mib=_mib(row[4], "memory.used", host, line_no),
+                       free_mib=_mib(row[5], "memory.free", host, line_no))
+        else:
+            # Kept, not refused: a GPU the fleet does not use may be broken (select_gpus refuses a used one).
+            gpu.update(total_mib=None, used_mib=None, free_mib=None,
+                       unreadable={"field": unreadable[0], "value": unreadable[1]})
+        gpus.append(gpu)
     if not gpus:
         raise ProbeError("nvidia-smi listed no GPUs", host=host, hint="is the driver loaded? run nvidia-smi on the node")
     return gpus
@@ -82,7 +103,7 @@ def parse_apps_csv(text: str, *, host: str) -> list[dict]:
             pid = int(row[1])
         except ValueError:
             raise ProbeError(f"pid {row[1]!r} is not an integer", host=host, line=line_no) from None
-        used = 0 if row[3] in ("[N/A]", "[Not Supported]") else _mib(row[3], "used_memory", host, line_no)
+        used = 0 if _is_placeholder(row[3]) else _mib(row[3], "used_memory", host, line_no)
         apps.append({"gpu_uuid": row[0], "pid": pid, "process_name": row[2], "used_mib": used})
     return apps
 
@@ -124,12 +145,19 @@ def parse_probe_output(output: str, *, host: str) -> dict:
 
 
 def select_gpus(inventory: dict, gpu_ids: Sequence[int]) -> list[dict]:
-    """The inventory rows of the given GPU indices; a missing index is an error naming the host."""
+    """The inventory rows of the given GPU indices; a missing index, or a GPU whose memory nvidia-smi cannot
+    read (``[GPU requires reset]``...), is an error naming the host and the GPU."""
     by_index = {gpu["index"]: gpu for gpu in inventory["gpus"]}
     missing = [g for g in gpu_ids if g not in by_index]
     if missing:
         raise ProbeError(f"the fleet names GPU(s) {missing} but nvidia-smi lists only {sorted(by_index)}",
                          host=inventory["host"], hint="fix nodes[].gpus in the fleet description")
+    for index in gpu_ids:
+        unreadable = by_index[index].get("unreadable")
+        if unreadable:
+            raise ProbeError(f"GPU {index} ({by_index[index]['uuid']}): nvidia-smi reports {unreadable['field']} as "
+                             f"{unreadable['value']!r}", host=inventory["host"],
+                             hint=_unreadable_hint(unreadable["value"], index, inventory["host"]))
     return [by_index[g] for g in gpu_ids]
 
 
@@ -137,6 +165,10 @@ def format_inventory(inventory: dict) -> str:
     """A few lines a person can read in the task log."""
     lines = [f"{inventory['host']}: {len(inventory['gpus'])} GPU(s)"]
     for gpu in inventory["gpus"]:
+        if gpu.get("unreadable"):
+            lines.append(f"  GPU {gpu['index']} {gpu['name']}: unusable, nvidia-smi reports "
+                         f"{gpu['unreadable']['field']} as {gpu['unreadable']['value']}")
+            continue
         holders = ", ".join(f"{p['process_name']}[{p['pid']}{' ours' if p['ours'] else ''}] {p['used_mib']} MiB"
                             for p in gpu["processes"]) or "no processes"
         lines.append(f"  GPU {gpu['index']} {gpu['name']}: total {gpu['total_mib']} MiB, used {gpu['used_mib']}, "

@@ -18,6 +18,8 @@ K = FailureKind
 _SPECIFIC = (
     (K.OOM_WEIGHTS, "Loaded weights leave no GPU memory for the KV cache"),
     (K.OOM_KV, "Not enough memory. Please try to increase --mem-fraction-static"),
+    # pool_configurator.validate_swa_pool_size: the sliding-window pool is smaller than one window (§2.5)
+    (K.OOM_KV, "cannot hold even one request: the prefill admission floor is sliding_window_size"),
     (K.OOM_MAMBA, "Not enough GPU memory for hybrid (mamba/linear-attention) state cache"),
     (K.OOM_MAMBA, "Hybrid (mamba/linear-attention) state cache is too small to serve any requests"),
     (K.OOM_CUDA_GRAPH, "Capture cuda graph failed"),
@@ -85,10 +87,15 @@ class RankLimits:
     max_running_requests: int | None  # effective_max_running_requests_per_dp: the cap that binds
     max_total_num_tokens: int | None
     max_mamba_cache_size: int | None
+    # memory_usage.token_capacity_swa: the sliding-window pool's tokens (docs/sglang-memory-model.md §2.5)
+    swa_max_total_num_tokens: int | None = None
 
     def to_dict(self) -> dict:
-        return {"max_running_requests": self.max_running_requests,
+        data = {"max_running_requests": self.max_running_requests,
                 "max_total_num_tokens": self.max_total_num_tokens, "max_mamba_cache_size": self.max_mamba_cache_size}
+        if self.swa_max_total_num_tokens is not None:
+            data["swa_max_total_num_tokens"] = self.swa_max_total_num_tokens
+        return data
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,7 @@ def parse_server_info(info: dict, *, server: str) -> ServerInfo:
     for index, state in enumerate(states):
         state = state if isinstance(state, dict) else {}
         where = f"internal_states[{index}]"
+        memory = state.get("memory_usage") if isinstance(state.get("memory_usage"), dict) else {}
         requests = _int_or_none(state.get("effective_max_running_requests_per_dp"), server=server,
                                 field=f"{where}.effective_max_running_requests_per_dp")
         if requests is None:
@@ -170,7 +178,9 @@ def parse_server_info(info: dict, *, server: str) -> ServerInfo:
             max_total_num_tokens=_int_or_none(state.get("max_total_num_tokens"), server=server,
                                               field=f"{where}.max_total_num_tokens"),
             max_mamba_cache_size=_int_or_none(state.get("max_mamba_cache_size"), server=server,
-                                              field=f"{where}.max_mamba_cache_size")))
+                                              field=f"{where}.max_mamba_cache_size"),
+            swa_max_total_num_tokens=_int_or_none(memory.get("token_capacity_swa"), server=server,
+                                                  field=f"{where}.memory_usage.token_capacity_swa")))
     parsed = ServerInfo(
         server=server, ranks=tuple(ranks),
         top_level_total_tokens=_int_or_none(info.get("max_total_num_tokens"), server=server,

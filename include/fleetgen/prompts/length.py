@@ -1,8 +1,8 @@
 """Prompts too long for the context the servers will run with, told apart at scan time (docs/shards.md §4).
 
 One oversized prompt must not reshape the fleet: the plan sizes every server's context for the
-longest prompt plus ``max_tokens``, so a single 5 MB prompt would push the context to the model's
-maximum and cut the running requests of every server, only to fail with HTTP 400 anyway (SGLang
+longest prompt plus the largest ``max_tokens`` (a prompt's own, when above the run's), so a single
+5 MB prompt would push the context to the model's maximum and cut the running requests of every server, only to fail with HTTP 400 anyway (SGLang
 refuses a request whose input plus ``max_new_tokens`` exceeds the context:
 ``TokenizerManager._validate_one_request`` in sglang/srt/managers/tokenizer_manager.py). Such a
 prompt goes to ``rejects.jsonl`` with the reason instead, and the plan sees only the accepted ones.
@@ -42,10 +42,18 @@ class LengthLimit:
     max_tokens: int  # the run's; a prompt's own "max_tokens" override wins for that prompt
     source: str  # where the context comes from, for the reject reason and the log
 
+    def output_tokens(self, prompt: Prompt) -> int:
+        """The prompt's output budget: its own ``sampling.max_tokens``, else the run's."""
+        return prompt.sampling.get("max_tokens", self.max_tokens)
+
+    def request_tokens(self, prompt: Prompt) -> int:
+        """Estimated prompt tokens plus the prompt's output budget: the context its request can fill."""
+        return estimated_tokens(prompt.content_chars()) + self.output_tokens(prompt)
+
     def problem(self, prompt: Prompt) -> str | None:
         """Why ``prompt`` cannot fit, or None when it (by the estimate) does."""
         prompt_tokens = estimated_tokens(prompt.content_chars())
-        output = prompt.sampling.get("max_tokens", self.max_tokens)
+        output = self.output_tokens(prompt)
         if prompt_tokens + output <= self.context_tokens:
             return None
         return (f"too long for the context: ~{prompt_tokens} prompt tokens (estimated at {CHARS_PER_TOKEN} characters "

@@ -17,7 +17,13 @@ Two kinds of problem are told apart:
   rejects file and the run proceeds without it. ``iter_shard`` applies the same tests (the limit
   travels in each shard), so shards skip the same lines.
 
-Shards are ``(start byte, count of valid prompts)`` ranges over the file itself; no copy is made.
+Shards are ``(start byte, end byte, count of valid prompts)`` ranges over the file itself; no copy is
+made. What a run reads is fixed when it is planned (docs/shards.md §5): the scan keeps a SHA-256 digest of
+every block of ``INDEX_STRIDE`` valid prompts (from the block's first valid line to the next block's, the
+last one to the end of the file as scanned), each shard carries the blocks it overlaps, and a shard
+checks them before it reads a prompt; validation reads the expected ids through the same blocks. A file
+edited between two tries of a shard is refused with what changed; lines appended after the scan are
+never read by the run.
 Token estimates use ~4 characters per token over message contents (chat template tokens are not
 counted; see :mod:`fleetgen.prompts.length`): they size the plan's context and set aside prompts too
 long for it, never anything that must be exact.
@@ -25,6 +31,7 @@ long for it, never anything that must be exact.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Container, Iterator
@@ -40,7 +47,11 @@ from fleetgen.prompts.lines import (ROLES, SAMPLING_OVERRIDES, Prompt, fast_id, 
                                   parse_line, shorten)
 
 _CHANGED = "the prompts file changed after it was scanned; start a new run"
+_RESTORE = ("a run reads the prompts as they were when it was planned: put the prompts_path file back as it "
+            "was then (same bytes) and clear the task, or start a new run (a new run id) to generate from "
+            "the edited file; add prompts by starting another run on a file of the new prompts")
 INDEX_STRIDE = 1000  # one (valid prompts before, byte offset) pair per this many valid prompts
+DIGEST_HEX_CHARS = 32  # 128 bits of SHA-256 per block: plenty to tell an edit, half the XCom size
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,14 @@ class PromptScan:
     # (valid prompts before this line, byte offset of the line) every INDEX_STRIDE valid prompts:
     # enough to find any shard start without keeping an offset per line.
     index: tuple[tuple[int, int], ...] = ()
+    # SHA-256 (first DIGEST_HEX_CHARS hex) of each index block's bytes: from its entry's offset to the next
+    # entry's, the last to ``bytes``. What fixes the run's prompts at plan time.
+    digests: tuple[str, ...] = ()
+    # The largest per-prompt "sampling.max_tokens" among the accepted prompts (None: no prompt sets one);
+    # the plan's output budget covers it (docs/shards.md §4).
+    own_max_tokens_max: int | None = None
+    # With a length limit: the largest estimated prompt tokens + that prompt's max_tokens of the accepted.
+    request_tokens_max: int | None = None
 
     @property
     def est_prompt_tokens_mean(self) -> float:
@@ -74,6 +93,7 @@ class PromptScan:
         """JSON-safe (the index is ~1,000 pairs for a million prompts: fine for XCom)."""
         data = asdict(self)
         data["index"] = [list(pair) for pair in self.index]
+        data["digests"] = list(self.digests)
         data["est_prompt_tokens_mean"] = round(self.est_prompt_tokens_mean, 1)
         data["est_prompt_tokens_max"] = self.est_prompt_tokens_max
         return data
@@ -84,7 +104,20 @@ class PromptScan:
         known = {f.name for f in fields(cls)}
         values = {key: value for key, value in data.items() if key in known}
         values["index"] = tuple((int(a), int(b)) for a, b in values.get("index", ()))
+        values["digests"] = tuple(str(digest) for digest in values.get("digests", ()))
         return cls(**values)
+
+    def blocks(self) -> list[list]:
+        """``[first valid prompt, start byte, end byte, digest]`` per index block (empty without digests)."""
+        if len(self.digests) != len(self.index):
+            return []
+        ends = [offset for _, offset in self.index[1:]] + [self.bytes]
+        return [[first, offset, end, digest]
+                for (first, offset), end, digest in zip(self.index, ends, self.digests)]
+
+    def output_tokens_max(self, run_max_tokens: int) -> int:
+        """The largest output budget any accepted prompt asks for: its own max_tokens or the run's."""
+        return max(run_max_tokens, self.own_max_tokens_max or 0)
 
 
 def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | None = None,
@@ -94,8 +127,12 @@ def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | N
     With ``length_limit``, prompts too long for its context are rejected too (``too_long`` counts
     them) and the prompt-length statistics cover the accepted prompts only.
 
-    The rejects file (JSONL ``{"line", "id", "error"}``) appears only when the scan succeeds, so a
-    failed scan leaves nothing behind for a later run to trip over.
+    The rejects file (JSONL ``{"line", "id", "error"}``) appears only when the scan finds no structural
+    problem, so a file that cannot be trusted leaves nothing behind for a later run to trip over; when
+    every prompt was rejected it is kept, and the error names it and lists the first reasons.
+
+    The scan also fixes what the run will read: one digest per index block (``digests``), and the
+    largest per-prompt ``max_tokens`` and request (``own_max_tokens_max``, ``request_tokens_max``).
     """
     path = Path(path)
     try:
@@ -106,6 +143,10 @@ def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | N
                                 "from the worker") from exc
     problems: list[tuple[int, str]] = []
     problem_count = rejected = too_long = count = lines = chars_total = chars_max = offset = 0
+    own_max_tokens_max = request_tokens_max = None
+    reject_reasons: list[tuple[int, str]] = []
+    digests: list[str] = []
+    block = None  # the running digest of the current index block
     seen_ids: set[str] = set()
     duplicates: dict[str, list[int]] = {}
     index: list[tuple[int, int]] = []
@@ -117,32 +158,46 @@ def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | N
             jsonlines.Writer(sink, dumps=orjson.dumps) as out:
         for lines, raw in enumerate(handle, 1):
             line_offset, offset = offset, offset + len(raw)
-            if not raw.strip():
-                continue
-            prompt, structural, per_prompt, prompt_id = parse_line(raw)
-            if prompt is not None and length_limit is not None and (per_prompt := length_limit.problem(prompt)):
-                too_long += 1
-            if prompt_id is not None:
-                if prompt_id in seen_ids:
-                    duplicates.setdefault(prompt_id, []).append(lines)
-                    structural = f"duplicate id {shorten(repr(prompt_id))}"
+            if raw.strip():
+                prompt, structural, per_prompt, prompt_id = parse_line(raw)
+                if prompt is not None and length_limit is not None and (per_prompt := length_limit.problem(prompt)):
+                    too_long += 1
+                if prompt_id is not None:
+                    if prompt_id in seen_ids:
+                        duplicates.setdefault(prompt_id, []).append(lines)
+                        structural = f"duplicate id {shorten(repr(prompt_id))}"
+                    else:
+                        seen_ids.add(prompt_id)
+                if structural:
+                    problem_count += 1
+                    if len(problems) < max_listed:
+                        problems.append((lines, structural))
+                elif per_prompt:
+                    rejected += 1
+                    out.write({"line": lines, "id": prompt_id, "error": per_prompt})
+                    if len(reject_reasons) < max_listed:
+                        reject_reasons.append((lines, per_prompt))
                 else:
-                    seen_ids.add(prompt_id)
-            if structural:
-                problem_count += 1
-                if len(problems) < max_listed:
-                    problems.append((lines, structural))
-            elif per_prompt:
-                rejected += 1
-                out.write({"line": lines, "id": prompt_id, "error": per_prompt})
-            else:
-                if count % INDEX_STRIDE == 0:
-                    index.append((count, line_offset))
-                count += 1
-                chars = prompt.content_chars()
-                chars_total += chars
-                chars_max = max(chars_max, chars)
-    if problem_count or count == 0:
+                    if count % INDEX_STRIDE == 0:
+                        index.append((count, line_offset))
+                        if block is not None:
+                            digests.append(block.hexdigest()[:DIGEST_HEX_CHARS])
+                        block = hashlib.sha256()
+                    count += 1
+                    chars = prompt.content_chars()
+                    chars_total += chars
+                    chars_max = max(chars_max, chars)
+                    own = prompt.sampling.get("max_tokens")
+                    if own is not None:
+                        own_max_tokens_max = max(own, own_max_tokens_max or 0)
+                    if length_limit is not None:
+                        request = length_limit.request_tokens(prompt)
+                        request_tokens_max = max(request, request_tokens_max or 0)
+            if block is not None:  # every byte from the first valid prompt on, blank and rejected lines too
+                block.update(raw)
+    if block is not None:
+        digests.append(block.hexdigest()[:DIGEST_HEX_CHARS])
+    if problem_count:
         if partial is not None:
             partial.unlink()
         if duplicates:
@@ -154,15 +209,24 @@ def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | N
             f"{problem_count} structural problem(s) in the prompts file:\n{listed}{more}",
             problems=problems, path=str(path), line=problems[0][0],
             hint="fix these lines (each needs valid JSON and a unique string id) and start the run again")
-    if count == 0:
-        raise PromptsError(f"no valid prompts ({rejected} rejected, {lines} lines)", path=str(path),
-                           hint="check the file is the prompts JSONL" + (" and read the rejects" if rejected else ""))
-    if partial is not None:
+    if partial is not None:  # kept when every prompt was rejected too: the error below points at it
         os.replace(partial, rejects)
+    if count == 0:
+        listed = "".join(f"\n  line {line}: {reason}" for line, reason in reject_reasons)
+        more = f"\n  ... and {rejected - len(reject_reasons)} more" if rejected > len(reject_reasons) else ""
+        where = f"; every reason is in {rejects}" if rejects is not None and rejected else ""
+        raise PromptsError(f"no valid prompts ({rejected} rejected, {lines} lines){where}{listed}{more}",
+                           path=str(path), line=reject_reasons[0][0] if reject_reasons else None,
+                           hint="check that prompts_path is the prompts JSONL" + (
+                               " and fix the rejected lines (or raise the context: the context_length param or "
+                               "--context-length in the fleet's server.extra_args, when they are too long)"
+                               if rejected else ""))
     return PromptScan(path=str(path), count=count, rejected=rejected, bytes=offset, mtime_ns=stat.st_mtime_ns,
                       lines=lines, prompt_chars_mean=chars_total / count, prompt_chars_max=chars_max,
                       rejects_path=str(rejects) if rejects is not None else None, index=tuple(index),
-                      too_long=too_long, length_limit=length_limit.to_dict() if length_limit is not None else None)
+                      too_long=too_long, length_limit=length_limit.to_dict() if length_limit is not None else None,
+                      digests=tuple(digests), own_max_tokens_max=own_max_tokens_max,
+                      request_tokens_max=request_tokens_max)
 
 
 def _name_first_occurrences(path: Path, duplicates: dict[str, list[int]],
@@ -194,12 +258,15 @@ def shard_size_within(count: int, shard_size: int, max_shards: int) -> int:
 
 
 def plan_shards(path: str | os.PathLike, *, shard_size: int, scan: PromptScan | None = None) -> list[dict]:
-    """Cut the valid prompts into shards of ``shard_size``: ``[{shard_id, input_path, start, first, count}]``.
+    """Cut the valid prompts into shards of ``shard_size``:
+    ``[{shard_id, input_path, start, end, first, count, blocks}]``.
 
-    ``start`` is the byte offset of the shard's first valid prompt, ``first`` its index among the valid
-    prompts (the shard's label in the Airflow UI). Uses the scan's sparse index, so each boundary costs at
-    most INDEX_STRIDE lines of reading. When the scan applied a length limit, each shard also carries it as
-    ``length_limit`` so that it skips the same prompts.
+    ``start`` is the byte offset of the shard's first valid prompt, ``end`` the next shard's start (the
+    last shard's: the end of the file as scanned), ``first`` its index among the valid prompts (the
+    shard's label in the Airflow UI), ``blocks`` the scan's digested blocks the range overlaps
+    (``PromptScan.blocks``), which the shard checks before reading. Uses the scan's sparse index, so each
+    boundary costs at most INDEX_STRIDE lines of reading. When the scan applied a length limit, each shard
+    also carries it as ``length_limit`` so that it skips the same prompts.
     """
     if not isinstance(shard_size, int) or shard_size < 1:
         raise PromptsError(f"shard_size must be a positive integer, got {shard_size!r}", path=str(path),
@@ -218,6 +285,11 @@ def plan_shards(path: str | os.PathLike, *, shard_size: int, scan: PromptScan | 
                            "first": first, "count": min(shard_size, scan.count - first)})
             if scan.length_limit is not None:
                 shards[-1]["length_limit"] = dict(scan.length_limit)
+    blocks = scan.blocks()
+    for shard, following in zip(shards, shards[1:] + [None]):
+        shard["end"] = following["start"] if following is not None else scan.bytes
+        if blocks:
+            shard["blocks"] = [block for block in blocks if block[1] < shard["end"] and block[2] > shard["start"]]
     return shards
 
 
@@ -245,6 +317,38 @@ def _accepted(prompt: Prompt | None, limit: LengthLimit | None) -> bool:
     return prompt is not None and (limit is None or limit.problem(prompt) is None)
 
 
+def _identity(handle) -> tuple[int, int, int]:
+    stat = os.fstat(handle.fileno())
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def _changed_block(path: str, block: list, handle, *, shard: int | None, scanned_bytes: int | None) -> PromptsError:
+    """The error for a block whose bytes are no longer the scan's: which prompts, and how the file differs."""
+    first, start, end, _ = block
+    stat = os.fstat(handle.fileno())
+    size = f"the file is now {stat.st_size:,} bytes" + (
+        f", {scanned_bytes:,} when scanned" if scanned_bytes is not None else "")
+    return PromptsError(
+        f"the prompts file changed after the run was planned: bytes {start:,} to {end:,} (valid prompts from "
+        f"{first:,} on) no longer hold what the scan read; {size} (lines inserted, removed or replaced)",
+        path=path, shard=shard, hint=_RESTORE)
+
+
+def check_blocks(handle, path: str, blocks: list[list], *, shard: int | None = None,
+                 scanned_bytes: int | None = None) -> None:
+    """Read each ``[first, start, end, digest]`` block and compare its digest; raise what changed."""
+    for block in blocks:
+        _, start, end, digest = block
+        handle.seek(start)
+        hasher = hashlib.sha256()
+        left = end - start
+        while left > 0 and (data := handle.read(min(left, 1 << 20))):
+            hasher.update(data)
+            left -= len(data)
+        if left or hasher.hexdigest()[:DIGEST_HEX_CHARS] != digest:
+            raise _changed_block(path, block, handle, shard=shard, scanned_bytes=scanned_bytes)
+
+
 def iter_shard(input_path: str | os.PathLike, start: int, count: int, *,
                skip_ids: Container[bytes] | None = None,
                length_limit: LengthLimit | dict | None = None) -> Iterator[Prompt]:
@@ -262,26 +366,49 @@ def iter_shard(input_path: str | os.PathLike, start: int, count: int, *,
 
 def iter_shard_positions(input_path: str | os.PathLike, start: int, count: int, *,
                          skip_ids: Container[bytes] | None = None, first_index: int = 0,
-                         length_limit: LengthLimit | dict | None = None) -> Iterator[tuple[int, int, int, Prompt]]:
+                         length_limit: LengthLimit | dict | None = None, end: int | None = None,
+                         blocks: list[list] | None = None,
+                         shard: int | None = None) -> Iterator[tuple[int, int, int, Prompt]]:
     """``iter_shard`` with where each prompt is: ``(index, line start, line end, prompt)``.
 
     ``index`` counts valid prompts from the shard's start (``first_index`` when ``start`` is a
     point inside the shard), so a reader can later resume from any yielded line.
+
+    With the plan's ``end`` the read stops there: a ``start`` equal to ``end`` (a finished shard, even
+    one that ends the file without a newline) reads nothing. With the plan's ``blocks`` they are checked
+    before the first prompt is yielded, and the file must stay as it was while the shard reads it: a
+    changed file raises ``PromptsError`` saying what changed (``shard`` names the shard in it).
     """
     path = str(input_path)
     seen = 0
     offset = start
     limit = LengthLimit.from_dict(length_limit)
     with open(path, "rb") as handle:
-        if start > 0:
-            handle.seek(start - 1)
-            if handle.read(1) != b"\n":
-                raise PromptsError(f"shard start {start} is not at the beginning of a line", path=path, hint=_CHANGED)
-        for raw in handle:
-            if seen == count:
-                return
+        identity = None
+        if blocks:
+            check_blocks(handle, path, blocks, shard=shard)
+            identity = _identity(handle)
+        if end is not None and not start <= end:
+            raise PromptsError(f"resume point {start} lies past the shard's end {end}", path=path, shard=shard,
+                               hint=_RESTORE)
+        if end is not None and start == end:
+            lines: Iterator[bytes] = iter(())
+        else:
+            if start > 0:
+                handle.seek(start - 1)
+                if handle.read(1) != b"\n":
+                    raise PromptsError(f"shard start {start} is not at the beginning of a line", path=path,
+                                       shard=shard, hint=_CHANGED if blocks is None else _RESTORE)
+            else:
+                handle.seek(0)
+            lines = handle
+        for raw in lines:
+            if seen == count or (end is not None and offset >= end):
+                break
             line_start = offset
             offset += len(raw)
+            if end is not None and offset > end:  # a last line without newline, appended to since the scan
+                raw, offset = raw[:end - line_start], end
             if skip_ids is not None:
                 raw_id = fast_id(raw)
                 if raw_id is not None and raw_id in skip_ids:
@@ -291,21 +418,81 @@ def iter_shard_positions(input_path: str | os.PathLike, start: int, count: int, 
                 continue
             prompt, structural, _, _ = parse_line(raw)
             if structural:
-                raise PromptsError(f"line at byte {line_start}: {structural}", path=path, hint=_CHANGED)
+                raise PromptsError(f"line at byte {line_start}: {structural}", path=path, shard=shard,
+                                   hint=_CHANGED if blocks is None else _RESTORE)
             if not _accepted(prompt, limit):
                 continue  # rejected by the scan too
             seen += 1
             if skip_ids is not None and prompt.id.encode() in skip_ids:
                 continue
             yield first_index + seen - 1, line_start, offset, prompt
+        if identity is not None and _identity(handle) != identity:
+            check_blocks(handle, path, blocks, shard=shard)  # written to meanwhile: still the planned bytes?
     if seen < count:
         raise PromptsError(f"the shard range from byte {start} holds {seen} valid prompts, {count} were planned",
-                       path=path, hint=_CHANGED)
+                           path=path, shard=shard, hint=_CHANGED if blocks is None else _RESTORE)
+
+
+def resume_offset_problem(shard: dict, offset: int) -> str | None:
+    """Why ``offset`` cannot be where a resume of ``shard`` starts reading, or None: it must lie within
+    the planned range and at the start of a line (the range's end is one, with or without a newline)."""
+    start, end = int(shard["start"]), shard.get("end")
+    if offset < start or (end is not None and offset > int(end)):
+        return f"byte {offset} lies outside the shard's planned range {start} to {end if end is not None else 'EOF'}"
+    if offset in (start, end):
+        return None
+    with open(shard["input_path"], "rb") as handle:
+        handle.seek(offset - 1)
+        if handle.read(1) != b"\n":
+            return f"byte {offset} is not the start of a line of the prompts file"
+    return None
+
+
+@dataclass(frozen=True)
+class PlannedPrompts:
+    """The prompts a run planned, as validation needs them."""
+
+    ids: list[str]  # every accepted prompt's id, in file order
+    own_max_tokens: dict[str, int]  # the prompts with their own "sampling.max_tokens", by id
+
+
+def read_planned_prompts(scan: PromptScan | dict) -> PlannedPrompts:
+    """The accepted prompts of ``scan`` read from its file, each block checked against its digest.
+
+    Reads only what the scan read (lines appended since are not the run's); a block that changed
+    raises ``PromptsError`` saying which prompts and what to do. A scan without digests (made before
+    they existed) reads its byte range unchecked.
+    """
+    scan = PromptScan.from_dict(scan) if isinstance(scan, dict) else scan
+    limit = LengthLimit.from_dict(scan.length_limit)
+    ids: list[str] = []
+    own: dict[str, int] = {}
+    blocks = scan.blocks() or [[0, scan.index[0][1] if scan.index else 0, scan.bytes, None]]
+    with open(scan.path, "rb") as handle:
+        for block in blocks:
+            _, start, end, digest = block
+            handle.seek(start)
+            hasher = hashlib.sha256()
+            offset = start
+            for raw in handle:
+                if offset >= end:
+                    break
+                raw = raw[:end - offset]  # a last line without newline may have been appended to since
+                offset += len(raw)
+                hasher.update(raw)
+                prompt = parse_line(raw)[0] if raw.strip() else None
+                if _accepted(prompt, limit):
+                    ids.append(prompt.id)
+                    if "max_tokens" in prompt.sampling:
+                        own[prompt.id] = prompt.sampling["max_tokens"]
+            if digest is not None and (offset != end or hasher.hexdigest()[:DIGEST_HEX_CHARS] != digest):
+                raise _changed_block(scan.path, block, handle, shard=None, scanned_bytes=scan.bytes)
+    return PlannedPrompts(ids=ids, own_max_tokens=own)
 
 
 def iter_prompt_ids(path: str | os.PathLike, *, length_limit: LengthLimit | dict | None = None) -> Iterator[str]:
-    """Every valid prompt id in file order (what the output must cover); with the scan's
-    ``length_limit``, without the prompts it set aside as too long."""
+    """Every valid prompt id in file order, as the file is now; with the scan's ``length_limit``,
+    without the prompts it set aside as too long. (A run's validation reads ``read_planned_prompts``.)"""
     limit = LengthLimit.from_dict(length_limit)
     with open(path, "rb") as handle:
         for raw in handle:

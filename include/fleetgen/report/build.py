@@ -194,6 +194,25 @@ def _servers(readiness: list[dict] | None) -> dict:
     return {"kept": len(kept), "relaunched": len(launched), "kept_servers": kept, "relaunched_servers": launched}
 
 
+def _reuse_lookups(shard_results: list[dict] | None) -> dict:
+    """What the shards' reuse lookups said (fleetgen.generate.reuse.ReuseLookup.summary): the runs copied from,
+    the prompts generated again because their earlier copy could not be read (by reason), the runs passed over
+    and, when no earlier run had tonight's generation key, which parts of it changed."""
+    lookups = [item["reuse"] for item in shard_results or [] if item.get("reuse")]
+    regenerated: dict[str, int] = {}
+    passed_over: dict[str, str] = {}
+    for lookup in lookups:
+        for reason, count in lookup.get("regenerated", {}).items():
+            regenerated[reason] = regenerated.get(reason, 0) + int(count)
+        for skipped in lookup.get("skipped", []):
+            passed_over.setdefault(skipped["run"], skipped["reason"])
+    changed = next((lookup["changed"] for lookup in lookups if lookup.get("changed")), None)
+    return {"source_runs": sorted({lookup["source"] for lookup in lookups if lookup.get("source")}),
+            "regenerated": regenerated, "passed_over": [{"run": run, "reason": reason}
+                                                         for run, reason in sorted(passed_over.items())],
+            "changed": changed}
+
+
 def _shards(shard_results: list[dict] | None) -> dict | None:
     if shard_results is None:
         return None
@@ -293,7 +312,7 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
     report["reuse"] = {"reused": int(reused.sum()), "generated": int((~reused).sum()),
                        "from_runs": {str(run): int(count) for run, count in
                                      stats.loc[reused, "reused_from"].astype(object).value_counts().items()}
-                       if "reused_from" in stats else {}}
+                       if "reused_from" in stats else {}, **_reuse_lookups(shard_results)}
     report["errors"] = {"records": len(errors), "prompts": int(errors["id"].nunique()),
                         "by_code": {str(code): int(count) for code, count in
                                     errors["code"].astype(object).fillna("none").value_counts().items()},

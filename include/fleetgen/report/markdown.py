@@ -103,10 +103,27 @@ def _headline(report: dict) -> list[str]:
             f"- Completions generated tonight: {_number(reuse['generated'])}; reused unchanged from "
             f"earlier runs: {_number(reuse['reused'])}"
             + (f" ({', '.join(reuse['from_runs'])})" if reuse["from_runs"] else ""),
+            *_reuse_lines(reuse),
             f"- Servers: {servers['kept']} kept running (already on tonight's plan), {servers['relaunched']} "
             "(re)launched",
             f"- Generation span: {_number(timing['generation_seconds'])} s (first request start to last finish)"
             + (f"; wall time given: {_number(timing['wall_seconds'])} s" if timing["wall_seconds"] else ""), ""]
+
+
+def _reuse_lines(reuse: dict) -> list[str]:
+    """Why fewer completions than the earlier runs held were reused (docs/output-formats.md §3.9)."""
+    lines = []
+    if reuse.get("source_runs"):
+        lines.append(f"  - copied from run {', '.join(reuse['source_runs'])}"
+                     + ("; generated again because their earlier copy could not be used: "
+                        + ", ".join(f"{_number(count)} ({reason})" for reason, count in reuse["regenerated"].items())
+                        if reuse.get("regenerated") else ""))
+    for skipped in reuse.get("passed_over", []):
+        lines.append(f"  - passed over run {skipped['run']}: {skipped['reason']}")
+    if reuse.get("changed"):
+        lines.append(f"  - nothing reused from run {reuse['changed']['run']}: changed since "
+                     f"{', '.join(reuse['changed']['parts']) or 'its index was written'}")
+    return lines
 
 
 def render_markdown(report: dict) -> str:

@@ -45,8 +45,12 @@ def budget_rows(profile: MemoryProfile, sizing: PoolSizing, reserve: ReserveEsti
                          f"({sizing.spec_requests} requests + 1) x D {profile.draft_tokens} x P (2.3)"))
     rows.append(("  KV pool", sizing.kv_bytes, f"{sizing.max_total_num_tokens} tokens x "
                  f"{profile.kv_bytes_per_token} B/token, page floor (2.2)"))
+    if sizing.swa_max_total_num_tokens is not None:
+        rows.append(("  SWA KV pool", sizing.swa_kv_bytes, f"{sizing.swa_max_total_num_tokens} tokens "
+                     f"(--swa-full-tokens-ratio {format_flag_value(profile.swa_full_tokens_ratio)} x full) x "
+                     f"{profile.swa_kv_bytes_per_token} B/token (2.5)"))
     accounted = (profile.weights_bytes_per_gpu + profile.multimodal_reserve_bytes + sizing.state_bytes
-                 + sizing.spec_bytes + sizing.kv_bytes)
+                 + sizing.spec_bytes + sizing.kv_bytes + sizing.swa_kv_bytes)
     rows += [
         ("  unused in the static budget", static - accounted, "floors of K and tokens"),
         ("non-static (free after pools)", free, f"pre-load free x (1 - {format_flag_value(mfs)})"),
@@ -87,7 +91,8 @@ def compare_expected(plan: ServerPlan, info: ServerInfo) -> list[str]:
     """Mismatch lines between the plan and what the server reports (docs/sglang-memory-model.md §5.5);
     empty when they agree.
 
-    Per attention-DP rank: the effective max running requests and the computed Mamba slots;
+    Per data-parallel rank: the effective max running requests, the computed Mamba slots and a sliding-window
+    model's SWA pool tokens;
     ``max_total_num_tokens`` from the top level (scheduler handshake), else from each rank. A value
     higher than planned is a mismatch as much as a lower one: either way the plan's arithmetic is off.
     """
@@ -110,6 +115,9 @@ def compare_expected(plan: ServerPlan, info: ServerInfo) -> list[str]:
         if info.top_level_total_tokens is None:
             check("max_total_num_tokens", expected["max_total_num_tokens"], rank.max_total_num_tokens,
                   f"internal_states[{index}].max_total_num_tokens")
+        if expected.get("swa_max_total_num_tokens") is not None:
+            check("swa_max_total_num_tokens", expected["swa_max_total_num_tokens"], rank.swa_max_total_num_tokens,
+                  f"internal_states[{index}].memory_usage.token_capacity_swa")
     if info.top_level_total_tokens is not None:
         check("max_total_num_tokens", expected["max_total_num_tokens"], info.top_level_total_tokens,
               "max_total_num_tokens")

@@ -12,6 +12,11 @@ Four layouts are covered, each the way SGLang 0.5.23 reads it:
 
 A config that matches none of them is an error that names the keys it lacks: sizing an unknown
 layout as if it were dense would silently leave its state out of the budget.
+
+Sliding-window layers (docs/sglang-memory-model.md §2.5): SGLang keeps a separate SWA pool only for the
+architectures ``configs/model_config.py::is_hybrid_swa_model`` lists; every other model, Gemma-2/3
+among them (``model_overrides/gemma2_gemma3.py`` forces ``--disable-hybrid-swa-memory``), keeps full KV
+on every layer, which is how the dense layout here sizes it.
 """
 
 from __future__ import annotations
@@ -65,6 +70,26 @@ MULTIMODAL_ARCHITECTURES = frozenset("""
     BailingMMNativeForConditionalGeneration BailingMM2NativeForConditionalGeneration
     BailingMoeV3VLForConditionalGeneration
 """.split())
+# configs/model_config.py::is_hybrid_swa_model: the architectures with a separate SWA KV pool.
+HYBRID_SWA_ARCHITECTURES = frozenset("""
+    BeamForCausalLM Llama4ForConditionalGeneration DeepseekV4ForCausalLM DeepseekV4ForCausalLMNextN
+    DeepseekV4ForCausalLMDSpark GptOssForCausalLM GraniteSWAForCausalLM GraniteMoeSWAForCausalLM
+    IQuestQ1ForCausalLM IQuestQ1MTP MiMoV2ForCausalLM MiMoV2FlashForCausalLM MiMoV2MTP Step3p5ForCausalLM
+    Step3p5MTP Step3p7ForConditionalGeneration Gemma4ForCausalLM Gemma4ForConditionalGeneration
+    EmbeddingGemma2Model Gemma4UnifiedForConditionalGeneration DiffusionGemmaForBlockDiffusion LagunaForCausalLM
+    MellumForCausalLM MuseGlimmerForCausalLM MuseGlimmerForConditionalGeneration InklingForConditionalGeneration
+    InklingForConditionalGenerationMTP UnlimitedOCRForCausalLM
+""".split())
+# configs/model_config.py::SWA_SINK_ARCHS: layer_types names the sliding layers (get_hybrid_layer_ids), and
+# the model reports sliding_window - 1 as its window (models/gpt_oss.py::get_attention_sliding_window_size).
+SWA_LAYER_TYPES_ARCHITECTURES = frozenset({"GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
+                                           "IQuestQ1ForCausalLM"})
+# get_hybrid_layer_ids: Llama 4 keeps every 4th layer full, the rest chunked (window attention_chunk_size).
+LLAMA4_SWA_ARCHITECTURES = frozenset({"Llama4ForConditionalGeneration"})
+LLAMA4_FULL_ATTENTION_INTERVAL = 4
+MXFP4_BF16_ARCHITECTURES = frozenset({"GptOssForCausalLM"})
+# swa_full_tokens_ratio fallback (arg_groups/fields/schedule.py): SWA-layer tokens per full-layer token.
+DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
 # configs/model_config.py::ModelConfig.__init__ turns multimodal off by default for these.
 MULTIMODAL_OFF_BY_DEFAULT = frozenset({"Gemma3ForConditionalGeneration", "Llama4ForConditionalGeneration",
                                        "Step3VLForConditionalGeneration", "InklingForConditionalGeneration"})
@@ -116,10 +141,23 @@ class ModelGeometry:
     model_type: str = ""  # hf_config.model_type (the top-level config's)
     vision_layers: int | None = None
     vision_hidden_size: int | None = None
+    # Hybrid SWA (HYBRID_SWA_ARCHITECTURES): of the attention layers, those SGLang keeps in its SWA pool,
+    # their KV shape (ModelConfig.get_swa_num_kv_heads, swa_head_dim, swa_v_head_dim) and the window the
+    # model reports (model_runner_components/load_model_utils.py::resolve_sliding_window_size).
+    swa_layers: int = 0
+    swa_kv_heads: int = 0
+    swa_head_dim: int = 0
+    swa_v_head_dim: int = 0
+    sliding_window_size: int | None = None
+    hybrid_swa_unmodeled: bool = False  # a hybrid-SWA architecture whose layer split is not modelled here
 
     @property
     def is_hybrid(self) -> bool:
         return self.state_layers > 0
+
+    @property
+    def is_hybrid_swa(self) -> bool:
+        return self.swa_layers > 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -162,12 +200,13 @@ def model_geometry(config: dict, *, config_path: str = "config.json") -> ModelGe
         raise ModelConfigError(f"{architecture}: DSA sparse attention (index_topk) keeps an indexer KV cache "
                                "that the tuner does not model", path=config_path,
                                hint="plan this model by hand with explicit SGLang flags")
-    layer_types = get("layer_types") or []
-    if any(str(t) in ("sliding_attention", "chunked_attention") for t in layer_types) and \
-            get("linear_num_value_heads") is None:
-        raise ModelConfigError(f"{architecture}: sliding-window layers (layer_types) use SGLang's SWA pools, "
-                               "which the tuner does not model", path=config_path,
-                               hint="plan this model by hand with explicit SGLang flags")
+    swa = {}
+    if architecture in HYBRID_SWA_ARCHITECTURES or text.get("is_hybrid_swa") or config.get("is_hybrid_swa"):
+        swa = _hybrid_swa_fields(get, need, architecture, config_path)
+        if get("linear_num_value_heads") is not None or get("kv_lora_rank") is not None or any(
+                get(key) is not None for key in ("hybrid_override_pattern", "mamba_d_ssm", "mamba_n_heads")):
+            # an SWA pool beside MLA or recurrent state: only the dense split is modelled
+            common = {**common, "hybrid_swa_unmodeled": True}
 
     if get("linear_num_value_heads") is not None:
         return _hybrid_gdn(get, need, common)
@@ -194,7 +233,32 @@ def model_geometry(config: dict, *, config_path: str = "config.json") -> ModelGe
         need(["num_hidden_layers", "num_attention_heads", "hidden_size"], "dense attention (no head_dim)")
     layers = int(get("num_hidden_layers"))
     return ModelGeometry(layout="dense", num_layers=layers, attention_layers=layers,
-                         **_attention_fields(get), **common)
+                         **_attention_fields(get), **common, **swa)
+
+
+def _hybrid_swa_fields(get, need, architecture: str, config_path: str) -> dict:
+    """The SWA split ``get_hybrid_layer_ids`` makes for the hybrid-SWA architectures modelled here."""
+    need(["num_hidden_layers", "num_attention_heads"], "hybrid sliding-window")
+    layers = int(get("num_hidden_layers"))
+    if architecture in SWA_LAYER_TYPES_ARCHITECTURES:
+        layer_types = [str(t) for t in (get("layer_types") or [])]
+        if get("sliding_window") is None or not layer_types:
+            raise ModelConfigError(f"{architecture}: a sliding-window config needs layer_types and sliding_window",
+                                   path=config_path)
+        swa_layers = sum(1 for t in layer_types[:layers] if t == "sliding_attention")
+        window = int(get("sliding_window")) - 1
+    elif architecture in LLAMA4_SWA_ARCHITECTURES:
+        swa_layers = sum(1 for i in range(layers) if (i + 1) % LLAMA4_FULL_ATTENTION_INTERVAL != 0)
+        chunk = get("attention_chunk_size")
+        window = int(chunk) if chunk is not None else None
+    else:
+        # Refused by the profile unless --disable-hybrid-swa-memory puts every layer in the full pool.
+        return {"hybrid_swa_unmodeled": True}
+    attention = _attention_fields(get)
+    kv_heads = int(get("swa_num_key_value_heads") or attention["kv_heads"])
+    head_dim = int(get("swa_head_dim") or attention["head_dim"])
+    return {"swa_layers": swa_layers, "swa_kv_heads": kv_heads, "swa_head_dim": head_dim,
+            "swa_v_head_dim": int(get("swa_v_head_dim") or head_dim), "sliding_window_size": window}
 
 
 def context_length_of(config: dict) -> int:
@@ -214,6 +278,10 @@ def context_length_of(config: dict) -> int:
 
 def _common_fields(text: dict, config: dict, architecture: str) -> dict:
     dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype")
+    quantization = config.get("quantization_config") or text.get("quantization_config") or {}
+    if architecture in MXFP4_BF16_ARCHITECTURES and isinstance(quantization, dict) \
+            and quantization.get("quant_method") == "mxfp4":
+        dtype = "bfloat16"  # model_overrides/gpt_oss.py: MXFP4 checkpoints run in bfloat16 (their KV too)
     context = context_length_of(config)
     vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else None
     if vision is None and architecture in _DEFAULT_VISION_TOWER:

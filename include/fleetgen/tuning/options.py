@@ -27,12 +27,16 @@ REJECTED_FLAGS = {
     "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
 }
 # Layouts the memory arithmetic here does not cover; planning them would be a guess.
-UNMODELED = {"--pp-size", "--pipeline-parallel-size", "--attn-dp-size", "--dp-size",
-             "--data-parallel-size", "--enable-dp-attention"}
+UNMODELED = {"--pp-size", "--pipeline-parallel-size", "--attn-dp-size", "--attention-data-parallel-size",
+             "--enable-dp-attention"}
 
 _VALUE_FLAGS = {
     "--tp-size": "tp_size", "--tensor-parallel-size": "tp_size",
+    "--dp-size": "dp_size", "--data-parallel-size": "dp_size",
+    "--ep-size": "ep_size", "--expert-parallel-size": "ep_size", "--ep": "ep_size",
+    "--swa-full-tokens-ratio": "swa_full_tokens_ratio",
     "--kv-cache-dtype": "kv_cache_dtype",
+    "--quantization": "quantization",
     "--mamba-ssm-dtype": "mamba_ssm_dtype",
     "--speculative-algorithm": "speculative_algorithm",
     "--speculative-num-steps": "speculative_num_steps",
@@ -58,6 +62,7 @@ _SWITCH_FLAGS = {
     "--disable-radix-cache": "disable_radix_cache",
     "--disable-cuda-graph": "disable_cuda_graph",
     "--language-model-only": "language_model_only",
+    "--disable-hybrid-swa-memory": "disable_hybrid_swa_memory",
 }
 
 
@@ -70,7 +75,15 @@ class LaunchOptions:
     """
 
     tp_size: int = 1
+    # Data-parallel replicas (--dp-size): each is its own scheduler on its own tp_size GPUs with its
+    # own pools (managers/data_parallel_controller.py), so a server holds tp_size x dp_size GPUs.
+    dp_size: int = 1
+    # Expert parallelism (--ep-size): splits the experts, not their bytes; weights per GPU stay total / tp.
+    ep_size: int = 1
+    disable_hybrid_swa_memory: bool = False
+    swa_full_tokens_ratio: float | None = None  # None: SGLang's fallback 0.8 (arg_groups/fields/schedule.py)
     kv_cache_dtype: str = "auto"
+    quantization: str | None = None  # --quantization; None: the checkpoint's own (tuning/quantization.py)
     mamba_ssm_dtype: str | None = None
     speculative_algorithm: str | None = None
     speculative_num_steps: int | None = None
@@ -100,8 +113,14 @@ class LaunchOptions:
         def bad(message: str, hint: str | None = None) -> ConfigError:
             return ConfigError(f"SGLang launch options: {message}", hint=hint)
 
-        if not isinstance(self.tp_size, int) or self.tp_size < 1:
-            raise bad(f"tp_size must be a positive integer, got {self.tp_size!r}")
+        for name in ("tp_size", "dp_size", "ep_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise bad(f"{name} must be a positive integer, got {value!r}")
+        if self.swa_full_tokens_ratio is not None and not 0 < self.swa_full_tokens_ratio <= 1:
+            # arg_groups/kv_cache_hook.py::_handle_cache_compatibility raises this before anything loads.
+            raise bad("--swa-full-tokens-ratio should be in range (0, 1.0].",
+                      hint="drop --swa-full-tokens-ratio or give a value in (0, 1]")
         for name in ("page_size", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
                      "context_length", "max_running_requests", "max_mamba_cache_size", "max_total_tokens",
                      "cuda_graph_max_bs_decode"):
@@ -141,6 +160,11 @@ class LaunchOptions:
             raise bad("speculative steps/top-k/draft tokens are set but --speculative-algorithm is not")
 
     # -- derived values -------------------------------------------------------------------------
+
+    @property
+    def gpus_per_server(self) -> int:
+        """GPUs one server launch holds: tp_size for each of its dp_size replicas."""
+        return self.tp_size * self.dp_size
 
     @property
     def spec_enabled(self) -> bool:
@@ -219,8 +243,12 @@ class LaunchOptions:
                     index += 1  # the value of a flag that does not change memory
                 continue
             if name == "--enable-dp-attention":
-                raise ConfigError("extra SGLang args: attention data parallelism is not modeled by the tuner",
-                                  hint="drop --enable-dp-attention or plan this server by hand")
+                # Attention weights are split over tp / attn_dp ranks and replicated across the groups, the rest
+                # over all tp ranks: weights per GPU are not the checkpoint's total / tp.
+                raise ConfigError("extra SGLang args: attention data parallelism is not modeled by the tuner "
+                                  "(its weights per GPU and per-group pools)",
+                                  hint="drop --enable-dp-attention (--dp-size alone runs independent replicas), "
+                                       "or plan this server by hand")
             if has_inline:
                 raw = inline
             elif index < len(args):
@@ -231,17 +259,17 @@ class LaunchOptions:
             if name in UNMODELED:
                 if raw.strip() != "1":
                     raise ConfigError(f"extra SGLang args: {name} {raw} is not modeled by the tuner "
-                                      "(pipeline / data / attention-DP parallelism)",
+                                      "(pipeline / attention-DP parallelism)",
                                       hint="run one tensor-parallel server per GPU group, or plan by hand")
                 continue
             values[_VALUE_FLAGS[name]] = _convert(_VALUE_FLAGS[name], raw, name)
         return cls(**values)
 
 
-_INT_FIELDS = {"tp_size", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+_INT_FIELDS = {"tp_size", "dp_size", "ep_size", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
                "page_size", "context_length", "max_running_requests", "max_mamba_cache_size",
                "max_total_tokens", "chunked_prefill_size", "cuda_graph_max_bs_decode"}
-_FLOAT_FIELDS = {"mem_fraction_static", "mamba_full_memory_ratio"}
+_FLOAT_FIELDS = {"mem_fraction_static", "mamba_full_memory_ratio", "swa_full_tokens_ratio"}
 
 
 def _convert(field_name: str, raw: str, flag: str):

@@ -1,8 +1,10 @@
 """Launch plan per server: the SGLang flags that give the most concurrent requests the GPU can hold.
 
-Objective (issue 3): the largest ``max_running_requests`` per server such that
+``plan_server`` sizes one server for a request cap: the largest ``max_running_requests`` such that
 
-- the KV pool holds every running request at its full context length, and
+- the KV pool holds what the bounds ask for: every running request at its full context length (the
+  full-context plan), or the pool the workload mode chose (``TunerBounds``, ``fleetgen.tuning.workload``:
+  the pool the previous run's requests really needed, one bounded step per run), and
 - SGLang's own reserve for activations and CUDA graphs (docs/sglang-memory-model.md §1.1), any draft KV pool SGLang
   allocates outside its static budget (2.2), and the user's margin all stay free.
 
@@ -11,6 +13,7 @@ The plan sets the Mamba slots explicitly (``--max-mamba-cache-size = ratio x req
 chunked-prefill size and decode CUDA-graph batch to the workload, which shrinks the reserve. Every
 expected value comes from :func:`fleetgen.tuning.sizing.size_pools`, SGLang's own arithmetic, so the
 server's /server_info must agree with the plan exactly; :func:`compare_expected` checks that.
+``backoff`` gives the plan one step smaller after a memory failure.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from fleetgen.errors import FailureKind, PlanError
 from fleetgen.tuning.profile import GIB, MIB, LaunchOptions, MemoryProfile, ModelGeometry, profile_geometry
 from fleetgen.tuning.budget import budget_rows, compare_expected, render_budget_table
 from fleetgen.tuning.geometry import MULTIMODAL_PREFILL_GRAPH_ARCHITECTURES
-from fleetgen.tuning.platform import (attention_choice, gpu_generation, is_large_hopper_qwen3_vl,
+from fleetgen.tuning.platform import (attention_choice, backend_refusal, gpu_generation, is_large_hopper_qwen3_vl,
                                       qwen3_vl_hopper_reserve_mib)
 from fleetgen.tuning.plan import ServerPlan, TunerBounds, Workload, format_flag_value
+from fleetgen.tuning.quantization import check_gpu_capability
 from fleetgen.tuning.sizing import (SPEC_DEFAULT_MAX_RUNNING_REQUESTS, PoolSizing, ReserveEstimate,
                                     auto_mem_fraction_static, gpu_table, sglang_reserve_mb, size_pools)
 
@@ -63,6 +67,9 @@ def plan_server(*, host: str, gpu_ids: list[int], port: int, gpus: list[dict], p
     """Plan one server on ``gpus`` (the probe's inventory rows for ``gpu_ids``). ``calibration_bytes``:
     the correction a previous run's readback measured for this GPU, SGLang version, model and tp
     (``tuning/calibration.py``), taken off the pre-load free memory fleetgen's constants give."""
+    for gpu in gpus[:1]:
+        check_gpu_capability(profile.quantization, gpu_generation(str(gpu.get("name", ""))), str(gpu.get("name")),
+                             host=host)
     inputs = {"gpus": [dict(g) for g in gpus], "profile": profile.to_dict(), "options": options.to_dict(),
               "workload": workload.to_dict(), "bounds": bounds.to_dict(),
               "adjust": {"mrr_cap": None, "extra_reserve_bytes": 0, "pre_free_shrink_bytes": 0,
@@ -100,7 +107,8 @@ def backoff(plan: ServerPlan, failure: FailureKind | str) -> ServerPlan:
     inputs = {**plan.inputs, "adjust": dict(plan.inputs["adjust"])}
     adjust = inputs["adjust"]
     requests = plan.expected["max_running_requests"]
-    step_bytes = max(_BACKOFF_MIN_RESERVE_STEP, _pre_load_free(plan.inputs["gpus"], 0) // 100)
+    tp_size = int(plan.inputs["options"].get("tp_size", 1))
+    step_bytes = max(_BACKOFF_MIN_RESERVE_STEP, _pre_load_free(plan.inputs["gpus"], 0, tp_size) // 100)
     if kind.backoff_step == "requests":
         if requests <= 1:
             raise PlanError(f"the server fails ({failure_kind}) even with 1 running request",
@@ -124,13 +132,14 @@ def _process_overhead_mib(tp_size: int) -> int:
     return CUDA_CONTEXT_MIB + (NCCL_BUFFERS_MIB if tp_size > 1 else 0)
 
 
-def _pre_load_free(gpus: list[dict], shrink_bytes: int) -> int:
+def _pre_load_free(gpus: list[dict], shrink_bytes: int, tp_size: int) -> int:
     """SGLang's baseline (2.1), MIN over ranks: free memory plus what our stopping servers hold,
-    less the new process's own start-up memory."""
+    less the new process's own start-up memory. Every data-parallel replica sizes its own pools from its
+    own GPUs; the plan takes the smallest, so each replica holds at least what the plan expects."""
     values = []
     for gpu in gpus:
         ours = sum(int(p.get("used_mib", 0)) for p in gpu.get("processes", []) if p.get("ours"))
-        values.append((int(gpu["free_mib"]) + ours - _process_overhead_mib(len(gpus))) * MIB)
+        values.append((int(gpu["free_mib"]) + ours - _process_overhead_mib(tp_size)) * MIB)
     return min(values) - shrink_bytes
 
 
@@ -142,16 +151,20 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
     bounds = TunerBounds(**inputs["bounds"])
     adjust = inputs["adjust"]
     server = f"{host}:{port}"
-    if not gpus or len(gpus) != options.tp_size or len(gpu_ids) != len(gpus):
+    if not gpus or len(gpus) != options.gpus_per_server or len(gpu_ids) != len(gpus):
         raise PlanError(f"server has {len(gpu_ids)} GPU id(s) and {len(gpus)} inventory row(s) but tp size "
-                        f"{options.tp_size}", host=host, server=server,
-                        hint="give each server exactly tp_size GPUs in the fleet description")
+                        f"{options.tp_size}" + (f" x dp size {options.dp_size}" if options.dp_size > 1 else ""),
+                        host=host, server=server,
+                        hint="give each server exactly tp_size x dp_size GPUs in the fleet description")
     if [int(g["index"]) for g in gpus] != [int(i) for i in gpu_ids]:
         raise PlanError(f"inventory rows {[g['index'] for g in gpus]} do not match gpu_ids {gpu_ids}",
                         host=host, server=server)
 
     flags: dict = {}
     notes: list[str] = list(base_profile.notes)
+    if options.dp_size > 1:
+        notes.append(f"--dp-size {options.dp_size}: {options.dp_size} replicas of {options.tp_size} GPU(s), each with "
+                     "its own pools; the budget and the expected values are one replica's (the smallest free GPU)")
     options, flags = _apply_opt_ins(base_profile, options, bounds, flags, notes)
     geometry = ModelGeometry.from_dict(base_profile.geometry)
     generation = gpu_generation(str(gpus[0].get("name", "")))
@@ -163,7 +176,7 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
 
     gpu_total_mib = min(int(g["total_mib"]) for g in gpus)
     calibration = int(adjust.get("calibration_bytes", 0))
-    pre_free = _pre_load_free(gpus, adjust["pre_free_shrink_bytes"] + calibration)
+    pre_free = _pre_load_free(gpus, adjust["pre_free_shrink_bytes"] + calibration, options.tp_size)
     if pre_free <= profile.weights_bytes_per_gpu:
         raise PlanError(f"weights need {profile.weights_bytes_per_gpu / GIB:.2f} GiB per GPU but only "
                         f"{pre_free / GIB:.2f} GiB are free", host=host, server=server,
@@ -183,12 +196,15 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
             notes.append(f"the KV pool holds {best.sizing.max_total_num_tokens} tokens, less than "
                          f"{best.sizing.effective_max_running_requests} requests x {context} context")
     margin = bounds.margin_mib * MIB + adjust["extra_reserve_bytes"]
+    # Per data-parallel replica: /server_info reports one internal state per replica (readiness.py).
     expected = {"max_running_requests": best.sizing.effective_max_running_requests,
                 "max_mamba_cache_size": best.sizing.max_mamba_cache_size,
                 "max_total_num_tokens": best.sizing.max_total_num_tokens}
+    if best.sizing.swa_max_total_num_tokens is not None:
+        expected["swa_max_total_num_tokens"] = best.sizing.swa_max_total_num_tokens
     summary = {"gpu_total_bytes": gpu_total_mib * MIB, "pre_load_free_bytes": pre_free,
                "foreign_bytes": _foreign_bytes(gpus),
-               "cuda_context_bytes": _process_overhead_mib(len(gpus)) * MIB, "calibration_bytes": calibration,
+               "cuda_context_bytes": _process_overhead_mib(options.tp_size) * MIB, "calibration_bytes": calibration,
                "margin_bytes": margin, "context_length": context, "decode_max_bs": best.decode_max_bs,
                "chunked_prefill_size": best.chunked_prefill_size}
     budget = budget_rows(profile, best.sizing, best.reserve, summary)
@@ -224,7 +240,9 @@ def _platform_profile(base_profile: MemoryProfile, geometry: ModelGeometry, opti
     def reprofile(opts: LaunchOptions) -> MemoryProfile:
         return profile_geometry(geometry, base_profile.weights_bytes_total - base_profile.draft_weights_bytes, opts,
                                 draft_layers=base_profile.draft_model_layers,
-                                draft_weights_bytes=base_profile.draft_weights_bytes)
+                                draft_weights_bytes=base_profile.draft_weights_bytes,
+                                quantization=base_profile.quantization,
+                                kv_cache_quant_algo=base_profile.kv_cache_quant_algo)
 
     profile = reprofile(options)
     if profile.is_hybrid and not options.disable_radix_cache and options.mamba_radix_cache_strategy == "auto" \
@@ -264,6 +282,13 @@ def _resolve_attention(geometry: ModelGeometry, profile: MemoryProfile, options:
             notes.append("no_buffer radix strategy: --attention-backend triton --page-size 1 instead of "
                          f"SGLang's {choice.backend} with page size {choice.page_size} on this GPU")
     choice = attention_choice(geometry, options, generation)
+    refusal = backend_refusal(choice.backend, options.kv_cache_dtype, generation)
+    if refusal is not None:
+        raise PlanError(f"SGLang resolves --attention-backend {choice.backend} with --kv-cache-dtype "
+                        f"{options.kv_cache_dtype} on this {generation} GPU and refuses to start: {refusal}",
+                        host=host, server=server,
+                        hint="drop --attention-backend/--kv-cache-dtype from the extra args, or pick values "
+                             "this GPU supports")
     if generation is None:
         notes.append("unknown GPU generation: assuming SGLang's non-Hopper, non-Blackwell attention backend")
     return options.replace(page_size=choice.page_size), flags

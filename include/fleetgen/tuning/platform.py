@@ -9,9 +9,11 @@ The rules follow SGLang's own code:
   ``flashinfer`` on SM100; ``flashinfer`` elsewhere.
 - model overrides (``arg_groups/model_overrides/``): Qwen3.5/3.6 and Qwen3-Next on SM100 use
   ``trtllm_mha`` only when the radix cache keeps extra buffers, is off, or speculative decoding is on,
-  else ``triton`` (``qwen3_5.py``); Falcon-H1 uses ``triton`` on SM100 (``falcon_h1.py``).
+  else ``triton`` (``qwen3_5.py``); Falcon-H1 uses ``triton`` on SM100 (``falcon_h1.py``); DeepSeek-V3 and
+  its family use ``trtllm_mla`` on SM100 (``deepseek_v2.py``).
 - ``arg_groups/overrides.py::_mla_backend_page_constraints``: ``trtllm_mha`` needs a page of 16-128
-  tokens and takes 64 when none is given; every other backend here keeps page size 1.
+  tokens, ``trtllm_mla`` one of 32 or 64, and both take 64 when none is given; every other backend here
+  keeps page size 1.
 - ``arg_groups/model_overrides/qwen3_vl.py``: Qwen3-VL on Hopper with >= 60 GiB turns the VLM embedding
   cache off and moves image features over CUDA IPC, whose GPU pool (``SGLANG_MM_FEATURE_CACHE_MB``) is
   1 GiB, 3 GiB at ``--max-running-requests`` >= 400.
@@ -28,11 +30,38 @@ from fleetgen.tuning.options import LaunchOptions
 _GENERATIONS = (("GB200", "sm100"), ("B300", "sm100"), ("B200", "sm100"), ("H200", "sm90"), ("H100", "sm90"),
                 ("H800", "sm90"), ("H20", "sm90"), ("GH200", "sm90"), ("L40S", "sm89"), ("L40", "sm89"),
                 ("L4", "sm89"), ("A100", "sm80"), ("A800", "sm80"), ("A10", "sm86"), ("A40", "sm86"))
-TRTLLM_MHA_DEFAULT_PAGE = 64
+# arg_groups/overrides.py::_mla_backend_page_constraints: the KV page sizes these backends take; any other page
+# (the default 1 among them) becomes 64.
+BACKEND_PAGE_SIZES = {"trtllm_mha": (16, 32, 64, 128), "trtllm_mla": (32, 64), "cutedsl_mla": (32, 64),
+                      "flashmla": (64,), "hpc_ops": (64,)}
+CONSTRAINED_BACKEND_DEFAULT_PAGE = 64
 QWEN35_ARCHITECTURES = {"Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration",
                         "InternS2PreviewForConditionalGeneration", "InternS2MobiusForConditionalGeneration",
                         "Qwen3_5ForConditionalGeneration"}
 TRITON_ON_SM100_ARCHITECTURES = {"FalconH1ForCausalLM", "JetNemotronForCausalLM", "JetVLMForConditionalGeneration"}
+# model_overrides/gpt_oss.py, llama4.py: with no --attention-backend, trtllm_mha on SM100, fa3 on Hopper,
+# triton elsewhere (CUDA), whatever the speculative top-k.
+PINNED_BACKEND_ARCHITECTURES = {"GptOssForCausalLM", "Llama4ForConditionalGeneration", "Llama4ForCausalLM"}
+PINNED_BACKENDS = {"sm100": "trtllm_mha", "sm90": "fa3"}
+# model_overrides/deepseek_v2.py::_deepseek_family_overrides: without DSA sparse attention (which the geometry
+# refuses) these take trtllm_mla on SM100 when no attention backend is given.
+TRTLLM_MLA_ON_SM100_ARCHITECTURES = {
+    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration", "MistralLarge3ForCausalLM",
+    "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM", "Glm5NextForConditionalGeneration", "HYV4ForCausalLM",
+    "HYV4ForCausalLMNextN", "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN", "Dots3NoteForCausalLM"}
+# Backends SGLang refuses to start outside some GPU generations or KV-cache dtypes, with its own reasons
+# (overrides.py::_mla_kv_cache_dtype_checks / _cutedsl_prefill_backend_fill, attention_hook.py):
+# backend -> (generations it runs on, --kv-cache-dtype values it takes (None: any), reasons).
+BACKEND_LIMITS = {
+    "trtllm_mla": (("sm100",), ("fp8_e4m3", "bf16", "auto"),
+                   "TRTLLM MLA backend is only supported on Blackwell GPUs (SM100/SM12x)",
+                   "TensorRT-LLM MLA backend only supports kv-cache-dtype of fp8_e4m3, bf16, or auto"),
+    "cutedsl_mla": (("sm100",), ("fp8_e4m3", "bf16", "bfloat16", "auto"),
+                    "CuteDSL MLA backend is only supported on Blackwell GPUs (SM100)",
+                    "CuteDSL MLA backend only supports kv-cache-dtype of fp8_e4m3, bf16, or auto"),
+    "trtllm_mha": (("sm90", "sm100"), None,
+                   "TRTLLM MHA backend for prefill requires Hopper (SM90), Blackwell (SM100), or SM120 GPUs", None),
+}
 QWEN3_VL_HOPPER_TYPES = {"qwen3_vl", "qwen3_vl_moe"}
 MM_FEATURE_CACHE_MIB = 1024
 MM_FEATURE_CACHE_HIGH_CONCURRENCY_MIB = 3 * 1024
@@ -57,12 +86,23 @@ class AttentionChoice:
 def attention_choice(geometry: ModelGeometry, options: LaunchOptions, generation: str | None) -> AttentionChoice:
     """The backend and page size SGLang resolves for ``options`` (the flags it will be given)."""
     backend = options.attention_backend or _default_backend(geometry, options, generation)
-    if options.page_size is not None:
-        page = options.page_size
-        if backend == "trtllm_mha" and page not in (16, 32, 64, 128):
-            page = TRTLLM_MHA_DEFAULT_PAGE
-        return AttentionChoice(backend, page)
-    return AttentionChoice(backend, TRTLLM_MHA_DEFAULT_PAGE if backend == "trtllm_mha" else 1)
+    page = options.page_size if options.page_size is not None else 1
+    if backend in BACKEND_PAGE_SIZES and page not in BACKEND_PAGE_SIZES[backend]:
+        page = CONSTRAINED_BACKEND_DEFAULT_PAGE
+    return AttentionChoice(backend, page)
+
+
+def backend_refusal(backend: str, kv_cache_dtype: str, generation: str | None) -> str | None:
+    """SGLang's reason for refusing ``backend`` on this GPU generation with this ``--kv-cache-dtype``; None when
+    it starts, or when the generation is unknown (the tuner cannot tell)."""
+    if backend not in BACKEND_LIMITS:
+        return None
+    generations, kv_dtypes, gpu_reason, kv_reason = BACKEND_LIMITS[backend]
+    if generation is not None and generation not in generations:
+        return gpu_reason
+    if kv_dtypes is not None and kv_cache_dtype not in kv_dtypes:
+        return kv_reason
+    return None
 
 
 def _default_backend(geometry: ModelGeometry, options: LaunchOptions, generation: str | None) -> str:
@@ -72,6 +112,10 @@ def _default_backend(geometry: ModelGeometry, options: LaunchOptions, generation
     # top-k given explicitly (or DFLASH) when speculative decoding is on.
     trtllm_allowed = topk_one and (spec is None or options.speculative_eagle_topk is not None
                                    or options.speculative_algorithm == "DFLASH")
+    if geometry.architecture in PINNED_BACKEND_ARCHITECTURES:
+        return PINNED_BACKENDS.get(generation or "", "triton")
+    if generation == "sm100" and geometry.architecture in TRTLLM_MLA_ON_SM100_ARCHITECTURES:
+        return "trtllm_mla"
     if geometry.layout == "mla":
         return {"sm90": "fa3", "sm100": "flashinfer"}.get(generation or "", "triton")
     if generation == "sm90" and topk_one:

@@ -17,8 +17,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from fleetgen.errors import ModelConfigError
-from fleetgen.tuning.geometry import DTYPE_BYTES, LANGUAGE_MODEL_ONLY_ARCHITECTURES, ModelGeometry, model_geometry
+from fleetgen.tuning.geometry import (DEFAULT_SWA_FULL_TOKENS_RATIO, DTYPE_BYTES, LANGUAGE_MODEL_ONLY_ARCHITECTURES,
+                                      ModelGeometry, model_geometry)
 from fleetgen.tuning.options import LaunchOptions
+from fleetgen.tuning.quantization import checkpoint_quantization
 
 __all__ = ["LaunchOptions", "MemoryProfile", "ModelGeometry", "profile_model", "profile_geometry",
            "weights_bytes_from_index", "MIB", "GIB"]
@@ -73,6 +75,15 @@ class MemoryProfile:
     uses_mla: bool
     draft_model_layers: int | None = None  # a separate draft model's layer count (draft path given)
     draft_weights_bytes: int = 0           # a separate draft model's weights, inside weights_bytes_total
+    # The checkpoint's quantization as SGLang resolves it (quantization.py) and the KV-cache algorithm it
+    # carries; "FP8" stores the KV cache in FP8 under --kv-cache-dtype auto (2.2).
+    quantization: str | None = None
+    kv_cache_quant_algo: str | None = None
+    # Hybrid SWA pool (2.5): bytes per SWA-pool token over the SWA layers, the SWA/full token ratio and
+    # the model's window; 0 / None when every layer keeps full KV (kv_bytes_per_token then covers them all).
+    swa_kv_bytes_per_token: int = 0
+    swa_full_tokens_ratio: float | None = None
+    sliding_window_size: int | None = None
     notes: tuple[str, ...] = ()
     geometry: dict = field(default_factory=dict, compare=False)
 
@@ -105,10 +116,12 @@ def weights_bytes_from_index(index: dict, *, path: str = "model.safetensors.inde
 
 def profile_model(config: dict, weights_bytes: int, options: LaunchOptions, *,
                   config_path: str = "config.json", draft_config: dict | None = None,
-                  draft_weights_bytes: int = 0) -> MemoryProfile:
+                  draft_weights_bytes: int = 0, hf_quant_config: dict | None = None) -> MemoryProfile:
     """Profile a model from its config.json dict. ``draft_config``/``draft_weights_bytes`` describe a
-    separate draft model (``--speculative-draft-model-path``); a built-in MTP head needs neither."""
+    separate draft model (``--speculative-draft-model-path``); a built-in MTP head needs neither.
+    ``hf_quant_config``: the checkpoint's hf_quant_config.json (ModelOpt exports), None without one."""
     geometry = model_geometry(config, config_path=config_path)
+    quantization = checkpoint_quantization(config, hf_quant_config, options.quantization, config_path=config_path)
     draft_layers = None
     if options.speculative_draft_model_path is not None:
         if draft_config is None:
@@ -121,12 +134,14 @@ def profile_model(config: dict, weights_bytes: int, options: LaunchOptions, *,
             raise ModelConfigError("the draft config has neither num_nextn_predict_layers nor num_hidden_layers",
                                    path=f"{options.speculative_draft_model_path}/config.json")
     return profile_geometry(geometry, weights_bytes, options, draft_layers=draft_layers,
-                            draft_weights_bytes=draft_weights_bytes, config_path=config_path)
+                            draft_weights_bytes=draft_weights_bytes, config_path=config_path,
+                            quantization=quantization.method, kv_cache_quant_algo=quantization.kv_cache_quant_algo)
 
 
 def profile_geometry(geometry: ModelGeometry, weights_bytes: int, options: LaunchOptions, *,
                      draft_layers: int | None = None, draft_weights_bytes: int = 0,
-                     config_path: str = "config.json") -> MemoryProfile:
+                     config_path: str = "config.json", quantization: str | None = None,
+                     kv_cache_quant_algo: str | None = None) -> MemoryProfile:
     """The profile from already-read geometry (the tuner re-profiles with changed options)."""
     if weights_bytes <= 0:
         raise ModelConfigError(f"weights bytes must be positive, got {weights_bytes}", path=config_path)
@@ -137,14 +152,16 @@ def profile_geometry(geometry: ModelGeometry, weights_bytes: int, options: Launc
         raise ModelConfigError(f"{geometry.architecture}: SGLang 0.5.23 refuses --language-model-only for this "
                                f"architecture (supported: {', '.join(sorted(LANGUAGE_MODEL_ONLY_ARCHITECTURES))})",
                                path=config_path, hint="drop --language-model-only from the extra SGLang args")
-    kv_bytes = _kv_dtype_bytes(geometry, options, config_path)
+    kv_bytes = _kv_dtype_bytes(geometry, options, kv_cache_quant_algo, config_path)
     # Per-layer KV cell (2.2): MHA/GQA max(1, kv_heads // tp) * (head_dim + v_head_dim) * bytes;
     # MLA (kv_lora_rank + qk_rope_head_dim) * bytes, replicated on every TP rank.
     if geometry.layout == "mla":
         per_layer = (geometry.kv_lora_rank + geometry.qk_rope_head_dim) * kv_bytes
     else:
         per_layer = max(1, geometry.kv_heads // tp) * (geometry.head_dim + geometry.v_head_dim) * kv_bytes
-    cell = per_layer * geometry.attention_layers
+    swa_pool = _swa_pool(geometry, options, kv_bytes, config_path)
+    full_layers = geometry.attention_layers - (geometry.swa_layers if swa_pool else 0)
+    cell = per_layer * full_layers
 
     spec = options.resolved_spec(geometry.architecture)
     steps, topk, draft_tokens = spec if spec else (0, 0, 0)
@@ -192,12 +209,47 @@ def profile_geometry(geometry: ModelGeometry, weights_bytes: int, options: Launc
                                  if options.mamba_full_memory_ratio is not None
                                  else DEFAULT_MAMBA_FULL_MEMORY_RATIO),
         uses_mla=geometry.layout == "mla", draft_model_layers=draft_layers, draft_weights_bytes=draft_weights_bytes,
+        quantization=quantization, kv_cache_quant_algo=kv_cache_quant_algo,
+        swa_kv_bytes_per_token=swa_pool[0] if swa_pool else 0, swa_full_tokens_ratio=swa_pool[1] if swa_pool else None,
+        sliding_window_size=geometry.sliding_window_size if swa_pool else None,
         notes=tuple(notes), geometry=geometry.to_dict())
 
 
-def _kv_dtype_bytes(geometry: ModelGeometry, options: LaunchOptions, config_path: str) -> int:
+def _swa_pool(geometry: ModelGeometry, options: LaunchOptions, kv_bytes: int,
+              config_path: str) -> tuple[int, float] | None:
+    """(bytes per SWA-pool token over the SWA layers, swa_full_tokens_ratio) when SGLang splits the KV
+    cache into a full and an SWA pool (``pool_configurator.HybridSWAPoolConfigurator``), else None."""
+    if options.disable_hybrid_swa_memory:
+        return None
+    if geometry.hybrid_swa_unmodeled:
+        raise ModelConfigError(f"{geometry.architecture}: SGLang keeps a separate sliding-window KV pool for this "
+                               "architecture with a layer split the tuner does not model", path=config_path,
+                               hint="add --disable-hybrid-swa-memory to the extra SGLang args (every layer then keeps "
+                                    "full KV), or plan this model by hand")
+    if not geometry.is_hybrid_swa:
+        return None
+    if options.disable_radix_cache:
+        raise ModelConfigError(f"{geometry.architecture}: with the radix cache off SGLang sizes the SWA pool from "
+                               "the request cap (pool_configurator.SWARequestCapPoolConfigurator), which the tuner "
+                               "does not model", path=config_path,
+                               hint="drop --disable-radix-cache, or add --disable-hybrid-swa-memory")
+    if options.spec_enabled:
+        raise ModelConfigError(f"{geometry.architecture}: speculative decoding splits its draft layers between "
+                               "SGLang's full and SWA pools in a way the tuner does not model", path=config_path,
+                               hint="drop speculative decoding, or add --disable-hybrid-swa-memory")
+    per_layer = max(1, geometry.swa_kv_heads // options.tp_size) * (geometry.swa_head_dim + geometry.swa_v_head_dim)
+    ratio = (options.swa_full_tokens_ratio if options.swa_full_tokens_ratio is not None
+             else DEFAULT_SWA_FULL_TOKENS_RATIO)
+    return per_layer * kv_bytes * geometry.swa_layers, ratio
+
+
+def _kv_dtype_bytes(geometry: ModelGeometry, options: LaunchOptions, kv_cache_quant_algo: str | None,
+                    config_path: str) -> int:
     if options.kv_cache_dtype != "auto":
         return _KV_DTYPE_BYTES[options.kv_cache_dtype]
+    # kv_cache_dtype.py::configure_kv_cache_dtype: "auto" takes the checkpoint's FP8 KV (float8_e4m3fn).
+    if isinstance(kv_cache_quant_algo, str) and kv_cache_quant_algo.upper() == "FP8":
+        return _KV_DTYPE_BYTES["fp8_e4m3"]
     # "auto" stores KV in the model dtype.
     if geometry.model_dtype not in DTYPE_BYTES:
         raise ModelConfigError(

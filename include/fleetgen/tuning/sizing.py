@@ -130,8 +130,10 @@ class PoolSizing:
     kv_bytes: int
     requested_max_running_requests: int | None
     effective_max_running_requests: int
-    failure: str | None = None       # "oom_weights" | "oom_kv" | "oom_mamba"
+    failure: str | None = None       # "oom_weights" | "oom_kv" | "oom_mamba" | "swa_pool"
     message: str | None = None
+    swa_max_total_num_tokens: int | None = None  # the SWA pool's tokens (2.5), None without one
+    swa_kv_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -194,10 +196,27 @@ def size_pools(profile: MemoryProfile, *, pre_load_free_bytes: int, mem_fraction
                       f"{math.ceil(minimum * 1000) / 1000:.3f} (minimum viable = 1 - available/pre = "
                       f"{minimum:.4f}).", k=k)
     kv_budget = int(rest * GIB)
-    tokens = max(kv_budget - KV_FIXED_OVERHEAD_BYTES, 0) // profile.kv_bytes_per_token
-    tokens = tokens // page_size * page_size
-    if max_total_tokens is not None:
-        tokens = min(tokens, max_total_tokens)
+    swa_tokens = None
+    if profile.swa_full_tokens_ratio is not None:
+        # 2.5, HybridSWAPoolConfigurator: full tokens = budget // (full cell + ratio x SWA cell) (a float
+        # division), page-floored; the SWA pool holds int(full x ratio), page-floored.
+        ratio_swa = profile.swa_full_tokens_ratio
+        tokens = int(kv_budget // (profile.kv_bytes_per_token + ratio_swa * profile.swa_kv_bytes_per_token))
+        tokens = tokens // page_size * page_size
+        if max_total_tokens is not None:
+            tokens = min(tokens, max_total_tokens) // page_size * page_size
+        swa_tokens = int(tokens * ratio_swa) // page_size * page_size
+    else:
+        tokens = max(kv_budget - KV_FIXED_OVERHEAD_BYTES, 0) // profile.kv_bytes_per_token
+        tokens = tokens // page_size * page_size
+        if max_total_tokens is not None:
+            tokens = min(tokens, max_total_tokens)
+    if swa_tokens is not None and profile.sliding_window_size is not None \
+            and profile.sliding_window_size + page_size >= swa_tokens:
+        # MemoryPoolConfigurator.validate_swa_pool_size, checked before the pool config exists
+        return failed("swa_pool", f"SWA pool ({swa_tokens} tokens) cannot hold even one request: the prefill "
+                      f"admission floor is sliding_window_size ({profile.sliding_window_size}) + page_size "
+                      f"({page_size}). Increase --swa-full-tokens-ratio or the total KV budget.", k=k)
     if tokens <= 0:
         return failed("oom_kv", "Not enough memory. Please try to increase --mem-fraction-static. "
                       f"Current value: mem_fraction_static={mfs}", k=k)
@@ -217,4 +236,5 @@ def size_pools(profile: MemoryProfile, *, pre_load_free_bytes: int, mem_fraction
     spec_bytes = state_slot * (spec_requests + 1) * draft if profile.is_hybrid and draft else 0
     return PoolSizing(mfs, pre_load_free_bytes, pre_load_free_bytes * mfs, k, spec_requests, state_bytes,
                       spec_bytes, kv_budget, tokens, tokens * profile.kv_bytes_per_token, max_running_requests,
-                      effective)
+                      effective, swa_max_total_num_tokens=swa_tokens,
+                      swa_kv_bytes=(swa_tokens or 0) * profile.swa_kv_bytes_per_token)

@@ -70,9 +70,9 @@ def observations(log_output: str, host: str, record: dict, finished: dict[str, i
     return result
 
 
-def plan_fleet(plan_for: dict[str, Callable[[TunerBounds], ServerPlan]], bounds: TunerBounds, *,
-               demand: KvDemand | None, seen: dict[str, RunObservation], record: dict,
-               pin_full_context: bool) -> list[ServerPlan]:
+def plan_workload_fleet(plan_for: dict[str, Callable[[TunerBounds], ServerPlan]], bounds: TunerBounds, *,
+                        demand: KvDemand | None, seen: dict[str, RunObservation], record: dict,
+                        pin_full_context: bool) -> list[ServerPlan]:
     """Tonight's plan for every server (``plan_for``: server -> its ``plan_server``), each from its own
     observation; a server the previous run did not observe starts from the full-context plan."""
     plans = []

@@ -82,7 +82,10 @@ def _compact_ids(ids: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """
     present = ids.map(lambda value: isinstance(value, str) or (value is not None and value == value))
     text = [value if isinstance(value, str) else (str(value) if ok else "") for value, ok in zip(ids, present)]
-    return np.array(text, dtype=str), ~present.to_numpy(dtype=bool)
+    # numpy's fixed-width strings drop trailing NULs ("z\x00" would read back as "z", a duplicate of "z"):
+    # a chunk holding such an id keeps its str objects.
+    compact = np.array(text, dtype=object if any(value.endswith("\x00") for value in text) else str)
+    return compact, ~present.to_numpy(dtype=bool)
 
 
 def load_stats(out_dir: str | Path, *, with_info: bool = False):

@@ -6,7 +6,8 @@ The suite reads ``<out>/stats/*.jsonl`` (one small row per finished prompt) and
 depend on the number of prompts, not on how long the generated texts are.
 
 Two tables are validated:
-- ``completions``: one row per stats line (nulls, token ranges, finish reasons, shares);
+- ``completions``: one row per stats line (nulls, token ranges, finish reasons, shares); a prompt's
+  completion tokens are bounded by its own ``sampling.max_tokens`` when it has one, else by the run's;
 - ``coverage``: one row per prompt id (expected, plus any unknown id seen), saying whether the prompt
   has exactly one outcome: a completion, or a permanent error record.
 
@@ -24,7 +25,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -43,6 +44,8 @@ __all__ = ["ValidationThresholds", "load_stats", "load_errors", "validate_run", 
 log = logging.getLogger(__name__)
 
 SAMPLE_IDS = 10  # ids listed per failed expectation / per missing or duplicate list
+# completion_tokens / the row's max_tokens (the prompt's own, else the run's): in (0, 1] when in range.
+TOKEN_SHARE_COLUMN = "completion_share_of_max_tokens"
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,8 @@ def _quiet_gx_import() -> None:
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 
 
-def _checks(thresholds: ValidationThresholds, stats_columns: Iterable[str]) -> list[_Check]:
+def _checks(thresholds: ValidationThresholds, stats_columns: Iterable[str], own_max_tokens: int = 0) -> list[_Check]:
+    """The suite; ``own_max_tokens`` is how many prompts bring their own max_tokens (for the bound's words)."""
     _quiet_gx_import()
     import great_expectations.expectations as gxe
 
@@ -79,8 +83,13 @@ def _checks(thresholds: ValidationThresholds, stats_columns: Iterable[str]) -> l
         for column in stats_columns if column not in OPTIONAL_STATS_COLUMNS
     ]
     checks += [
-        _Check("completion_tokens_in_range", "completions", "count", f"0 rows outside [1, {t.max_tokens}]",
-               gxe.ExpectColumnValuesToBeBetween(column="completion_tokens", min_value=1, max_value=t.max_tokens)),
+        # One row-wise bound for every row's own limit: tokens / max_tokens in (0, 1] is 1 <= tokens <= max_tokens.
+        _Check("completion_tokens_in_range", "completions", "count",
+               f"0 rows outside [1, {t.max_tokens}]" + (
+                   f" ({own_max_tokens} prompt(s) bounded by their own sampling.max_tokens instead)"
+                   if own_max_tokens else ""),
+               gxe.ExpectColumnValuesToBeBetween(column=TOKEN_SHARE_COLUMN, min_value=0, strict_min=True,
+                                                 max_value=1)),
         _Check("mean_completion_tokens", "completions", "mean",
                f"mean in [{t.min_mean_completion_tokens}, {t.max_mean_completion_tokens or 'inf'}]",
                gxe.ExpectColumnMeanToBeBetween(column="completion_tokens", min_value=t.min_mean_completion_tokens,
@@ -249,9 +258,21 @@ def _describe(entry: dict) -> str:
     return text
 
 
+def _with_token_share(stats: pd.DataFrame, max_tokens: int, own_max_tokens: Mapping[str, int]) -> pd.DataFrame:
+    """The completions table with ``TOKEN_SHARE_COLUMN``: each row's tokens over its prompt's max_tokens."""
+    limits: Any = max_tokens
+    if own_max_tokens:
+        limits = stats["id"].map(own_max_tokens).fillna(max_tokens).astype("float64")
+    return stats.assign(**{TOKEN_SHARE_COLUMN: pd.to_numeric(stats["completion_tokens"], errors="coerce") / limits})
+
+
 def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: ValidationThresholds, *,
-                 build_docs: bool = True, raise_on_failure: bool = True, run_name: str | None = None) -> dict:
+                 build_docs: bool = True, raise_on_failure: bool = True, run_name: str | None = None,
+                 own_max_tokens: Mapping[str, int] | None = None) -> dict:
     """Validate a run's stats against ``thresholds``; return a small JSON-safe summary.
+
+    ``own_max_tokens``: the prompts whose ``sampling.max_tokens`` replaces the run's, by id
+    (``fleetgen.prompts.scan.read_planned_prompts``); their completions are bounded by it.
 
     The summary is also written to ``<out>/validation/summary.json``. On failure (and
     ``raise_on_failure``) raises :class:`ValidationFailed` listing each failed expectation with its
@@ -262,9 +283,11 @@ def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: V
     stats, stats_info = load_stats(out, with_info=True)
     errors = load_errors(out)
     coverage, expected_duplicates = _coverage(stats["id"], errors["id"], expected_ids)
-    checks = _checks(thresholds, stats.columns)
+    own_max_tokens = dict(own_max_tokens or {})
+    checks = _checks(thresholds, stats.columns, len(own_max_tokens))
+    completions = _with_token_share(stats, thresholds.max_tokens, own_max_tokens)
     docs_dir = RunLayout(out).data_docs_dir if build_docs else None
-    entries, docs_index = _run_gx({"completions": stats, "coverage": coverage}, checks, docs_dir, run_name)
+    entries, docs_index = _run_gx({"completions": completions, "coverage": coverage}, checks, docs_dir, run_name)
 
     missing_ids = coverage.loc[coverage["outcome"] == "missing", "id"]
     duplicate_counts = coverage.loc[coverage["completions"] > 1, "completions"]

@@ -11,7 +11,7 @@ from fleetgen.errors import FailureKind, ServerError, ServerStartupError
 from fleetgen.tuning import LaunchOptions, ServerPlan, TunerBounds, Workload, backoff, plan_server, profile_model
 from fleetgen.tuning import planner
 
-SEED_CONFIG = pathlib.Path(__file__).parents[1] / "tuner" / "configs" / "seed-qwen3.6-27b.json"
+SEED_CONFIG = pathlib.Path(__file__).parents[1] / "tuning" / "configs" / "seed-qwen3.6-27b.json"
 SEED_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
              "--speculative-num-draft-tokens", "4", "--mamba-radix-cache-strategy", "extra_buffer",
              "--context-length", "8192"]

@@ -68,7 +68,9 @@ class Case:
         config = json.loads((self.model_dir / "config.json").read_text())
         index_path = self.model_dir / "model.safetensors.index.json"
         weights = weights_bytes_from_index(json.loads(index_path.read_text()), path=str(index_path))
-        options = dataclasses.replace(LaunchOptions.from_args(list(self.extra_args)), tp_size=len(self.gpu_ids))
+        options = LaunchOptions.from_args(list(self.extra_args))
+        # tp GPUs for each --dp-size replica
+        options = dataclasses.replace(options, tp_size=len(self.gpu_ids) // options.dp_size)
         profile = profile_model(config, weights, options, config_path=str(self.model_dir / "config.json"))
         gpus = probe.select_gpus(inventory_from_nvidia_smi(node, our_pids), self.gpu_ids)
         return plan_server(host=HOST, gpu_ids=list(self.gpu_ids), port=self.port, gpus=gpus, profile=profile,
@@ -100,7 +102,8 @@ def models(tmp_path_factory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("models")
     return SimpleNamespace(seed=install_model(root / "qwen3.6-27b", "qwen3.6-27b", SEED_WEIGHTS),
                            llama=install_model(root / "llama3.1-8b", "llama3.1-8b"),
-                           qwen3_next=install_model(root / "qwen3-next-80b-a3b", "qwen3-next-80b-a3b"))
+                           qwen3_next=install_model(root / "qwen3-next-80b-a3b", "qwen3-next-80b-a3b"),
+                           gpt_oss=install_model(root / "gpt-oss-20b", "gpt-oss-20b"))
 
 
 @pytest.fixture

@@ -101,3 +101,22 @@ def test_a_flag_the_server_does_not_report_relaunches():
 def test_flags_are_read_as_sglangs_parser_reads_them():
     assert args_as_flags(["--tp-size", "2", "--enable-metrics", "--json=x", "--mem-fraction-static", "0.9"]) == {
         "--tp-size": "2", "--enable-metrics": True, "--json": "x", "--mem-fraction-static": "0.9"}
+
+
+def _two_gpu_argv(extra: list[str]) -> list[str]:
+    spec = remote.LaunchSpec(python="python3", module="sglang.launch_server", model_path="/models/qwen3.6-27b",
+                             served_name="qwen", port=30000, gpu_ids=(0, 1), bind_host="0.0.0.0", run_dir="~/run",
+                             log_dir="~/logs", args=tuple(remote.flags_to_args(PLAN_FLAGS) + SEED_EXTRA_ARGS + extra))
+    return spec.argv()
+
+
+def test_data_parallel_replicas_are_kept_and_a_changed_layout_relaunches():
+    """Two GPUs as two --dp-size replicas run at tp 1: the same layout tonight keeps the server; the same
+    GPUs as one tp-2 server are another launch."""
+    replicas = _two_gpu_argv(["--dp-size", "2"])
+    info = running_server_info(replicas)
+    assert (info["tp_size"], info["dp_size"]) == (1, 2)
+    assert launch_differences(info, args_as_flags(replicas[3:]), expected_version=SIM_VERSION) == []
+    one_server = _two_gpu_argv([])
+    assert launch_differences(info, args_as_flags(one_server[3:]), expected_version=SIM_VERSION) == [
+        "--tp-size: running 1, tonight '2'"]

@@ -1,11 +1,13 @@
 """The process-free start-up sizing: same bytes as the server's phases, same failures."""
 
+import json
 import os
 
 import pytest
 
 from sglang_sim.args import parse_args
 from sglang_sim.dryrun import GpuMemory, dry_run, size_startup
+from sglang_sim.modelcfg import load_model_dir
 from sglang_sim.node import SimSettings, create_node
 from sglang_sim.presets import install_model
 from sglang_sim.resolve import LaunchError
@@ -75,3 +77,46 @@ def test_dry_run_reads_the_node_and_its_holders(tools, tmp_path, seed_model):
     assert held.pre_load_free_bytes == idle.pre_load_free_bytes - 20_000 * tools.MIB
     assert held.plan.max_total_num_tokens < idle.plan.max_total_num_tokens
     assert dry_run(node, argv, [0]).server_info_limits() == idle.server_info_limits()  # GPU 0 stays idle
+
+
+# ---- checkpoints as SGLang reads them: single file, text-config defaults, quantization ----
+
+def _h100_node(tmp_path):
+    return create_node(tmp_path / "node", name="n", gpus=1, gpu_name="NVIDIA H100 80GB HBM3", total_mib=81_559)
+
+
+def test_a_single_file_checkpoint_loads_the_bytes_its_header_declares(tmp_path):
+    model = install_model(tmp_path / "model", "llama3.2-1b", 2_471_645_608)
+    assert not (model / "model.safetensors.index.json").exists()
+    assert (model / "model.safetensors").stat().st_size > 2_471_645_608  # header, then the (sparse) tensors
+    sizing = dry_run(_h100_node(tmp_path), ["--model-path", str(model)], [0])
+    assert sizing.weights_bytes_per_gpu == 2_471_645_608
+
+
+def test_a_gemma3_text_config_takes_its_class_defaults(tmp_path):
+    shape = load_model_dir(install_model(tmp_path / "model", "gemma-3-4b-it"))[0]
+    # Gemma3TextConfig: 8 heads, 4 KV heads of 256; 131,072 positions; rope_scaling keyed by layer type
+    assert (shape.num_heads, shape.num_kv_heads, shape.head_dim) == (8, 4, 256)
+    assert shape.derived_context_length == 131_072
+
+
+@pytest.mark.parametrize("args, dtype", [((), "torch.float8_e4m3fn"), (("--kv-cache-dtype", "bf16"), "torch.bfloat16")])
+def test_a_modelopt_checkpoint_with_fp8_kv_stores_the_kv_cache_in_fp8(tmp_path, args, dtype):
+    model = install_model(tmp_path / "model", "llama3.3-70b-nvfp4")
+    assert (model / "hf_quant_config.json").is_file()
+    node = create_node(tmp_path / "node", name="n", gpus=1, gpu_name="NVIDIA B200", total_mib=183_359)
+    sizing = dry_run(node, ["--model-path", str(model), *args], [0])
+    assert sizing.launch.kv_dtype_name == dtype
+
+
+def test_a_quantization_flag_the_checkpoint_contradicts_is_refused(tmp_path):
+    model = install_model(tmp_path / "model", "llama3.1-8b")
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                     "weight_block_size": [128, 128]}
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LaunchError, match=r"model config \(fp8\) does not match the quantization method specified "
+                       r"in the `quantization` argument \(gptq\)"):
+        dry_run(_h100_node(tmp_path), ["--model-path", str(model), "--quantization", "gptq"], [0])
+    agreeing = dry_run(_h100_node(tmp_path), ["--model-path", str(model), "--quantization", "fp8"], [0])
+    assert agreeing.launch.kv_dtype_name == "torch.bfloat16"

@@ -127,3 +127,14 @@ def test_utilization_and_power_follow_the_servers_load(node, tools):
     utilization, power = busy.splitlines()[1].split(", ")[1:3]
     assert int(utilization) == round(loads[full][0]) and 140 < float(power) < 1000
     assert busy.splitlines()[0] == idle.splitlines()[0]  # the other GPU stays idle
+
+
+@pytest.mark.parametrize("gpu, power, speed", [("NVIDIA L4", (16, 72), (0.3e12, 0.121e15)),
+                                               ("NVIDIA L40S", (35, 350), (0.864e12, 0.362e15)),
+                                               ("NVIDIA A10G", (25, 150), (0.6e12, 0.125e15))])
+def test_small_gpus_draw_and_run_at_their_own_rates(gpu, power, speed):
+    """An L4 is neither an L40S nor the H100 that unknown GPUs read as."""
+    from sglang_sim.gpu_load import gpu_power
+    from sglang_sim.perf import gpu_speed
+
+    assert (gpu_power(gpu), gpu_speed(gpu)) == (power, speed)

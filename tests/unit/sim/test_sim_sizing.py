@@ -9,7 +9,7 @@ from sglang_sim.graphs import graph_memory
 from sglang_sim.modelcfg import from_config
 from sglang_sim.pools import size_pools
 from sglang_sim.presets import preset_config
-from sglang_sim.resolve import LaunchError, prefill_buckets, resolve_launch
+from sglang_sim.resolve import LaunchError, compute_capability, prefill_buckets, resolve_launch
 
 
 def test_seed_before_caps_at_16_with_21_gib_of_state(tools):
@@ -230,3 +230,50 @@ def test_decode_capture_sizes_follow_sglangs_lists(tools):
 def test_model_type_is_the_top_level_configs(tools):
     """/model_info reports hf_config.model_type: qwen3_5 for the seed, not its text config's qwen3_5_text."""
     assert tools.preset("qwen3.6-27b").model_type == "qwen3_5"
+
+
+@pytest.mark.parametrize("gpu, extra, backend, page", [
+    ("NVIDIA B200", [], "trtllm_mla", 64), ("NVIDIA B200", ["--page-size", "32"], "trtllm_mla", 32),
+    ("NVIDIA B200", ["--page-size", "16"], "trtllm_mla", 64), ("NVIDIA H200", [], "fa3", 1)])
+def test_deepseek_v3_takes_trtllm_mla_pages_on_blackwell(tools, gpu, extra, backend, page):
+    """model_overrides/deepseek_v2.py picks trtllm_mla on SM100; _mla_backend_page_constraints keeps a page of
+    32 or 64 and moves any other to 64."""
+    launch = resolve_launch(parse_args(["--model-path", "m", "--tp", "8"] + extra), tools.preset("deepseek-v3"),
+                            [tools.B200_MIB] * 8, gpu_name=gpu)
+    assert (launch.attention_backend, launch.page_size) == (backend, page)
+
+
+@pytest.mark.parametrize("preset, extra, gpu, message", [
+    ("deepseek-v3", ["--attention-backend", "trtllm_mla"], "NVIDIA H200",
+     "TRTLLM MLA backend is only supported on Blackwell GPUs (SM100/SM12x). Please use a different backend."),
+    ("deepseek-v3", ["--kv-cache-dtype", "bfloat16"], "NVIDIA B200",
+     "TensorRT-LLM MLA backend only supports kv-cache-dtype of fp8_e4m3, bf16, or auto."),
+    ("llama3.1-8b", ["--attention-backend", "trtllm_mha"], "NVIDIA A10G",
+     "TRTLLM MHA backend for prefill requires Hopper (SM90), Blackwell (SM100), or SM120 GPUs. Please use a "
+     "different prefill backend.")])
+def test_backends_sglang_cannot_start_fail_at_argument_resolution(tools, preset, extra, gpu, message):
+    with pytest.raises(LaunchError) as failure:
+        resolve_launch(parse_args(["--model-path", "m"] + extra), tools.preset(preset), [tools.B200_MIB], gpu_name=gpu)
+    assert (failure.value.exc_type, failure.value.message, failure.value.kind) == ("ValueError", message, "args")
+
+
+@pytest.mark.parametrize("gpu, capability", [("NVIDIA A10G", 86), ("NVIDIA L4", 89), ("NVIDIA A100-SXM4-40GB", 80)])
+def test_small_gpus_have_their_compute_capability(gpu, capability):
+    assert compute_capability(gpu) == capability
+
+
+@pytest.mark.parametrize("gpu, backend", [("NVIDIA H100 80GB HBM3", "fa3"), ("NVIDIA A100-SXM4-80GB", "triton")])
+def test_gpt_oss_resolves_its_own_backend_and_a_separate_swa_pool(tools, gpu, backend):
+    """gpt-oss (model_overrides/gpt_oss.py): fa3 on Hopper even with EAGLE top-k 4, triton on A100; its 12
+    sliding layers live in the SWA pool at 0.8 x the full pool's tokens."""
+    model = tools.preset("gpt-oss-20b")
+    args = parse_args(["--model-path", "m", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+                       "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"])
+    assert resolve_launch(args, model, [81_559], gpu_name=gpu).attention_backend == backend
+    launch = resolve_launch(parse_args(["--model-path", "m"]), model, [81_559], gpu_name=gpu)
+    plan = size_pools(model, launch, 70 << 30, (70 << 30) - 13_761_316_904)
+    assert launch.hybrid_swa and plan.kv_cell_bytes == 12 * 8 * 128 * 2
+    assert plan.swa_max_total_num_tokens == int(plan.max_total_num_tokens * 0.8)
+    no_swa = resolve_launch(parse_args(["--model-path", "m", "--disable-hybrid-swa-memory"]), model, [81_559],
+                            gpu_name=gpu)
+    assert not no_swa.hybrid_swa

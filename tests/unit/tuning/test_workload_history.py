@@ -57,7 +57,7 @@ def test_plan_record_round_trip_and_fleet_plans(tmp_path, cases, seed_profile, s
     demand = KvDemand.from_lengths([300] * 50, [2500] * 50, page_size=1, reserve_tokens=8)
     full_cap = plan_with_port(30001)(TunerBounds()).expected["max_running_requests"]
     seen = {"node0:30001": RunObservation(full_cap, 530968, full_cap * 1500, 0, 400)}
-    plans = workload_history.plan_fleet(plan_for, TunerBounds(), demand=demand, seen=seen, record={},
+    plans = workload_history.plan_workload_fleet(plan_for, TunerBounds(), demand=demand, seen=seen, record={},
                                         pin_full_context=False)
     # the observed server steps up, the unobserved one starts from the full-context plan
     assert plans[0].expected["max_running_requests"] > full_cap
@@ -68,6 +68,6 @@ def test_plan_record_round_trip_and_fleet_plans(tmp_path, cases, seed_profile, s
     assert record["node0:30001"]["max_running_requests"] == plans[0].expected["max_running_requests"]
     assert record["node0:30002"]["max_total_num_tokens"] == plans[1].expected["max_total_num_tokens"]
     assert workload_history.read_plan_record(RunLayout(tmp_path / "absent")) == {}
-    pinned = workload_history.plan_fleet(plan_for, TunerBounds(), demand=demand, seen=seen, record=record,
+    pinned = workload_history.plan_workload_fleet(plan_for, TunerBounds(), demand=demand, seen=seen, record=record,
                                          pin_full_context=True)
     assert [p.expected["max_running_requests"] for p in pinned] == [full_cap, full_cap]

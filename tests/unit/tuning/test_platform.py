@@ -6,6 +6,7 @@ import pytest
 
 from fleetgen.errors import PlanError
 from fleetgen.tuning.planner import TunerBounds, Workload, plan_server, resolved_page_size
+from fleetgen.tuning.platform import gpu_generation
 from fleetgen.tuning.profile import GIB, MIB, LaunchOptions, profile_model
 from fleetgen.tuning.sizing import size_pools
 
@@ -136,7 +137,58 @@ def test_resolved_page_size_error_names_no_empty_host(seed):
     assert str(failure.value) == NO_BUFFER_ERROR.format(backend=None, page=64)
 
 
+# -- DeepSeek-V3 on Blackwell: model_overrides/deepseek_v2.py picks trtllm_mla, which pages by 32 or 64 ------
+
+@pytest.mark.parametrize("extra, backend, page", [([], "trtllm_mla", 64), (["--page-size", "32"], "trtllm_mla", 32),
+                                                  (["--page-size", "16"], "trtllm_mla", 64),
+                                                  (["--attention-backend", "flashinfer"], "flashinfer", 1)])
+def test_deepseek_v3_on_blackwell_plans_trtllm_mla_pages(cases, extra, backend, page):
+    options = LaunchOptions.from_args(["--tp-size", "8"] + extra)
+    profile = profile_model(cases.load_config("deepseek-v3-style.json"), 680 * 10**9, options)
+    plan = _plan(profile, options, gpus=[_row(index) for index in range(8)])
+    assert (plan.inputs["platform"]["attention_backend"], plan.inputs["platform"]["page_size"]) == (backend, page)
+    assert plan.expected["max_total_num_tokens"] % page == 0
+
+
+@pytest.mark.parametrize("config, extra, gpu, reason", [
+    ("deepseek-v3-style.json", ["--attention-backend", "trtllm_mla"], "NVIDIA H200",
+     "TRTLLM MLA backend is only supported on Blackwell GPUs (SM100/SM12x)"),
+    ("deepseek-v3-style.json", ["--kv-cache-dtype", "bfloat16"], "NVIDIA B200",
+     "TensorRT-LLM MLA backend only supports kv-cache-dtype of fp8_e4m3, bf16, or auto"),
+    ("deepseek-v3-style.json", ["--attention-backend", "cutedsl_mla"], "NVIDIA H200",
+     "CuteDSL MLA backend is only supported on Blackwell GPUs (SM100)"),
+    ("llama-3.1-8b-style.json", ["--attention-backend", "trtllm_mha"], "NVIDIA L40S",
+     "TRTLLM MHA backend for prefill requires Hopper (SM90), Blackwell (SM100), or SM120 GPUs")])
+def test_a_backend_sglang_refuses_on_this_gpu_is_a_plan_error(cases, config, extra, gpu, reason):
+    tp = 8 if config.startswith("deepseek") else 1
+    options = LaunchOptions.from_args(["--tp-size", str(tp)] + extra)
+    profile = profile_model(cases.load_config(config), 680 * 10**9 if tp == 8 else 16 * 10**9, options)
+    with pytest.raises(PlanError) as failure:
+        _plan(profile, options, gpus=[_row(index, name=gpu, total_mib=B200_MIB) for index in range(tp)])
+    assert reason in str(failure.value) and "refuses to start" in str(failure.value)
+
+
+def test_trtllm_mla_takes_the_bf16_spelling_of_the_kv_dtype(cases):
+    options = LaunchOptions.from_args(["--tp-size", "8", "--kv-cache-dtype", "bf16"])
+    profile = profile_model(cases.load_config("deepseek-v3-style.json"), 680 * 10**9, options)
+    plan = _plan(profile, options, gpus=[_row(index) for index in range(8)])
+    assert plan.inputs["platform"]["attention_backend"] == "trtllm_mla"
+
+
+def test_deepseek_v3_on_hopper_keeps_fa3_with_page_one(cases):
+    options = LaunchOptions.from_args(["--tp-size", "8"])
+    profile = profile_model(cases.load_config("deepseek-v3-style.json"), 680 * 10**9, options)
+    plan = _plan(profile, options, gpus=[_row(index, name="NVIDIA H200", total_mib=H200_MIB) for index in range(8)])
+    assert (plan.inputs["platform"]["attention_backend"], plan.inputs["platform"]["page_size"]) == ("fa3", 1)
+
+
 # -- GPUs -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, generation", [("NVIDIA L4", "sm89"), ("NVIDIA L40S", "sm89"), ("NVIDIA A10G", "sm86"),
+                                              ("NVIDIA A100-SXM4-40GB", "sm80"), ("NVIDIA GH200 480GB", "sm90")])
+def test_gpu_generation_from_nvidia_smi_names(name, generation):
+    assert gpu_generation(name) == generation
+
 
 def test_unknown_gpu_is_noted_and_planned_with_the_generic_backend(cases):
     options = LaunchOptions()
@@ -229,3 +281,18 @@ def test_no_buffer_refuses_a_pinned_page_other_than_one_on_any_backend(seed):
 def test_resolved_page_size_when_the_extra_args_already_pin_the_strategy(seed_profile, seed_options):
     """The no_buffer bound does not apply over the user's own extra_buffer: Blackwell's page 64 stays."""
     assert resolved_page_size(seed_profile, seed_options, [_row()], TunerBounds(no_buffer_radix=True)) == 64
+
+
+@pytest.mark.parametrize("generation, backend, page", [("sm100", "trtllm_mha", 64), ("sm90", "fa3", 1),
+                                                       ("sm80", "triton", 1)])
+def test_gpt_oss_takes_its_own_attention_backend_override(generation, backend, page):
+    """model_overrides/gpt_oss.py: trtllm_mha on SM100, fa3 on Hopper, triton elsewhere, whatever the top-k."""
+    from fleetgen.tuning.geometry import model_geometry
+    from fleetgen.tuning.platform import attention_choice
+
+    geometry = model_geometry({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 8,
+                               "num_key_value_heads": 2, "head_dim": 64, "sliding_window": 128,
+                               "layer_types": ["sliding_attention", "full_attention"], "torch_dtype": "bfloat16"})
+    options = LaunchOptions(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_eagle_topk=4)
+    choice = attention_choice(geometry, options, generation)
+    assert (choice.backend, choice.page_size) == (backend, page)

@@ -41,8 +41,7 @@ def test_old_flag_names_are_refused(flag, new_name):
         LaunchOptions.from_args([flag, "16"])
 
 
-@pytest.mark.parametrize("args", [["--dp-size", "2"], ["--pp-size", "2"], ["--enable-dp-attention"],
-                                  ["--attn-dp-size", "4"]])
+@pytest.mark.parametrize("args", [["--pp-size", "2"], ["--enable-dp-attention"], ["--attn-dp-size", "4"]])
 def test_unmodeled_parallel_layouts_are_refused(args):
     with pytest.raises(ConfigError, match="not modeled"):
         LaunchOptions.from_args(args)
@@ -78,3 +77,17 @@ def test_options_round_trip_through_a_dict(seed_options):
     assert LaunchOptions.from_dict(seed_options.to_dict()) == seed_options
     with pytest.raises(ConfigError, match="unknown field"):
         LaunchOptions.from_dict({"tp_size": 1, "colour": "blue"})
+
+
+def test_data_and_expert_parallel_and_swa_flags_are_read():
+    options = LaunchOptions.from_args(["--dp-size", "2", "--ep", "2", "--disable-hybrid-swa-memory",
+                                       "--swa-full-tokens-ratio=0.5"])
+    assert (options.dp_size, options.ep_size, options.disable_hybrid_swa_memory,
+            options.swa_full_tokens_ratio) == (2, 2, True, 0.5)
+    assert options.replace(tp_size=2).gpus_per_server == 4  # tp GPUs for each replica
+
+
+@pytest.mark.parametrize("ratio", ["0", "1.5"])
+def test_swa_full_tokens_ratio_outside_sglangs_range_is_refused(ratio):
+    with pytest.raises(ConfigError, match=r"--swa-full-tokens-ratio should be in range \(0, 1.0\]"):
+        LaunchOptions.from_args(["--swa-full-tokens-ratio", ratio])

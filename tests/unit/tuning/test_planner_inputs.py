@@ -4,7 +4,7 @@ user pins, repeated back-offs, and the exact text of each error."""
 
 import pytest
 
-from fleetgen.errors import PlanError
+from fleetgen.errors import ModelConfigError, PlanError
 from fleetgen.tuning.planner import CUDA_CONTEXT_MIB, TunerBounds, Workload, backoff, plan_server
 from fleetgen.tuning.profile import GIB, MIB, LaunchOptions, profile_model
 from fleetgen.tuning.sizing import gpu_table, sglang_reserve_mb
@@ -49,6 +49,19 @@ def test_context_longer_than_the_model_names_the_server_and_the_escape_hatch(cas
     assert str(failure.value) == (SERVER + "context length 200000 exceeds the model's 131072\nWhat to check next: "
                                   "SGLang refuses it unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1; lower the "
                                   "context length bound")
+
+
+def test_a_gpu_below_the_checkpoints_quantization_capability_is_refused_before_launch(cases):
+    """model_loader/loader.py: ModelOpt FP8 needs compute capability 8.9; SGLang refuses an A100 (8.0)."""
+    quant = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}
+    options = LaunchOptions()
+    profile = profile_model(cases.load_config("llama-3.1-8b-style.json"), 9 * 10**9, options, hf_quant_config=quant)
+    a100 = {**cases.gpu_row(0), "name": "NVIDIA A100-SXM4-80GB"}
+    with pytest.raises(ModelConfigError, match="The quantization method modelopt_fp8 is not supported for the current "
+                       "GPU. Minimum capability: 89. Current capability: 80.") as failure:
+        _plan(cases, profile, options, gpus=[a100])
+    assert failure.value.host == "gpu-node-1"
+    assert _plan(cases, profile, options).expected["max_total_num_tokens"] > 0  # the B200 of the seed rows
 
 
 def test_context_equal_to_the_models_is_accepted(cases):

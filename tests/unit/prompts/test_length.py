@@ -2,6 +2,7 @@
 the others, and shards and validation skip it the same way."""
 
 import json
+import math
 
 from fleetgen.prompts.length import LengthLimit, length_limit
 from fleetgen.prompts.scan import iter_prompt_ids, iter_shard, plan_shards, scan_prompts
@@ -90,3 +91,28 @@ def test_every_prompt_set_aside_is_counted(tmp_path):
                             for name, size in (("a", 400), ("b", 8000), ("c", 400), ("d", 9000), ("e", 12000))))
     scan = scan_prompts(path, length_limit=LengthLimit(context_tokens=1000, max_tokens=500, source="test"))
     assert (scan.count, scan.too_long) == (2, 3)
+
+
+def test_a_prompts_own_max_tokens_above_the_runs_is_planned_for(tmp_path, cases, seed_config):
+    path = write_prompts(tmp_path / "p.jsonl")
+    with path.open("a") as handle:
+        handle.write(json.dumps({"id": "long-answer", "prompt": "prove it " * 300,
+                                 "sampling": {"max_tokens": 2 * MAX_TOKENS}}) + "\n")
+    limit = length_limit(model_context=context_length_of(seed_config), max_tokens=MAX_TOKENS)
+    scan = scan_prompts(path, length_limit=limit)
+    assert (scan.count, scan.own_max_tokens_max) == (301, 2 * MAX_TOKENS)
+    assert scan.request_tokens_max == math.ceil(len("prove it " * 300) / 4) + 2 * MAX_TOKENS
+
+    def planned_context(output_tokens):
+        options = LaunchOptions.from_args(ARGS)
+        workload = Workload(max_output_tokens=output_tokens, prompt_tokens_mean=scan.est_prompt_tokens_mean,
+                            prompt_tokens_max=scan.est_prompt_tokens_max, prompt_count=scan.count)
+        plan = plan_server(host="gpu-node-1", gpu_ids=[0], port=30000, gpus=[cases.gpu_row(0)],
+                           profile=profile_model(seed_config, cases.SEED_WEIGHTS_BYTES, options), options=options,
+                           workload=workload, bounds=TunerBounds())
+        return int(plan.flags["--context-length"])
+
+    # The run's budget alone leaves that prompt's request no room (SGLang would answer 400) ...
+    assert planned_context(MAX_TOKENS) < scan.request_tokens_max
+    # ... the output budget derive_plan takes from the scan does.
+    assert planned_context(scan.output_tokens_max(MAX_TOKENS)) >= scan.request_tokens_max
