@@ -226,6 +226,8 @@ class Service:
             "speculative_num_draft_tokens": launch.spec_draft_tokens or None,
             "page_size": launch.page_size, "disable_overlap_schedule": launch.overlap_disabled,
             "mamba_full_memory_ratio": launch.mamba_full_memory_ratio,
+            # a resolvable field: /server_info answers its fallback when unset (arg_groups/fields/schedule.py)
+            "swa_full_tokens_ratio": launch.swa_full_tokens_ratio,
             "mamba_radix_cache_strategy": launch.mamba_strategy or self.args.mamba_radix_cache_strategy,
             "tp_size": launch.tp, "dp_size": launch.dp, "attn_dp_size": launch.attn_dp,
             # the --cuda-graph-max-bs-* fields stay as given: the resolved sizes are in cuda_graph_config

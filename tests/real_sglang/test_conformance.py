@@ -47,7 +47,8 @@ ROUTES = {"/health", "/health_generate", "/ready", "/model_info", "/server_info"
 SERVER_INFO_READ = {("$", "internal_states"), ("$", "max_total_num_tokens"), ("$", "context_length"),
                     ("$", "version"), ("$.internal_states[]", "effective_max_running_requests_per_dp"),
                     ("$.internal_states[]", "max_total_num_tokens"), ("$.internal_states[]", "max_mamba_cache_size"),
-                    ("$.internal_states[]", "context_length")}
+                    ("$.internal_states[]", "context_length"), ("$.internal_states[]", "memory_usage"),
+                    ("$.internal_states[].memory_usage", "token_capacity_swa")}
 SIMULATOR_ONLY_READ = {("$.internal_states[]", "sim")}
 # Chat completion fields the client reads (generate/chat.py, dispatch.py, records.py), and error fields.
 CHAT_READ = {"choices", "message", "content", "reasoning_content", "finish_reason", "usage", "model",
@@ -62,7 +63,7 @@ LOG_NEEDLES = {("tuning/calibration.py", "LOAD_BEGIN_MARK"), ("tuning/calibratio
 # Constants of those modules that are no SGLang log text.
 NOT_LOG_TEXT = {("tuning/calibration.py", "PLANNED_SGLANG_VERSION"), ("nodes/remote.py", "SECTION_MARKER"),
                 ("nodes/remote.py", "ALIVE_MARK"), ("nodes/remote.py", "_ENV_NAME"),
-                ("nodes/readiness.py", "_EXCEPTION_LINE")}
+                ("nodes/readiness.py", "_EXCEPTION_LINE"), ("nodes/remote.py", "_MODEL_IDENTITY_PROGRAM")}
 # The fatal-line tables of readiness.py: none may match a healthy server's log (test_a_healthy_log_...).
 FATAL_TABLES = {("nodes/readiness.py", "_SPECIFIC"), ("nodes/readiness.py", "_GENERIC")}
 LOG_READING_MODULES = ("tuning/calibration.py", "nodes/remote.py", "nodes/readiness.py", "airflow/triggers.py",
@@ -239,9 +240,12 @@ def test_every_argument_the_simulator_reports_is_the_real_servers(pair):
 
 def test_the_product_reads_the_same_limits_from_both_servers(pair):
     real_info, sim_info = (reply.json for reply in _both(pair, "/server_info after"))
+    def scope(info: dict, where: str) -> dict:
+        return {"$": info, "$.internal_states[]": info["internal_states"][0],
+                "$.internal_states[].memory_usage": info["internal_states"][0].get("memory_usage") or {}}[where]
+
     for where, key in SERVER_INFO_READ:
-        real_scope = real_info if where == "$" else real_info["internal_states"][0]
-        sim_scope = sim_info if where == "$" else sim_info["internal_states"][0]
+        real_scope, sim_scope = scope(real_info, where), scope(sim_info, where)
         # null where the product expects a number matters: compare presence and JSON type
         assert (key in real_scope, probes.json_type(real_scope.get(key))) == \
             (key in sim_scope, probes.json_type(sim_scope.get(key))), f"{where}.{key}"
@@ -490,7 +494,8 @@ def test_the_suite_covers_every_route_the_product_calls():
 
 
 def test_the_suite_covers_every_server_info_key_the_product_reads():
-    where = {"info": "$", "state": "$.internal_states[]", "states[0]": "$.internal_states[]"}
+    where = {"info": "$", "state": "$.internal_states[]", "states[0]": "$.internal_states[]",
+             "memory": "$.internal_states[].memory_usage"}
     read = set()
     for function in _functions(_tree("nodes/readiness.py"), "parse_server_info"):
         read |= {(where[receiver], key) for receiver, key in _keys_read(function) if receiver in where}

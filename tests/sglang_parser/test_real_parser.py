@@ -17,8 +17,8 @@ from fleetgen.tuning.planner import TunerBounds, Workload, plan_server
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 VENV_PYTHON = pathlib.Path(os.environ.get("FLEETGEN_SGLANG_VENV", REPO / ".sglang-venv")) / "bin" / "python"
-SEED_CONFIG = REPO / "tests" / "unit" / "tuner" / "configs" / "seed-qwen3.6-27b.json"
-QWEN3_NEXT_CONFIG = REPO / "tests" / "unit" / "tuner" / "configs" / "qwen3-next-80b-a3b.json"
+SEED_CONFIG = REPO / "tests" / "unit" / "tuning" / "configs" / "seed-qwen3.6-27b.json"
+QWEN3_NEXT_CONFIG = REPO / "tests" / "unit" / "tuning" / "configs" / "qwen3-next-80b-a3b.json"
 SEED_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
              "--speculative-num-draft-tokens", "4", "--mamba-radix-cache-strategy", "extra_buffer",
              "--context-length", "8192", "--reasoning-parser", "qwen3", "--tp-size", "1"]

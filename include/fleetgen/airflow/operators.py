@@ -113,8 +113,9 @@ class WaitReadyOperator(BaseOperator):
             plan = ServerPlan.from_dict(launched["plan"])
             try:
                 smaller = backoff(plan, kind)
-            except PlanError as exc:
-                no_smaller, hint = f"; no smaller plan: {exc.message}", exc.hint or kind.hint
+            except PlanError as exc:  # the hint still names the DAG parameter that changes the plan
+                no_smaller = f"; no smaller plan: {exc.message}"
+                hint = f"{kind.hint}; {exc.hint}" if exc.hint else kind.hint
                 log.error("The plan %s was last launched with:\n%s", name, render_budget_table(plan))
             else:
                 return self._relaunch_smaller(launched, smaller, fatal_line)

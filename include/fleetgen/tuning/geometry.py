@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from fleetgen.errors import ModelConfigError
+from fleetgen.tuning.architectures import ARCHITECTURES, names_with
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # utils/hf_transformers/common.py::get_context_length (docs/sglang-memory-model.md §1.6): the first key present wins.
@@ -34,79 +35,23 @@ SGLANG_FALLBACK_CONTEXT_LENGTH = 2048
 # these that none of the covered layouts claims must not be sized as dense.
 _STATEFUL_HINTS = ("mamba", "ssm", "linear_attn", "linear_num", "hybrid_override_pattern",
                    "layers_block_type", "attn_layer_period", "block_types", "index_topk")
-# Qwen3_5Config builds a default vision tower (Qwen3VLVisionConfig: hidden_size 1152, no
-# num_hidden_layers attribute) when config.json has none; the VLM mem-fraction factor reads it.
-_DEFAULT_VISION_TOWER = {arch: {"hidden_size": 1152} for arch in (
-    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")}
+# The vision tower a config class builds when config.json has none (architectures.py): the VLM factor reads it.
+_DEFAULT_VISION_TOWER = {name: {"hidden_size": size} for name, size in
+                         ((entry.name, entry.default_vision_hidden_size) for entry in ARCHITECTURES) if size}
 _SUB_CONFIG_KEYS = ("thinker_config", "llm_config", "language_config", "text_config")
-# configs/model_config.py::multimodal_model_archs (0.5.23): ModelConfig.is_multimodal is true for these
-# (multimodal is enabled by default), and then the KV budget reserves the VLM cache and the automatic
-# mem_fraction_static takes the VLM factor.
-MULTIMODAL_ARCHITECTURES = frozenset("""
-    CLIPModel Cohere2VisionForConditionalGeneration Cosmos3EdgeForConditionalGeneration DeepseekVL2ForCausalLM
-    Ernie4_5_VLMoeForConditionalGeneration MiniMaxM3SparseForConditionalGeneration Gemma3ForConditionalGeneration
-    Gemma3nForConditionalGeneration Gemma4ForConditionalGeneration EmbeddingGemma2Model
-    Gemma4UnifiedForConditionalGeneration DiffusionGemmaForBlockDiffusion Glm4vForConditionalGeneration
-    Glm4vMoeForConditionalGeneration Glm5NextForConditionalGeneration GlmOcrForConditionalGeneration
-    GlmAsrForConditionalGeneration GlmImageForConditionalGeneration Grok1VForCausalLM Grok1AForCausalLM
-    LlavaLlamaForCausalLM Llama4ForConditionalGeneration LlavaMistralForCausalLM LlavaQwenForCausalLM
-    LlavaForConditionalGeneration LlavaVidForCausalLM Lfm2VlForConditionalGeneration
-    LightOnOCRForConditionalGeneration MiMoV2ForCausalLM MiMoV2ASRForCausalLM MiniCPMO MiniCPMV
-    Mistral3ForConditionalGeneration MultiModalityCausalLM MllamaForConditionalGeneration
-    MossVLForConditionalGeneration NemotronH_Nano_VL_V2 NemotronH_Nano_Omni_Reasoning_V3
-    NemotronH_Omni_Reasoning_V3 MuseGlimmerForConditionalGeneration MuseSparkForConditionalGeneration
-    PixtralForConditionalGeneration Qwen2AudioForConditionalGeneration Qwen2VLForConditionalGeneration
-    Qwen2_5_VLForConditionalGeneration Qwen3VLForConditionalGeneration Qwen3VLMoeForConditionalGeneration
-    Qwen3_5ForConditionalGeneration Qwen3_5MoeForConditionalGeneration Qwen4ExpForConditionalGeneration
-    InternS2PreviewForConditionalGeneration InternS2MobiusForConditionalGeneration
-    Qwen3ASRForConditionalGeneration Qwen3OmniMoeForConditionalGeneration KimiVLForConditionalGeneration
-    LocateAnythingForConditionalGeneration InternVLChatModel InternS1ForConditionalGeneration
-    InternS1ProForConditionalGeneration Phi4MMForCausalLM VoxtralForConditionalGeneration
-    WhisperForConditionalGeneration Step3VLForConditionalGeneration POINTSV15ChatModel DotsVLMForCausalLM
-    Dots3NoteForCausalLM DotsOCRForCausalLM Sarashina2VisionForCausalLM NVILAForConditionalGeneration
-    NVILALiteForConditionalGeneration DeepseekOCRForCausalLM UnlimitedOCRForCausalLM
-    JetVLMForConditionalGeneration PaddleOCRVLForConditionalGeneration MiDashengLMModel
-    StepVLForConditionalGeneration Step3p7ForConditionalGeneration KimiK25ForConditionalGeneration
-    BailingMMNativeForConditionalGeneration BailingMM2NativeForConditionalGeneration
-    BailingMoeV3VLForConditionalGeneration
-""".split())
-# configs/model_config.py::is_hybrid_swa_model: the architectures with a separate SWA KV pool.
-HYBRID_SWA_ARCHITECTURES = frozenset("""
-    BeamForCausalLM Llama4ForConditionalGeneration DeepseekV4ForCausalLM DeepseekV4ForCausalLMNextN
-    DeepseekV4ForCausalLMDSpark GptOssForCausalLM GraniteSWAForCausalLM GraniteMoeSWAForCausalLM
-    IQuestQ1ForCausalLM IQuestQ1MTP MiMoV2ForCausalLM MiMoV2FlashForCausalLM MiMoV2MTP Step3p5ForCausalLM
-    Step3p5MTP Step3p7ForConditionalGeneration Gemma4ForCausalLM Gemma4ForConditionalGeneration
-    EmbeddingGemma2Model Gemma4UnifiedForConditionalGeneration DiffusionGemmaForBlockDiffusion LagunaForCausalLM
-    MellumForCausalLM MuseGlimmerForCausalLM MuseGlimmerForConditionalGeneration InklingForConditionalGeneration
-    InklingForConditionalGenerationMTP UnlimitedOCRForCausalLM
-""".split())
-# configs/model_config.py::SWA_SINK_ARCHS: layer_types names the sliding layers (get_hybrid_layer_ids), and
-# the model reports sliding_window - 1 as its window (models/gpt_oss.py::get_attention_sliding_window_size).
-SWA_LAYER_TYPES_ARCHITECTURES = frozenset({"GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
-                                           "IQuestQ1ForCausalLM"})
+# Views of the architecture registry (architectures.py, where each trait is explained and cited).
+MULTIMODAL_ARCHITECTURES = names_with("multimodal")
+HYBRID_SWA_ARCHITECTURES = names_with("hybrid_swa")
+SWA_LAYER_TYPES_ARCHITECTURES = names_with("swa_layers", "layer_types")
+LLAMA4_SWA_ARCHITECTURES = names_with("swa_layers", "llama4")
 # get_hybrid_layer_ids: Llama 4 keeps every 4th layer full, the rest chunked (window attention_chunk_size).
-LLAMA4_SWA_ARCHITECTURES = frozenset({"Llama4ForConditionalGeneration"})
 LLAMA4_FULL_ATTENTION_INTERVAL = 4
-MXFP4_BF16_ARCHITECTURES = frozenset({"GptOssForCausalLM"})
+MXFP4_BF16_ARCHITECTURES = names_with("mxfp4_bf16")
 # swa_full_tokens_ratio fallback (arg_groups/fields/schedule.py): SWA-layer tokens per full-layer token.
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
-# configs/model_config.py::ModelConfig.__init__ turns multimodal off by default for these.
-MULTIMODAL_OFF_BY_DEFAULT = frozenset({"Gemma3ForConditionalGeneration", "Llama4ForConditionalGeneration",
-                                       "Step3VLForConditionalGeneration", "InklingForConditionalGeneration"})
-# configs/model_config.py::multimodal_breakable_cuda_graph_supported_model_archs: multimodal models that keep
-# the breakable prefill CUDA graph; SGLang turns it off for every other multimodal model.
-MULTIMODAL_PREFILL_GRAPH_ARCHITECTURES = frozenset("""
-    MiniMaxM3SparseForConditionalGeneration Cohere2VisionForConditionalGeneration Glm5NextForConditionalGeneration
-    InternS2MobiusForConditionalGeneration PaddleOCRVLForConditionalGeneration Qwen3_5ForConditionalGeneration
-    Qwen3_5MoeForConditionalGeneration Qwen4ExpForConditionalGeneration MuseGlimmerForConditionalGeneration
-    MuseSparkForConditionalGeneration KimiK3ForConditionalGeneration KimiK25ForConditionalGeneration
-    MiniMaxM3SparseForCausalLM
-""".split())
-# server_args.py::ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES: --language-model-only is a fatal error
-# (arg_groups/model_hook.py::handle_language_model_only) for any other architecture.
-LANGUAGE_MODEL_ONLY_ARCHITECTURES = frozenset({
-    "DeepseekV4ForCausalLM", "MuseGlimmerForConditionalGeneration", "Cosmos3ForConditionalGeneration",
-    "Cosmos3EdgeForConditionalGeneration"})
+MULTIMODAL_OFF_BY_DEFAULT = names_with("multimodal_off_by_default")
+MULTIMODAL_PREFILL_GRAPH_ARCHITECTURES = names_with("keeps_multimodal_prefill_graph")
+LANGUAGE_MODEL_ONLY_ARCHITECTURES = names_with("language_model_only")
 
 
 @dataclass(frozen=True)

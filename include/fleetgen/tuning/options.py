@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 
 from fleetgen.errors import ConfigError
+from fleetgen.tuning.architectures import architecture as architecture_entry
 
 KV_CACHE_DTYPES = {"auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32",
                    "fp8_e4m3", "fp8_e5m2"}
@@ -186,9 +187,9 @@ class LaunchOptions:
             return (self.speculative_num_steps or 1, self.speculative_eagle_topk or 1,
                     int(self.speculative_num_draft_tokens))
         if self.speculative_num_steps is None:
-            if self.speculative_algorithm != "STANDALONE" and architecture in (
-                    "LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"):
-                return (5, 4, 8)
+            defaults = architecture_entry(architecture).eagle_defaults
+            if self.speculative_algorithm != "STANDALONE" and defaults is not None:
+                return defaults
             return (3, 1, 4)
         steps = self.speculative_num_steps
         topk = self.speculative_eagle_topk if self.speculative_eagle_topk is not None else 1

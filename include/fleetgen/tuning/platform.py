@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fleetgen.tuning.architectures import names_with
 from fleetgen.tuning.geometry import ModelGeometry
 from fleetgen.tuning.options import LaunchOptions
 
@@ -35,20 +36,16 @@ _GENERATIONS = (("GB200", "sm100"), ("B300", "sm100"), ("B200", "sm100"), ("H200
 BACKEND_PAGE_SIZES = {"trtllm_mha": (16, 32, 64, 128), "trtllm_mla": (32, 64), "cutedsl_mla": (32, 64),
                       "flashmla": (64,), "hpc_ops": (64,)}
 CONSTRAINED_BACKEND_DEFAULT_PAGE = 64
-QWEN35_ARCHITECTURES = {"Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration",
-                        "InternS2PreviewForConditionalGeneration", "InternS2MobiusForConditionalGeneration",
-                        "Qwen3_5ForConditionalGeneration"}
-TRITON_ON_SM100_ARCHITECTURES = {"FalconH1ForCausalLM", "JetNemotronForCausalLM", "JetVLMForConditionalGeneration"}
+# The attention-backend rule of each architecture (architectures.py).
+QWEN35_ARCHITECTURES = names_with("attention_backend", "qwen3_5")
+TRITON_ON_SM100_ARCHITECTURES = names_with("attention_backend", "triton_on_sm100")
 # model_overrides/gpt_oss.py, llama4.py: with no --attention-backend, trtllm_mha on SM100, fa3 on Hopper,
 # triton elsewhere (CUDA), whatever the speculative top-k.
-PINNED_BACKEND_ARCHITECTURES = {"GptOssForCausalLM", "Llama4ForConditionalGeneration", "Llama4ForCausalLM"}
+PINNED_BACKEND_ARCHITECTURES = names_with("attention_backend", "pinned")
 PINNED_BACKENDS = {"sm100": "trtllm_mha", "sm90": "fa3"}
 # model_overrides/deepseek_v2.py::_deepseek_family_overrides: without DSA sparse attention (which the geometry
 # refuses) these take trtllm_mla on SM100 when no attention backend is given.
-TRTLLM_MLA_ON_SM100_ARCHITECTURES = {
-    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration", "MistralLarge3ForCausalLM",
-    "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM", "Glm5NextForConditionalGeneration", "HYV4ForCausalLM",
-    "HYV4ForCausalLMNextN", "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN", "Dots3NoteForCausalLM"}
+TRTLLM_MLA_ON_SM100_ARCHITECTURES = names_with("attention_backend", "trtllm_mla_on_sm100")
 # Backends SGLang refuses to start outside some GPU generations or KV-cache dtypes, with its own reasons
 # (overrides.py::_mla_kv_cache_dtype_checks / _cutedsl_prefill_backend_fill, attention_hook.py):
 # backend -> (generations it runs on, --kv-cache-dtype values it takes (None: any), reasons).

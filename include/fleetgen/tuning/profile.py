@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from fleetgen.errors import ModelConfigError
+from fleetgen.tuning.architectures import names_with
 from fleetgen.tuning.geometry import (DEFAULT_SWA_FULL_TOKENS_RATIO, DTYPE_BYTES, LANGUAGE_MODEL_ONLY_ARCHITECTURES,
                                       ModelGeometry, model_geometry)
 from fleetgen.tuning.options import LaunchOptions
@@ -35,11 +36,8 @@ VLM_CACHE_MIB = 100
 MM_FEATURE_CACHE_MIB = 1024
 # --mamba-full-memory-ratio fallback (docs/sglang-memory-model.md §1; arg_groups/fields/schedule.py).
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
-# Architectures whose path-less MTP draft SGLang builds by rewriting the target config
-# (configs/model_config.py, is_draft_model branches that set num_nextn_predict_layers = 1).
-MTP_REWRITE_ARCHITECTURES = {"Qwen3NextForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
-                             "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-                             "NemotronHForCausalLM", "ExaoneMoEForCausalLM"}
+# Architectures whose path-less MTP draft SGLang builds by rewriting the target config (architectures.py).
+MTP_REWRITE_ARCHITECTURES = names_with("mtp_draft_rewrite")
 _KV_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
                    "fp8_e4m3": 1, "fp8_e5m2": 1}
 

@@ -64,6 +64,7 @@ def test_when_the_planner_has_no_smaller_plan_the_task_fails_with_the_line_and_w
     assert "died while starting: RuntimeError: Not enough memory for KV cache" in message
     assert f"after {planner.MAX_BACKOFF_ATTEMPTS} relaunch(es); no smaller plan: the server still fails" in message
     assert "check for processes that took GPU memory" in message and not operator.relaunched
+    assert failed.value.hint.startswith(FailureKind.OOM_KV.hint)  # still the DAG parameter to change
 
 
 def test_the_planners_limit_is_the_only_relaunch_limit(operator, monkeypatch):

@@ -1,0 +1,88 @@
+"""The architecture registry: one entry per architecture, each trait a known rule, and the lists SGLang 0.5.23
+keeps in its source equal to the registry's views of them."""
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+from fleetgen.tuning.architectures import (ARCHITECTURES, ATTENTION_BACKEND_RULES, REGISTRY, SWA_LAYER_RULES,
+                                           architecture, names_with)
+
+SGLANG = Path(os.environ.get("FLEETGEN_SGLANG_VENV", Path(__file__).resolve().parents[3] / ".sglang-venv")) / \
+    "lib" / "python3.11" / "site-packages" / "sglang" / "srt"
+
+
+def test_each_architecture_has_one_entry_and_each_rule_is_one_the_tuner_knows():
+    assert len(REGISTRY) == len(ARCHITECTURES)
+    assert {entry.swa_layers for entry in ARCHITECTURES} <= {None, *SWA_LAYER_RULES}
+    assert {entry.attention_backend for entry in ARCHITECTURES} <= {None, *ATTENTION_BACKEND_RULES}
+    assert all(entry.swa_layers is None or entry.hybrid_swa for entry in ARCHITECTURES)
+    assert all(not entry.multimodal_off_by_default or entry.multimodal or entry.name.startswith("Inkling")
+               for entry in ARCHITECTURES)
+
+
+def test_an_architecture_without_an_entry_is_plain_and_an_unknown_trait_is_refused():
+    plain = architecture("SomeNewForCausalLM")
+    assert (plain.multimodal, plain.hybrid_swa, plain.attention_backend, plain.eagle_defaults) == (
+        False, False, None, None)
+    assert architecture("GptOssForCausalLM").swa_layers == "layer_types"
+    with pytest.raises(ValueError, match="no architecture trait 'multimodel'"):
+        names_with("multimodel")
+
+
+def _literal_lists(path: Path) -> dict[str, frozenset[str]]:
+    """Module- and function-level names bound to literal collections of strings in ``path``, ``*NAME`` entries
+    resolved through the names bound before them."""
+    found: dict[str, frozenset[str]] = {}
+
+    def strings(node) -> frozenset[str] | None:
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("frozenset", "set", "tuple", "list") \
+                and node.args:
+            return strings(node.args[0])
+        if isinstance(node, (ast.List, ast.Set, ast.Tuple)):
+            values = set()
+            for element in node.elts:
+                if isinstance(element, ast.Constant) and isinstance(element.value, str):
+                    values.add(element.value)
+                elif isinstance(element, ast.Starred) and getattr(element.value, "id", None) in found:
+                    values |= found[element.value.id]
+                else:
+                    return None
+            return frozenset(values)
+        return None
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) and node.value is not None else []
+        for target in targets:
+            if isinstance(target, ast.Name) and (values := strings(node.value)) is not None:
+                found[target.id] = values
+    return found
+
+
+@pytest.fixture(scope="module")
+def sglang_lists():
+    if not SGLANG.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"no SGLang source at {SGLANG}: scripts/sglang-venv.sh did not run")
+        pytest.skip(f"no SGLang source at {SGLANG}; build it with scripts/sglang-venv.sh")
+    return {**_literal_lists(SGLANG / "configs" / "model_config.py"), **_literal_lists(SGLANG / "server_args.py")}
+
+
+@pytest.mark.parametrize("trait, sglang_name", [
+    ("multimodal", "multimodal_model_archs"),
+    ("multimodal_off_by_default", "mm_disabled_models"),
+    ("keeps_multimodal_prefill_graph", "multimodal_breakable_cuda_graph_supported_model_archs"),
+    ("language_model_only", "LANGUAGE_MODEL_ONLY_ARCHITECTURES"),
+    ("hybrid_swa", "hybrid_swa_archs"),
+])
+def test_the_registry_holds_exactly_the_architectures_sglang_lists(sglang_lists, trait, sglang_name):
+    assert names_with(trait) == sglang_lists[sglang_name]
+
+
+def test_the_layer_types_split_covers_sglangs_sink_architectures_that_serve(sglang_lists):
+    # SWA_SINK_ARCHS also names MTP draft heads (IQuestQ1MTP), which are never served on their own.
+    served = {name for name in sglang_lists["SWA_SINK_ARCHS"] if not name.endswith("MTP")}
+    assert names_with("swa_layers", "layer_types") == served
