@@ -12,6 +12,7 @@ are kept as written: the tuner's geometry reads those keys the way SGLang's own 
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 from fleetgen.errors import ModelConfigError
@@ -33,6 +34,9 @@ SGLANG_CONFIG_MODEL_TYPES = frozenset("""
 
 @lru_cache(maxsize=1)
 def _transformers():
+    # Only the config classes are used: transformers' advice that PyTorch is missing would sit in every
+    # derive_plan log as if something were wrong.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     import transformers
     from transformers import PretrainedConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
