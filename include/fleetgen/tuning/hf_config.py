@@ -38,6 +38,9 @@ def _transformers():
     # derive_plan log as if something were wrong.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     import transformers
+
+    # Its validation warnings about a public config's own values (rope factors...) are not the user's to fix.
+    transformers.logging.set_verbosity_error()
     from transformers import PretrainedConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
