@@ -92,11 +92,13 @@ def snapshot(path: Path, start: int, end: int, target: Path) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = parser.add_mutually_exclusive_group(required=True)
-    size.add_argument("--prompts", type=int)
-    size.add_argument("--gigabytes", type=float)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--prompts", type=int, help="the prompts file's size in prompts (default: 1,000,000)")
+    size.add_argument("--gigabytes", type=float, help="the prompts file's size in GB instead")
     parser.add_argument("--keep", type=Path, help="build in (and reuse) this directory")
     args = parser.parse_args()
+    if args.prompts is None and args.gigabytes is None:  # `make bench` runs every script without arguments
+        args.prompts = 1_000_000
     with tempfile.TemporaryDirectory(prefix="fleetgen-prompt-plan-") as scratch:
         root = args.keep or Path(scratch)
         root.mkdir(parents=True, exist_ok=True)
