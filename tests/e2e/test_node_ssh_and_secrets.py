@@ -55,7 +55,7 @@ def _fleet(environment, **server):
 
 
 def _launch(environment) -> dict:
-    from fleetgen.airflow.hooks import NodeShell
+    from fleetgen.airflow.node_shell import NodeShell
     from fleetgen.airflow.lifecycle import launch_server
 
     fleet = _fleet(environment)
@@ -161,7 +161,7 @@ def test_wait_fails_naming_host_server_and_budget_when_the_node_stays_away(node,
 
 def test_a_hostile_model_path_read_over_ssh_runs_nothing_and_is_named_intact(node, tmp_path):
     """The issue's reproduction, through the real SSH server: a model path that does not exist."""
-    from fleetgen.airflow.hooks import NodeShell
+    from fleetgen.airflow.node_shell import NodeShell
     from fleetgen.errors import RemoteError
     from fleetgen.nodes import remote
 
@@ -234,7 +234,7 @@ def _command_lines_holding(secret: bytes) -> tuple[int, list[str]]:
 def test_the_api_key_is_in_no_command_line_on_the_node(node, monkeypatch):
     import httpx
 
-    from fleetgen.airflow.hooks import NodeShell
+    from fleetgen.airflow.node_shell import NodeShell
     from fleetgen.airflow.lifecycle import api_key, launch_server, stop_ports
 
     key = "sk-" + os.urandom(16).hex()

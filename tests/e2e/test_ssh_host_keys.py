@@ -17,7 +17,7 @@ def _connection(sim_env, host_key: str) -> str:
 def test_known_host_key_connects_and_a_different_one_is_refused(sim_env, monkeypatch, tmp_path):
     import asyncssh
 
-    from fleetgen.airflow.hooks import NodeShell
+    from fleetgen.airflow.node_shell import NodeShell
     from fleetgen.errors import HostUnreachable
     from sglang_sim.sshd import ensure_keys
 
@@ -41,7 +41,7 @@ def test_a_host_key_mismatch_fails_the_task_without_retry(sim_env, monkeypatch):
     import asyncssh
 
     from airflow.sdk.exceptions import AirflowFailException
-    from fleetgen.airflow.hooks import NodeShell
+    from fleetgen.airflow.node_shell import NodeShell
     from fleetgen.airflow.context import fail_fast
     from fleetgen.errors import HostKeyMismatch
 

@@ -7,7 +7,7 @@ import logging
 
 from fleetgen.airflow import failures, lifecycle
 from fleetgen.airflow.context import fail_fast, mapped_values, run_context
-from fleetgen.airflow.hooks import NodeShell
+from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.nodes.fleet import FleetSpec, fleet_from_json
 

@@ -7,7 +7,7 @@ import time
 
 from fleetgen.nodes import probe, readiness
 from fleetgen.nodes import remote
-from fleetgen.airflow.hooks import NodeShell
+from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.errors import RemoteError, ServerStartupError
 from fleetgen.nodes.fleet import FleetSpec, ServerSlot
 

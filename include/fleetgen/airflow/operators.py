@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from fleetgen.airflow.hooks import host_key_mismatch
+from fleetgen.airflow.node_shell import host_key_mismatch
 from fleetgen.airflow.readiness_event import ReadinessEvent, ReadinessStatus
 from fleetgen.nodes import readiness
 from fleetgen.errors import FleetgenError, HostUnreachable, PlanError, ServerNotReady, ServerStartupError
@@ -169,7 +169,7 @@ class WaitReadyOperator(BaseOperator):
 
     def _relaunch_smaller(self, launched: dict, smaller, fatal_line: str) -> None:
         from fleetgen.airflow.lifecycle import api_key, launch_server, stop_ports
-        from fleetgen.airflow.hooks import NodeShell
+        from fleetgen.airflow.node_shell import NodeShell
         from fleetgen.tuning import MAX_BACKOFF_ATTEMPTS, render_budget_table
 
         fleet = fleet_from_json(self.fleet)

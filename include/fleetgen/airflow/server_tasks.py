@@ -6,7 +6,7 @@ import logging
 
 from fleetgen.airflow import lifecycle
 from fleetgen.airflow.context import fail_fast, mapped_values, run_context
-from fleetgen.airflow.hooks import NodeShell
+from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.nodes import probe
 from fleetgen.nodes.fleet import fleet_from_json
 

@@ -10,7 +10,7 @@ import logging
 
 from fleetgen.airflow import lifecycle
 from fleetgen.airflow.context import fail_fast, mapped_values, run_context
-from fleetgen.airflow.hooks import NodeShell
+from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import ConfigError
 from fleetgen.nodes import probe
