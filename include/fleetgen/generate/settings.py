@@ -60,7 +60,6 @@ class GenerationSettings:
     extra_body: dict = field(default_factory=dict)
     request_timeout_s: float | None = None  # None: sized from max_tokens (see effective_request_timeout_s)
     connect_timeout_s: float = 10.0
-    headroom: float = 1.25
     max_attempts: int = 5  # tries per prompt across servers before it is written off as failed
     retry_backoff_s: float = 0.5  # first delay before a failed prompt is offered again; doubles per try
     recheck_initial_s: float = 1.0  # first health re-check of a server marked down; doubles per failure
@@ -98,8 +97,6 @@ class GenerationSettings:
             problems.append("extra_body must be a dict")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             problems.append(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
-        if not self.headroom >= 1.0:
-            problems.append(f"headroom must be >= 1.0, got {self.headroom}")
         if not _positive_int(self.max_attempts) or not _positive_int(self.client_error_breaker):
             problems.append("max_attempts and client_error_breaker must be positive integers")
         for name in ("connect_timeout_s", "retry_backoff_s", "recheck_initial_s", "recheck_max_s",

@@ -53,8 +53,8 @@ def test_settings_validate_round_trip_and_size_the_timeout():
     assert GenerationSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
     assert settings.sampling({"temperature": 0.0}) == {"max_tokens": 4096, "temperature": 0.0, "top_p": 0.95}
     with pytest.raises(ConfigError) as caught:
-        GenerationSettings(model="", max_tokens=0, top_p=2.0, headroom=0.5)
-    for expected in ("model is empty", "max_tokens", "top_p", "headroom"):
+        GenerationSettings(model="", max_tokens=0, top_p=2.0)
+    for expected in ("model is empty", "max_tokens", "top_p"):
         assert expected in str(caught.value)
     with pytest.raises(ConfigError, match="unknown generation settings: max_token"):
         GenerationSettings.from_dict({"model": "m", "max_token": 5})
