@@ -86,3 +86,25 @@ def test_the_layer_types_split_covers_sglangs_sink_architectures_that_serve(sgla
     # SWA_SINK_ARCHS also names MTP draft heads (IQuestQ1MTP), which are never served on their own.
     served = {name for name in sglang_lists["SWA_SINK_ARCHS"] if not name.endswith("MTP")}
     assert names_with("swa_layers", "layer_types") == served
+
+
+def _mtp_draft_rewrites(path: Path, lists: dict[str, frozenset[str]]) -> frozenset[str]:
+    """The architectures whose draft-mode config SGLang rewrites to one MTP layer: every ``if is_draft_model and
+    architectures[0] ...`` branch of ``model_config.py`` that sets ``num_nextn_predict_layers = 1``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.If) or "is_draft_model" not in {n.id for n in ast.walk(node.test)
+                                                                     if isinstance(n, ast.Name)}:
+            continue
+        sets_one_layer = any(isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and n.value.value == 1
+                             and any(getattr(t, "attr", None) == "num_nextn_predict_layers" for t in n.targets)
+                             for statement in node.body for n in ast.walk(statement))
+        if sets_one_layer:
+            found |= {n.value for n in ast.walk(node.test) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+            found |= {name for n in ast.walk(node.test) if isinstance(n, ast.Name) for name in lists.get(n.id, ())}
+    return frozenset(found)
+
+
+def test_the_mtp_draft_rewrite_covers_every_architecture_sglang_rewrites(sglang_lists):
+    rewritten = _mtp_draft_rewrites(SGLANG / "configs" / "model_config.py", sglang_lists)
+    assert len(rewritten) > 10 and names_with("mtp_draft_rewrite") == rewritten
