@@ -73,9 +73,11 @@ def test_hang_freezes_running_requests():
 # -- admission and retraction (docs/sglang-scheduler.md §3, §4) -----------------------------------------
 
 def _run(pool: int, jobs: list[tuple[int, int, int]], *, capacity: int = 8, page: int = 1, reserve: int = 1):
+    # 200x: a 15-simulated-second request lasts 75 ms, longer than a busy machine may pause between two submits
+    # (at 2000x the first one could finish before the fourth was submitted, and the admission count was off)
     async def scenario():
         engine = BatchEngine(capacity=capacity, max_total_tokens=pool, timing=FLAT, page_size=page,
-                             decode_reserve_tokens=reserve, clock=SimClock(asyncio.get_running_loop(), 2000.0))
+                             decode_reserve_tokens=reserve, clock=SimClock(asyncio.get_running_loop(), 200.0))
         futures = [engine.submit(*job) for job in jobs]
         first_pass = engine.running
         return engine, first_pass, await asyncio.gather(*futures)
