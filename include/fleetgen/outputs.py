@@ -131,7 +131,7 @@ class RunLayout:
         return self.root / kind
 
     def shard(self, shard_id: int) -> ShardPaths:
-        """Every file of one shard."""
+        """One shard's bookkeeping files."""
         return ShardPaths(self, shard_id)
 
     def shard_file(self, kind: str, shard_id: int) -> Path:
@@ -157,8 +157,8 @@ def _shard_stem(shard_id: int) -> str:
 
 @dataclass(frozen=True)
 class ShardPaths:
-    """The bookkeeping files of one shard in ``shards/`` (and its data files through ``RunLayout.shard_file``):
-    every name is made here."""
+    """The bookkeeping files of one shard in ``shards/`` (its data files: ``RunLayout.shard_file``); every name
+    is made here."""
 
     layout: RunLayout
     shard_id: int
@@ -196,9 +196,6 @@ class ShardPaths:
     @property
     def lost_tries(self) -> Path:
         return self._bookkeeping(self.LOST_TRIES)
-
-    def data(self, kind: str) -> Path:
-        return self.layout.shard_file(kind, self.shard_id)
 
 
 def calibration_file(output_root: str | Path) -> Path:

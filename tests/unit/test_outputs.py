@@ -12,7 +12,7 @@ def test_every_shard_file_has_its_own_name_and_the_documented_one():
     layout = RunLayout(Path("/out/run"))
     paths = layout.shard(42)
     bookkeeping = [paths.plan, paths.mark, paths.lock, paths.lease, paths.heartbeat, paths.lost_tries]
-    data = [paths.data(kind) for kind in SHARD_KINDS if kind != "shards"]
+    data = [layout.shard_file(kind, 42) for kind in SHARD_KINDS if kind != "shards"]
     everything = bookkeeping + data
     assert len(set(everything)) == len(everything)
     assert all(path.name.startswith("shard-00042.") for path in everything)

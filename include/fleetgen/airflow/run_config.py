@@ -252,10 +252,6 @@ class RunConfig:
         return frozenset(spec.name for spec in cls.settings())
 
     @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        return {spec.name: spec.default_value() for spec in cls.settings()}
-
-    @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> RunConfig:
         """Validate and group the params; unknown keys (a typo in a REST trigger's conf) are refused."""
         known = cls.param_names()

@@ -7,7 +7,8 @@ import pytest
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import ConfigError
 
-PARAMS = {**RunConfig.defaults(), "fleet_file": "", "prompts_path": "~/p.jsonl", "output_root": "/out"}
+DEFAULTS = {spec.name: spec.default_value() for spec in RunConfig.settings()}
+PARAMS = {**DEFAULTS, "fleet_file": "", "prompts_path": "~/p.jsonl", "output_root": "/out"}
 
 
 def test_params_become_typed_groups_and_domain_objects():
@@ -47,7 +48,7 @@ def test_each_bad_value_is_named(name, value, message):
 
 
 def test_the_declared_defaults_make_a_valid_run():
-    config = RunConfig.from_params(RunConfig.defaults())
+    config = RunConfig.from_params(DEFAULTS)
     assert (config.tuning.mode, config.generation.reuse_completions, config.inputs.fleet_file) == (
         "tuned", "scheduled", "")
     assert config.validation.max_empty_answer_share == 0.2 and config.generation.max_tokens == 4096
