@@ -12,8 +12,10 @@ SGLANG_SERVER_STAMP := .sglang-venv/.server-built
 SGLANG_SERVER_INPUTS := scripts/sglang-server-venv.sh tests/real_sglang/stand_ins/torchvision_meta_stub.pth \
 	$(wildcard tests/real_sglang/patches/*)
 PYTEST_ARGS ?=
-# Two workers on the two cores; tests/conftest.py keeps each file, and all of tests/real_sglang/, on one worker.
-PYTEST_WORKERS ?= 2
+# Three workers on the two cores: most tests wait (on SSH, simulated servers, Airflow's polling) more than they
+# compute, so a third worker overlaps those waits. tests/conftest.py keeps each file, and all of
+# tests/real_sglang/ (CPU-bound on real servers), on one worker.
+PYTEST_WORKERS ?= 3
 # The browser tests drive Debian's Chromium (Playwright cannot download browser builds here).
 CHROMIUM ?= /usr/bin/chromium
 

@@ -41,18 +41,34 @@ def worker_unit(nodeid: str) -> str:
     return REAL_SGLANG if path.startswith(REAL_SGLANG) else path
 
 
+# The units that take minutes of wall time each (real or production-shaped servers, a browser, Airflow DAG runs,
+# SGLang's own sizing of the oracle matrix), longest first; measured with three workers on two cores beside other
+# load: tests/real_sglang/ 19 min, the production stack 8, the browser 8, the server lifecycle 6, the end-to-end
+# DAG 6, the oracle matrix 6; every other file under 2.
+LONG_UNITS = (REAL_SGLANG, "tests/e2e/test_production_stack.py", "tests/airflow/test_ui_in_browser.py",
+              "tests/e2e/test_server_lifecycle.py", "tests/e2e/test_dag_end_to_end.py",
+              "tests/oracle/test_oracle_matrix.py")
+
+
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without xdist (-p no:xdist) must not refuse it
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    # xdist hands out the units with the most tests first: tests/real_sglang/ (the longest, CPU-bound on real
-    # servers) starts at once and runs beside the many light files. Handing the production stack and the browser
-    # tests out beside it instead (both start servers of their own) was slower on two cores: 25 minutes in, 11 % of
-    # the tests had run, where this order finishes all of them in 27.
+    # xdist hands out the units with the most tests first, so a long unit with few tests (the production stack)
+    # started last and was the run's tail. Here a worker that is not running a long unit gets the next one, so
+    # every long unit starts early and no worker runs two at once; the light files fill the gaps.
     class FileScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return worker_unit(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            running = self.assigned_work.get(node, {})
+            if not any(scope in LONG_UNITS and not all(done.values()) for scope, done in running.items()):
+                waiting = next((scope for scope in LONG_UNITS if scope in self.workqueue), None)
+                if waiting is not None:
+                    self.workqueue.move_to_end(waiting, last=False)
+            super()._assign_work_unit(node)
 
     return FileScheduling(config, log)

@@ -101,6 +101,7 @@ def _parallel_and_graph_flags(add) -> None:
     add("--attn-dp-size", "--attention-data-parallel-size", dest="attn_dp_size", type=int, default=1)
     add("--enable-dp-attention", action="store_true")
     add("--device")  # accepted and reported; the simulated server is a GPU server whatever it says
+    add("--sleep-on-idle", action="store_true")  # accepted and reported; the simulated scheduler never spins
     add("--base-gpu-id", type=int, default=0)
     add("--gpu-id-step", type=int, default=1)
     add("--nnodes", type=int, default=1)

@@ -125,8 +125,12 @@ def run_url(ui, run_id: str, tail: str = "") -> str:
 
 def wait_for_run(api, run_id: str, timeout_s: float = 300) -> str:
     deadline = time.monotonic() + timeout_s
+    state = None
     while True:
-        state = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}").json()["state"]
+        try:
+            state = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}").json()["state"]
+        except httpx.TimeoutException:
+            pass  # the API server of a standalone Airflow on a busy machine: ask again until the deadline
         if state in ("success", "failed") or time.monotonic() > deadline:
             return state
         time.sleep(3)

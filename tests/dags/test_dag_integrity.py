@@ -118,3 +118,36 @@ def test_the_fleet_reaches_tasks_through_one_edge(dagbag):
     dag = dagbag.dags["sglang_generation"]
     assert dag.get_task("load_fleet").downstream_task_ids == {"node_names", "tune.scan_prompts",
                                                               "tune.model_identity"}
+
+
+def test_every_python_task_runs_its_callable_through_fail_fast(dagbag):
+    """The rule "an error a retry cannot fix fails the task at once" is applied by the DAG, not by the callables:
+    every Python task's callable is fail_fast's wrapper around the fleetgen callable of the same name."""
+    from fleetgen.airflow.context import fail_fast
+
+    dag = dagbag.dags["sglang_generation"]
+    python_tasks = [t for t in dag.tasks if getattr(t, "python_callable", None) is not None]
+    assert {t.task_id for t in dag.tasks} - {t.task_id for t in python_tasks} == {"servers.wait_ready"}
+    wrapper_code = fail_fast(print).__code__
+    for t in python_tasks:
+        wrapped = getattr(t.python_callable, "__wrapped__", None)
+        assert t.python_callable.__code__ is wrapper_code and wrapped is not None, f"{t.task_id} is not fail_fast"
+        assert wrapped.__module__.startswith("fleetgen.airflow.") and t.python_callable.__name__ == wrapped.__name__
+
+
+@pytest.mark.parametrize("task_id", ["load_fleet", "tune.go_live"])
+def test_a_bad_run_configuration_fails_the_task_at_once_keeping_fleetgens_error(dagbag, monkeypatch, task_id):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from fleetgen.airflow import context
+    from fleetgen.errors import ConfigError
+
+    refused = ConfigError("unknown key 'max_token' in the run's conf")
+
+    def refuse():
+        raise refused
+
+    monkeypatch.setattr(context, "task_context", refuse)
+    with pytest.raises(AirflowFailException, match="unknown key 'max_token'") as caught:
+        dagbag.dags["sglang_generation"].get_task(task_id).python_callable()
+    assert caught.value.__cause__ is refused

@@ -125,7 +125,7 @@ def run_sglang(cases: list[dict]) -> dict[str, dict]:
     """SGLang's answers for ``cases``, in one subprocess (SGLang imports once)."""
     require_venv()
     done = subprocess.run([str(VENV_PYTHON), str(ORACLE)], input=json.dumps(cases), capture_output=True, text=True,
-                          timeout=600)
+                          timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     return {result["id"]: result for result in json.loads(done.stdout.strip().splitlines()[-1])}
 

@@ -17,6 +17,10 @@ from cases_checkpoints import CHECKPOINT_CASES
 from cases_parallel_and_window import PARALLEL_AND_WINDOW_CASES
 from cases_public_models import PUBLIC_MODEL_CASES
 
+# The first test's setup sizes every case in one SGLang subprocess (oracle_harness.run_sglang): about two minutes
+# on two quiet cores, several times that beside the real servers of the other workers.
+pytestmark = pytest.mark.timeout(1800)
+
 CONTEXT_LONG = ("--context-length", "131072")
 MATRIX = [
     MatrixCase("seed-b200", "qwen3.6-27b", "B200", extra_args=SEED_ARGS),

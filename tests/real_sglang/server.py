@@ -31,9 +31,10 @@ VERSION = "0.5.23"
 ENV = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(STAND_INS), "OMP_NUM_THREADS": "1"}
 # A KV pool the tests pin: without it SGLang sizes the pool from free host RAM (tens of millions of tokens).
 KV_TOKENS = 32768
-# What a user with a CPU node passes as server.extra_args; random weights, no weight files.
+# What a user with a CPU node passes as server.extra_args; random weights, no weight files. --sleep-on-idle: an
+# idle scheduler otherwise polls its sockets without pause, taking a whole core per server from the tests.
 CPU_FLAGS = ("--load-format", "dummy", "--device", "cpu", "--attention-backend", "torch_native",
-             "--sampling-backend", "pytorch", "--disable-cuda-graph", "--grammar-backend", "none")
+             "--sampling-backend", "pytorch", "--disable-cuda-graph", "--grammar-backend", "none", "--sleep-on-idle")
 # Hybrid (Gated DeltaNet) models on CPU: extra_buffer needs Mamba state snapshots the CPU platform lacks,
 # and no_buffer needs the overlap scheduler off (sglang/srt/arg_groups/mamba_hook.py).
 HYBRID_FLAGS = ("--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule")

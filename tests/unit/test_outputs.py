@@ -3,9 +3,14 @@
 import re
 from pathlib import Path
 
-from fleetgen.outputs import SHARD_KINDS, RunLayout
+import pytest
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "output-formats.md"
+from fleetgen.outputs import (SHARD_KINDS, RunLayout, calibration_file, default_output_root, read_failures,
+                              run_folder_name, run_root_of_report)
+
+# The nearest docs/ above this file: the checkout's, also from the copy of tests/ a mutation run makes inside it.
+DOC = next(folder / "docs" / "output-formats.md" for folder in Path(__file__).resolve().parents
+           if (folder / "docs" / "output-formats.md").is_file())
 
 
 def test_every_shard_file_has_its_own_name_and_the_documented_one():
@@ -30,3 +35,70 @@ def test_the_run_finds_heartbeats_and_lost_tries_by_the_names_a_shard_writes(tmp
         layout.shard(shard).mark.write_text("{}")
     assert layout.heartbeat_files() == [layout.shard(1).heartbeat, layout.shard(3).heartbeat]
     assert layout.lost_try_files() == [layout.shard(1).lost_tries, layout.shard(3).lost_tries]
+
+
+def test_a_run_id_becomes_one_folder_name_any_filesystem_takes():
+    assert run_folder_name("manual__2026-05-01T02:00:00+00:00") == "manual__2026-05-01T02_00_00_00_00"
+    assert run_folder_name("scheduled a/b..c") == "scheduled_a_b..c"
+    assert run_folder_name("ok-Name_1.2") == "ok-Name_1.2"
+
+
+def test_a_run_folder_lies_under_the_output_root_with_home_expanded(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    layout = RunLayout.for_run("~/out", "manual__1:2")
+    assert layout.root == tmp_path / "out" / "manual__1_2"
+    assert calibration_file("~/out") == tmp_path / "out" / "calibration.json"
+
+
+def test_the_output_root_defaults_to_the_deployments_setting(monkeypatch):
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", "/data/fleetgen")
+    assert default_output_root() == "/data/fleetgen"
+    monkeypatch.delenv("FLEETGEN_OUTPUT_ROOT")
+    assert default_output_root() == "~/fleetgen-output"
+
+
+def test_every_run_file_has_its_documented_place():
+    layout = RunLayout(Path("/out/run"))
+    places = {
+        layout.prompts_identity: "prompts.json", layout.rejects: "rejects.jsonl",
+        layout.servers_health: "servers-health.json", layout.servers_health_lock: "servers-health.lock",
+        layout.failures: "failures.jsonl", layout.validation_dir: "validation",
+        layout.data_docs_dir: "validation/data_docs", layout.report_dir: "report",
+        layout.report_json: "report/report.json", layout.calibration: "calibration.json",
+        layout.workload_plan: "workload_plan.json", layout.reuse_index: "reuse/index.npy",
+        layout.reuse_index_meta: "reuse/index.json",
+    }
+    assert {path: str(path.relative_to(layout.root)) for path in places} == places
+    assert run_root_of_report(layout.report_json) == layout.root
+    documented = DOC.read_text()
+    assert all(name.split("/")[-1] in documented for name in places.values())
+
+
+def test_the_first_shard_and_large_shard_numbers_are_named_with_five_digits():
+    layout = RunLayout(Path("/out/run"))
+    assert layout.shard_file("stats", 0) == Path("/out/run/stats/shard-00000.jsonl")
+    assert layout.shard(0).plan == Path("/out/run/shards/shard-00000.json")
+    assert layout.shard_file("gpu", 123456).name == "shard-123456.jsonl"
+
+
+def test_an_unknown_kind_of_shard_file_is_refused_naming_the_known_ones():
+    layout = RunLayout(Path("/out/run"))
+    with pytest.raises(ValueError, match=r"unknown per-shard output kind 'stat'; expected one of \('completions'"):
+        layout.shard_file("stat", 1)
+
+
+def test_shard_files_of_one_kind_are_listed_in_shard_order(tmp_path):
+    layout = RunLayout(tmp_path)
+    layout.kind_dir("errors").mkdir()
+    for shard in (10, 2, 0):
+        layout.shard_file("errors", shard).write_text("")
+    (layout.kind_dir("errors") / "notes.txt").write_text("")
+    assert layout.shard_files("errors") == [layout.shard_file("errors", shard) for shard in (0, 2, 10)]
+    assert layout.shard_files("gpu") == []
+
+
+def test_failure_records_are_read_and_a_torn_last_line_is_skipped(tmp_path):
+    path = tmp_path / "failures.jsonl"
+    assert read_failures(path) == []
+    path.write_text('{"task": "generate", "map_index": 0}\n\n{"task": "validate"}\n{"task": "rep', encoding="utf-8")
+    assert read_failures(path) == [{"task": "generate", "map_index": 0}, {"task": "validate"}]

@@ -18,7 +18,10 @@ DETERMINISTIC_ERRORS = (ConfigError, ModelConfigError, PlanError, ProbeError, Pr
 
 def fail_fast(function):
     """Turn a deterministic error into AirflowFailException (no retry: the same input fails the same
-    way), keeping the message and the original as its cause."""
+    way), keeping the message and the original as its cause.
+
+    Applied in one place, the DAG's ``_task`` helper (dags/sglang_generation.py), to every task callable: the
+    callables themselves stay undecorated and raise fleetgen's own errors (what their tests check)."""
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):

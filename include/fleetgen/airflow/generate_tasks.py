@@ -6,7 +6,7 @@ import contextlib
 import logging
 
 from fleetgen.airflow import failures, lifecycle
-from fleetgen.airflow.context import fail_fast, mapped_values, run_context
+from fleetgen.airflow.context import mapped_values, run_context
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.nodes.fleet import FleetSpec, fleet_from_json
@@ -30,7 +30,6 @@ def generation_material(identity: dict, settings) -> dict:
                                top_p=settings.top_p, extra_body=settings.extra_body)
 
 
-@fail_fast
 def plan_shards(prompt_scan: dict) -> list[dict]:
     """Cuts the valid prompts into byte-range shards of `shard_size` prompts.
     """
@@ -52,7 +51,6 @@ def plan_shards(prompt_scan: dict) -> list[dict]:
     return shards
 
 
-@fail_fast
 def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identity: dict) -> dict:
     """**Generates one shard** (labelled with its prompt range) through every ready server, keeping each at its
     effective limit × `headroom`; resumes from its checkpoint when retried.

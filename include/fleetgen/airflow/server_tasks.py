@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from fleetgen.airflow import lifecycle
-from fleetgen.airflow.context import fail_fast, mapped_values, run_context
+from fleetgen.airflow.context import mapped_values, run_context
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.nodes import probe
 from fleetgen.nodes.fleet import fleet_from_json
@@ -13,7 +13,6 @@ from fleetgen.nodes.fleet import fleet_from_json
 log = logging.getLogger("fleetgen")
 
 
-@fail_fast
 def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dict:
     """**Keeps our servers that already run tonight's plan on one node and stops the others** (only ours: pid file
     and command line must match; all of them with `relaunch_servers`), TERM then KILL, and waits until the GPU
@@ -50,7 +49,6 @@ def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dic
     return {"node": node, "records": records, "decisions": decisions}
 
 
-@fail_fast
 def release_servers(node: str, fleet: dict) -> dict:
     """Stops our servers after the run unless `keep_servers_up` is set (the default keeps them up for the next
     run); runs whatever happened."""
@@ -61,7 +59,6 @@ def release_servers(node: str, fleet: dict) -> dict:
     return stop_servers(node, fleet, None)
 
 
-@fail_fast
 def launch_servers(node: str, fleet: dict, plans: list[dict], stopped: list[dict] | None = None) -> list[dict]:
     """**Launches one SGLang server per GPU / TP group on one node** under `setsid`, with the plan's flags; pid and log
     files go to the node's run directory.

@@ -94,18 +94,23 @@ def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Set
             raise ConfigError(f"connections[{index}] needs conn_id and conn_type", path=source)
         extra = item.get("conn_extra") or {}
         if isinstance(extra, str):
-            extra = json.loads(extra)
+            try:
+                extra = json.loads(extra)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"connections[{index}].conn_extra is not valid JSON: {exc}", path=source) from None
         port = item.get("conn_port")
         connections.append(Connection(
             conn_id=item["conn_id"], conn_type=item["conn_type"], host=item.get("conn_host"),
-            port=int(port) if port not in (None, "") else None, login=item.get("conn_login"),
+            port=_integer(port, f"connections[{index}].conn_port", source) if port not in (None, "") else None,
+            login=item.get("conn_login"),
             password=None if item.get("conn_password") is None else str(item["conn_password"]),
             schema=item.get("conn_schema"), extra=extra))
     pools = []
     for index, item in enumerate(airflow_doc.get("pools") or []):
         if not isinstance(item, dict) or "pool_name" not in item or "pool_slot" not in item:
             raise ConfigError(f"pools[{index}] needs pool_name and pool_slot", path=source)
-        pools.append(Pool(item["pool_name"], int(item["pool_slot"]), item.get("pool_description", "")))
+        pools.append(Pool(item["pool_name"], _integer(item["pool_slot"], f"pools[{index}].pool_slot", source),
+                          item.get("pool_description", "")))
     variables = []
     for index, item in enumerate(airflow_doc.get("variables") or []):
         if not isinstance(item, dict) or "variable_name" not in item:
@@ -113,3 +118,13 @@ def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Set
         value = item.get("variable_value", "")
         variables.append((item["variable_name"], value if isinstance(value, str) else json.dumps(value)))
     return Settings(tuple(connections), tuple(pools), tuple(variables))
+
+
+def _integer(value, where: str, source: str) -> int:
+    """An integer field's value; YAML's ``true`` is not 1 here (``int(True)`` would make it a port or a slot)."""
+    try:
+        if not isinstance(value, bool):
+            return int(value)
+    except (TypeError, ValueError):
+        pass
+    raise ConfigError(f"{where} must be an integer, got {value!r}", path=source)

@@ -1,6 +1,8 @@
 """Task callables of the ``sglang_generation`` DAG, the fleet and ``tune`` group: each reads the run configuration,
 calls the core, logs one line before and one after, and returns small JSON for XCom (data goes to files).
-The other groups: ``server_tasks``, ``generate_tasks``, ``validate_tasks``."""
+The other groups: ``server_tasks``, ``generate_tasks``, ``validate_tasks``. Each callable raises fleetgen's own
+errors; the DAG wraps every one with ``fail_fast`` (fleetgen.airflow.context), which fails the deterministic ones
+at once."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import json
 import logging
 
 from fleetgen.airflow import lifecycle
-from fleetgen.airflow.context import fail_fast, mapped_values, run_context
+from fleetgen.airflow.context import mapped_values, run_context
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import ConfigError
@@ -31,7 +33,6 @@ def _read_fleet(config: RunConfig) -> FleetSpec:
     return load_fleet_text(text, source=f"Variable {FLEET_VARIABLE}")
 
 
-@fail_fast
 def load_fleet() -> dict:
     """**Reads the fleet description** (the `fleet_file` parameter, else the Airflow Variable `fleetgen_fleet`) and
     checks the run's parameters: an unknown key in the run's conf or a prompts file that does not exist stops the
@@ -55,7 +56,6 @@ def node_names(fleet: dict) -> list[str]:
     return [node["name"] for node in fleet["nodes"]]
 
 
-@fail_fast
 def probe_gpus(node: str, fleet: dict) -> dict:
     """**Runs `nvidia-smi` on one node over SSH** (one task per node, labelled with the node's name): total, used and
     free memory per GPU, and which processes hold memory (ours or foreign).
@@ -89,7 +89,6 @@ def _prompt_length_limit(spec: FleetSpec, config: RunConfig):
                         param_context=config.tuning.context_length or None)
 
 
-@fail_fast
 def scan_prompts(fleet: dict) -> dict:
     """**Validates the prompts file** (`prompts_path`): structural errors fail with file:line; invalid prompts go to
     `rejects.jsonl` in the run's folder.
@@ -122,7 +121,6 @@ def scan_prompts(fleet: dict) -> dict:
     return summary
 
 
-@fail_fast
 def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list[dict]:
     """**Sizes every server** from its GPUs' free memory and the model: `--mem-fraction-static`,
     `--max-running-requests`, `--max-mamba-cache-size`, `--context-length`. The log shows each server's budget table.
@@ -175,7 +173,6 @@ def _node_runner(spec: FleetSpec):
     return run
 
 
-@fail_fast
 def model_identity(fleet: dict) -> dict:
     """Reads on the node, in one SSH command, what changes the text the servers write: each safetensors file's size,
     header and sampled blocks (every byte with `weights_hash` = full), `config.json`, `generation_config.json`, the

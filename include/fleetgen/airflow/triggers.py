@@ -180,9 +180,10 @@ class ReadinessTrigger(BaseTrigger):
         output = result.stdout or ""
         if isinstance(output, bytes):
             output = output.decode("utf-8", "replace")
-        alive, self._log_lines = remote.parse_watch(output)
-        if alive is None:  # the command did not run to its end: not a verdict on the server
+        alive, log_lines = remote.parse_watch(output)
+        if alive is None:  # the command did not run to its end: not a verdict on the server, nor its log's tail
             raise ConnectionError(f"the log/alive check printed no verdict (exit {result.exit_status})")
+        self._log_lines = log_lines
         self._remember_startup()
         fatal = readiness.find_fatal(self._log_lines)
         if fatal is not None:

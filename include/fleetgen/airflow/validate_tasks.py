@@ -5,14 +5,13 @@ from __future__ import annotations
 import logging
 
 from fleetgen.airflow.generate_tasks import generation_material, generation_settings
-from fleetgen.airflow.context import fail_fast, mapped_values, run_context
+from fleetgen.airflow.context import mapped_values, run_context
 from fleetgen.errors import ValidationFailed
 from fleetgen.nodes.fleet import fleet_from_json
 
 log = logging.getLogger("fleetgen")
 
 
-@fail_fast
 def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
     """**Great Expectations over the per-completion stats**: one completion per prompt, token and finish-reason bounds,
     the shares set in the *Validation thresholds* section. The Data Docs link opens every expectation.
@@ -38,7 +37,6 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
     return summary
 
 
-@fail_fast
 def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], validation: dict,
            model_identity: dict, fleet: dict) -> dict:
     """**Writes the run report**: throughput overall / per GPU / per server, the tuning used, validation, comparison

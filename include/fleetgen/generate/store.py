@@ -40,6 +40,7 @@ from fleetgen.errors import GenerationError, OutputError, OutputUnwritable
 from fleetgen.generate import jsonio
 from fleetgen.generate.lease import ShardLease
 from fleetgen.generate.records import stats_record
+from fleetgen.generate.settings import GenerationSettings
 from fleetgen.generate.reuse import line_checksum
 from fleetgen.outputs import RunLayout
 from fleetgen.prompts.scan import Prompt, fast_id, iter_shard_positions, resume_offset_problem
@@ -52,7 +53,6 @@ _STATS_ID = re.compile(rb'\{"id":"([^"\\]*)"')
 # Errors that say the output cannot take more bytes or cannot be written at all.
 _NO_SPACE = (errno_codes.ENOSPC, errno_codes.EDQUOT, errno_codes.EFBIG)
 _NEVER_WRITABLE = (errno_codes.EROFS, errno_codes.EACCES, errno_codes.EPERM)
-DEFAULT_LEASE_WAIT_S = 60.0
 # What shards/shard-NNNNN.json records of the plan: a retry must be cut the same way over the same bytes.
 PLAN_KEYS = ("shard_id", "input_path", "start", "end", "count", "blocks")
 
@@ -92,7 +92,7 @@ class ShardStore:
     @classmethod
     def open(cls, out_dir: str | os.PathLike, shard: dict, *, log: logging.Logger | None = None,
              try_number: int | None = None,
-             lease_wait_s: float = DEFAULT_LEASE_WAIT_S) -> tuple["ShardStore", ResumeReport]:
+             lease_wait_s: float = GenerationSettings.lease_wait_s) -> tuple["ShardStore", ResumeReport]:
         """Take the shard's output lease (see lease.py), repair what an interrupted try left, open for append.
 
         ``try_number`` (Airflow's) names this try in the lease and in the errors of a try that lost it.

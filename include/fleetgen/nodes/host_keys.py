@@ -27,8 +27,10 @@ def describe_public_line(text: str) -> str:
     Text that is not a public key is returned as is, cut short: the message must still say something.
     """
     words = text.split()
-    key_type, encoded = (words[0], words[1]) if len(words) >= 2 else ("key", words[0] if words else "")
+    if not words:  # an empty blob decodes as base64 too: its fingerprint would look like a real key's
+        return "(none)"
+    key_type, encoded = (words[0], words[1]) if len(words) >= 2 else ("key", words[0])
     try:
         return describe(key_type, base64.b64decode(encoded, validate=True))
     except (binascii.Error, ValueError):
-        return text.strip()[:80] or "(none)"
+        return text.strip()[:80]

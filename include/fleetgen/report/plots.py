@@ -83,8 +83,10 @@ def plot_per_server(per_server: dict[str, dict], path: Path, *, simulated: bool 
     figure = Figure(figsize=_SIZE)
     axes = figure.add_subplot()
     names = sorted(per_server)
-    bars = axes.barh(names, [per_server[name]["tokens_per_s"] for name in names], color="#4472c4")
-    axes.bar_label(bars, fmt="%.0f", fontsize="small")
+    rates = [per_server[name]["tokens_per_s"] for name in names]
+    # a server whose completions all finished in one instant has no rate (None): no bar, no figure, no crash
+    bars = axes.barh(names, [rate or 0.0 for rate in rates], color="#4472c4")
+    axes.bar_label(bars, labels=["" if rate is None else f"{rate:.0f}" for rate in rates], fontsize="small")
     axes.invert_yaxis()
     axes.set_xlabel("completion tokens / s")
     axes.set_title("Throughput per server")

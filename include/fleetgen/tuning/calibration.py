@@ -142,30 +142,32 @@ def _sized(plan: ServerPlan, pre_load_bytes: int) -> dict | None:
 
 
 def _search_pre_load(plan: ServerPlan, reported: dict, logged: int | None) -> tuple[int | None, bool]:
-    """The MiB of pre-load memory whose sizing gives exactly the reported values: KV tokens grow with
-    the memory, so a bisection finds where they start to match; among the matching MiB the one nearest
-    the log's value wins. (None, False) when no value matches (the flags alone do not explain it)."""
+    """The MiB of pre-load memory whose sizing gives exactly the reported values: (Mamba slots, KV tokens)
+    grow with the memory, so a bisection finds where they start to match; among the matching MiB the one
+    nearest the log's value wins. (None, False) when no value matches (the flags alone do not explain it).
+    The KV tokens alone do not grow steadily where SGLang sizes the Mamba slots itself: each slot more takes
+    memory from the KV pool, so the slots are compared first."""
     planned_mib = round(plan.budget_row("pre-load free (SGLang baseline)") / MIB)
 
-    def tokens(mib: int) -> int:
+    def pools(mib: int) -> tuple[int, int]:
         sized = _sized(plan, mib * MIB)
-        return -1 if sized is None else sized["max_total_num_tokens"]
+        return (-1, -1) if sized is None else (sized["max_mamba_cache_size"] or 0, sized["max_total_num_tokens"])
 
-    want = reported["max_total_num_tokens"]
-    if want is None:
+    if reported["max_total_num_tokens"] is None:
         return None, False
+    want = (reported["max_mamba_cache_size"] or 0, reported["max_total_num_tokens"])
     low, high = max(1, planned_mib - _SEARCH_RANGE_MIB), planned_mib + _SEARCH_RANGE_MIB
-    if tokens(high) < want:
+    if pools(high) < want:
         return None, False
-    while low < high:  # the smallest MiB giving at least the reported tokens
+    while low < high:  # the smallest MiB giving at least the reported pools
         middle = (low + high) // 2
-        if tokens(middle) >= want:
+        if pools(middle) >= want:
             high = middle
         else:
             low = middle + 1
     matching = []
     mib = low
-    while tokens(mib) == want and len(matching) < _MAX_MATCHING_MIB:
+    while pools(mib) == want and len(matching) < _MAX_MATCHING_MIB:
         if _sized(plan, mib * MIB) == reported:
             matching.append(mib)
         mib += 1

@@ -61,6 +61,28 @@ class _Candidate:
     profile: MemoryProfile | None = None  # when the plan's flags change the profile (Qwen3-VL on Hopper)
 
 
+@dataclass(frozen=True)
+class _SizingInputs:
+    """What both sizing paths (SGLang's defaults, the tuner's search) read for one server."""
+    profile: MemoryProfile
+    options: LaunchOptions
+    pre_free: int          # the free bytes per GPU SGLang measures before the weights load
+    gpu_total_mib: int
+    table_chunk: int       # SGLang's per-GPU defaults (platform.gpu_table)
+    table_bs: int
+    context: int
+    host: str
+    server: str
+
+    def size(self, profile: MemoryProfile, *, mem_fraction_static: float, max_running_requests: int | None,
+             max_mamba_cache_size: int | None) -> PoolSizing:
+        return size_pools(profile, pre_load_free_bytes=self.pre_free, mem_fraction_static=mem_fraction_static,
+                          max_running_requests=max_running_requests, max_mamba_cache_size=max_mamba_cache_size,
+                          context_length=self.context, page_size=self.options.page_size,
+                          max_total_tokens=self.options.max_total_tokens,
+                          disable_radix_cache=self.options.disable_radix_cache)
+
+
 def plan_server(*, host: str, gpu_ids: list[int], port: int, gpus: list[dict], profile: MemoryProfile,
                 options: LaunchOptions, workload: Workload, bounds: TunerBounds,
                 calibration_bytes: int = 0) -> ServerPlan:
@@ -182,13 +204,13 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
                         f"{pre_free / GIB:.2f} GiB are free", host=host, server=server,
                         hint="free the GPUs (foreign processes) or raise the tensor-parallel size")
     table_chunk, table_bs = gpu_table(gpu_total_mib, options.tp_size)
+    sizing_inputs = _SizingInputs(profile=profile, options=options, pre_free=pre_free, gpu_total_mib=gpu_total_mib,
+                                  table_chunk=table_chunk, table_bs=table_bs, context=context, host=host, server=server)
 
     if bounds.mode == "sglang_defaults":
-        best = _sglang_defaults(profile, options, pre_free, gpu_total_mib, table_chunk, table_bs, context,
-                                host, server)
+        best = _sglang_defaults(sizing_inputs)
     else:
-        best = _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib, table_chunk,
-                       table_bs, context, host, server, hopper_vl)
+        best = _search(sizing_inputs, bounds=bounds, workload=workload, adjust=adjust, hopper_vl=hopper_vl)
         profile = best.profile or profile
         flags.update(_tuned_flags(profile, options, best))
         if bounds.kv_tokens_mean is None and \
@@ -352,14 +374,14 @@ def _foreign_bytes(gpus: list[dict]) -> int:
                for g in gpus) * MIB
 
 
-def _sglang_defaults(profile, options, pre_free, gpu_total_mib, table_chunk, table_bs, context,
-                     host, server) -> _Candidate:
+def _sglang_defaults(inputs: _SizingInputs) -> _Candidate:
     """What SGLang reaches with no tuner flags (1.1, then 2-3)."""
-    chunk = options.chunked_prefill_size or table_chunk
-    decode_bs = options.cuda_graph_max_bs_decode or table_bs
+    profile, options = inputs.profile, inputs.options
+    chunk = options.chunked_prefill_size or inputs.table_chunk
+    decode_bs = options.cuda_graph_max_bs_decode or inputs.table_bs
     if options.cuda_graph_max_bs_decode is None and options.max_running_requests is not None:
         decode_bs = min(decode_bs, options.max_running_requests)
-    reserve = sglang_reserve_mb(gpu_mem_mib=gpu_total_mib, chunked_prefill_size=chunk, decode_max_bs=decode_bs,
+    reserve = sglang_reserve_mb(gpu_mem_mib=inputs.gpu_total_mib, chunked_prefill_size=chunk, decode_max_bs=decode_bs,
                                 tp_size=options.tp_size, uses_mla=profile.uses_mla,
                                 graphs_enabled=not options.disable_cuda_graph,
                                 prefill_graph=not _prefill_graph_disabled(profile, options))
@@ -367,29 +389,24 @@ def _sglang_defaults(profile, options, pre_free, gpu_total_mib, table_chunk, tab
     geometry = profile.geometry
     if profile.multimodal_reserve_bytes and geometry.get("vision_layers") is not None:
         vision = (geometry["vision_layers"], geometry["vision_hidden_size"])
-    mfs = options.mem_fraction_static or auto_mem_fraction_static(gpu_total_mib, reserve, vision)
+    mfs = options.mem_fraction_static or auto_mem_fraction_static(inputs.gpu_total_mib, reserve, vision)
     mrr = options.max_running_requests
     if mrr is None and options.spec_enabled:
         mrr = SPEC_DEFAULT_MAX_RUNNING_REQUESTS
-    sizing = _size(profile, options, pre_free, mfs, mrr, options.max_mamba_cache_size, context)
+    sizing = inputs.size(profile, mem_fraction_static=mfs, max_running_requests=mrr,
+                         max_mamba_cache_size=options.max_mamba_cache_size)
     if not sizing.ok:
         raise PlanError(f"SGLang's automatic sizing would fail ({sizing.failure}): {sizing.message}",
-                        host=host, server=server)
+                        host=inputs.host, server=inputs.server)
     return _Candidate(sizing.effective_max_running_requests, mfs, chunk, decode_bs, reserve, sizing, None, None)
 
 
-def _size(profile, options, pre_free, mfs, mrr, mamba_cache_size, context) -> PoolSizing:
-    return size_pools(profile, pre_load_free_bytes=pre_free, mem_fraction_static=mfs,
-                      max_running_requests=mrr, max_mamba_cache_size=mamba_cache_size,
-                      context_length=context, page_size=options.page_size,
-                      max_total_tokens=options.max_total_tokens, disable_radix_cache=options.disable_radix_cache)
-
-
-def _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib, table_chunk, table_bs,
-            context, host, server, hopper_vl: bool = False) -> _Candidate:
+def _search(inputs: _SizingInputs, *, bounds: TunerBounds, workload: Workload, adjust: dict,
+            hopper_vl: bool) -> _Candidate:
     """Binary search for the most requests that fit (every constraint only tightens as requests grow)."""
+    profile, options, pre_free, context = inputs.profile, inputs.options, inputs.pre_free, inputs.context
     # Chunked prefill sized to the workload's longest prompt, at least 2048 (the activation floor).
-    chunk = options.chunked_prefill_size or min(table_chunk, max(2048, math.ceil(workload.prompt_tokens_max
+    chunk = options.chunked_prefill_size or min(inputs.table_chunk, max(2048, math.ceil(workload.prompt_tokens_max
                                                                                   / 1024) * 1024))
     margin = bounds.margin_mib * MIB + adjust["extra_reserve_bytes"]
     ratio = profile.state_slots_per_request
@@ -402,8 +419,8 @@ def _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib,
     needed_tokens_per_request = math.ceil(context / page) * page
 
     def evaluate(requests: int) -> _Candidate | None:
-        decode_bs = options.cuda_graph_max_bs_decode or min(table_bs, requests)
-        reserve = sglang_reserve_mb(gpu_mem_mib=gpu_total_mib, chunked_prefill_size=chunk,
+        decode_bs = options.cuda_graph_max_bs_decode or min(inputs.table_bs, requests)
+        reserve = sglang_reserve_mb(gpu_mem_mib=inputs.gpu_total_mib, chunked_prefill_size=chunk,
                                     decode_max_bs=decode_bs, tp_size=options.tp_size, uses_mla=profile.uses_mla,
                                     graphs_enabled=not options.disable_cuda_graph,
                                     prefill_graph=not _prefill_graph_disabled(profile, options))
@@ -414,7 +431,8 @@ def _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib,
         held_free = reserve.total_bytes + margin
         sized = _with_mm_reserve(profile, mrr_flag) if hopper_vl else profile
         for mfs in _mem_fraction_candidates(options, pre_free, held_free):
-            sizing = _size(sized, options, pre_free, mfs, mrr_flag, mamba_flag, context)
+            sizing = inputs.size(sized, mem_fraction_static=mfs, max_running_requests=mrr_flag,
+                                 max_mamba_cache_size=mamba_flag)
             if not sizing.ok:
                 return None
             outside = profile.draft_kv_bytes_per_token_outside * sizing.max_total_num_tokens
@@ -434,12 +452,12 @@ def _search(profile, options, bounds, workload, adjust, pre_free, gpu_total_mib,
         only = evaluate(options.max_running_requests)
         if only is None:
             raise PlanError("the pinned --max-running-requests/--max-mamba-cache-size do not fit",
-                            host=host, server=server, hint="drop them from the extra args and let the tuner size")
+                            host=inputs.host, server=inputs.server, hint="drop them from the extra args and let the tuner size")
         return only
     low, high = 1, min(caps) if caps else _MAX_REQUESTS_SEARCHED
     best = evaluate(low)
     if best is None:
-        raise PlanError(_no_fit_message(profile, pre_free, context), host=host, server=server,
+        raise PlanError(_no_fit_message(profile, pre_free, context), host=inputs.host, server=inputs.server,
                         hint="use GPUs with more free memory, a larger tp size, a shorter context, or the "
                              "bf16 SSM state / no_buffer radix options")
     while low < high:

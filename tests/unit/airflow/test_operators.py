@@ -1,14 +1,19 @@
 """WaitReadyOperator's decisions on a readiness event: relaunch smaller, or fail with SGLang's line."""
 
 import json
+import logging
 import pathlib
+from types import SimpleNamespace
 
 import pytest
 
 from fleetgen.airflow.operators import WaitReadyOperator
 from fleetgen.airflow.readiness_event import ReadinessEvent, ReadinessStatus
-from fleetgen.errors import FailureKind, ServerError, ServerStartupError
-from fleetgen.tuning import LaunchOptions, ServerPlan, TunerBounds, Workload, backoff, plan_server, profile_model
+from fleetgen.errors import (FailureKind, HostKeyMismatch, HostUnreachable, PlanError, ServerError, ServerNotReady,
+                             ServerStartupError)
+from fleetgen.nodes.fleet import ServerSlot
+from fleetgen.tuning import (LaunchOptions, ServerPlan, TunerBounds, Workload, backoff, plan_server, profile_model,
+                             render_budget_table)
 from fleetgen.tuning import planner
 
 SEED_CONFIG = pathlib.Path(__file__).parents[1] / "tuning" / "configs" / "seed-qwen3.6-27b.json"
@@ -115,3 +120,330 @@ def test_an_event_survives_the_json_round_trip_with_its_types():
     assert event.status is ReadinessStatus.FATAL and event.kind is FailureKind.OOM_MAMBA
     assert (event.attempt, event.launched["pid"], event.waited_s) == (0, 4242, 12.5)
     assert "server_info" not in payload and ReadinessEvent.from_payload(event.payload()) == event
+
+
+# --- each status decided on arrival, and the relaunch itself ----------------------------------------------------
+
+FLEET = {"nodes": [{"name": "gpu-node-1", "ssh_conn_id": "ssh_node1", "address": "10.0.0.7", "gpus": [0, 1]}],
+         "model": {"path": "/models/qwen3.6-27b/"}, "server": {"api_key_conn_id": "sglang_api"}}
+LOAD_LINE = "[2026-12-01 14:51:26] Load weight begin. avail mem=160.00 GB"
+
+
+def _launched(plan: ServerPlan, **changes) -> dict:
+    return {"name": "gpu-node-1:30000", "node": "gpu-node-1", "gpu_ids": [0], "pid": 4242, "port": 30000,
+            "url": "http://10.0.0.7:30000", "address": "10.0.0.7", "ssh_conn_id": "ssh_node1",
+            "log_path": "/tmp/fleetgen/sglang-30000.log", "plan": plan.to_dict(), **changes}
+
+
+def _event(status: str, *, attempt: int = 0, launched: dict | None = None, **fields) -> dict:
+    launched = launched or _launched(_plan(attempt))
+    return ReadinessEvent(status=ReadinessStatus(status), server={"name": launched["name"]},
+                          log_path=launched["log_path"], pid=launched["pid"], waited_s=fields.pop("waited_s", 95.4),
+                          context={"launched": launched, "attempt": attempt}, **fields).payload()
+
+
+def _server_info(expected: dict, **top) -> dict:
+    rank = {"effective_max_running_requests_per_dp": expected["max_running_requests"],
+            "max_total_num_tokens": expected["max_total_num_tokens"],
+            "max_mamba_cache_size": expected["max_mamba_cache_size"]}
+    return {"internal_states": [rank], "max_total_num_tokens": expected["max_total_num_tokens"],
+            "context_length": 8192, "version": "0.5.23", "_model_info": {"served_model_name": "qwen"}, **top}
+
+
+@pytest.fixture
+def run_outputs(tmp_path, monkeypatch):
+    """Where a readback's calibration is recorded: the output root's shared file and the run's own."""
+    from fleetgen.airflow import context
+
+    outputs = SimpleNamespace(shared=tmp_path / "calibration.json", run=tmp_path / "run" / "calibration.json")
+    config = SimpleNamespace(inputs=SimpleNamespace(output_root=str(tmp_path)))
+    monkeypatch.setattr(context, "run_context", lambda: ({}, config, SimpleNamespace(calibration=outputs.run)))
+    return outputs
+
+
+def _ready(event: dict, **operator_kwargs) -> dict:
+    operator = WaitReadyOperator(task_id="wait_ready", server={}, fleet=FLEET, **operator_kwargs)
+    return operator.execute_complete({}, event)
+
+
+def test_a_ready_server_gives_its_effective_limits_and_where_it_runs(run_outputs):
+    plan = _plan(2)
+    result = _ready(_event("ready", attempt=2, launched=_launched(plan), server_info=_server_info(plan.expected),
+                           log_tail=[LOAD_LINE, "fired up"]))
+    assert {key: result[key] for key in ("server", "host", "port", "url", "gpu_ids", "pid")} == {
+        "server": "gpu-node-1:30000", "host": "gpu-node-1", "port": 30000, "url": "http://10.0.0.7:30000",
+        "gpu_ids": [0], "pid": 4242}
+    assert (result["effective_max_running_requests"], result["max_total_num_tokens"]) == (
+        plan.expected["max_running_requests"], plan.expected["max_total_num_tokens"])
+    assert result["relaunches"] == 2 and result["expected"] == plan.expected and result["mismatches"] == []
+    assert (result["model"], result["kept"], result["waited_s"], result["flags"]) == ("qwen", False, 95.4, plan.flags)
+
+
+def test_a_ready_server_that_differs_from_its_plan_says_how(run_outputs):
+    plan = _plan(0)
+    info = _server_info({**plan.expected, "max_running_requests": plan.expected["max_running_requests"] - 1})
+    result = _ready(_event("ready", launched=_launched(plan, kept=True), server_info=info))
+    assert result["mismatches"] == [f"gpu-node-1:30000: max_running_requests: expected "
+                                    f"{plan.expected['max_running_requests']}, SGLang reports "
+                                    f"{plan.expected['max_running_requests'] - 1} (internal_states[0]."
+                                    f"effective_max_running_requests_per_dp)"]
+    assert result["kept"] is True and result["relaunches"] == 0
+
+
+def test_a_server_info_without_a_model_info_has_no_model_name(run_outputs):
+    plan = _plan(0)
+    info = {key: value for key, value in _server_info(plan.expected).items() if key != "_model_info"}
+    assert _ready(_event("ready", launched=_launched(plan), server_info=info))["model"] is None
+
+
+def test_the_readback_is_recorded_for_the_next_plan_and_for_the_run(run_outputs):
+    plan = _plan(0)
+    result = _ready(_event("ready", launched=_launched(plan), server_info=_server_info(plan.expected),
+                           log_tail=["starting", LOAD_LINE, "fired up"]))
+    calibration = result["calibration"]
+    key = "NVIDIA B200|0.5.23|qwen3.6-27b|tp1"
+    assert calibration["logged_pre_load_bytes"] == 160 * 1024 ** 3 and calibration["gpu_name"] == "NVIDIA B200"
+    assert calibration["model"] == "qwen3.6-27b" and calibration["report_line"].startswith(key)
+    shared, run = json.loads(run_outputs.shared.read_text()), json.loads(run_outputs.run.read_text())
+    assert list(shared) == [key] and list(run) == ["gpu-node-1:30000"]
+    assert shared[key]["correction_bytes"] == calibration["correction_bytes"] == run["gpu-node-1:30000"][
+        "correction_bytes"]
+
+
+def test_a_readback_that_cannot_be_recorded_still_leaves_the_server_ready(run_outputs, caplog):
+    run_outputs.shared.mkdir()  # a folder where the file should be: the record fails with an OSError
+    plan = _plan(0)
+    result = _ready(_event("ready", launched=_launched(plan), server_info=_server_info(plan.expected)))
+    assert result["calibration"] is None and result["effective_max_running_requests"] > 0
+    assert "no calibration for gpu-node-1:30000" in caplog.text
+
+
+def test_a_server_info_without_limits_fails_naming_the_server(run_outputs):
+    with pytest.raises(ServerError, match="internal_states") as failed:
+        _ready(_event("ready", server_info={"version": "0.5.23"}))
+    assert failed.value.server == "gpu-node-1:30000"
+
+
+def test_a_host_key_mismatch_fails_the_task_for_good_with_both_fingerprints():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    event = _event("host_key_mismatch", error="Host key is not trusted", address="10.0.0.7",
+                   expected="ssh-ed25519 SHA256:aaa", received="ssh-ed25519 SHA256:bbb")
+    with pytest.raises(AirflowFailException) as failed:
+        _ready(event)
+    mismatch = failed.value.__cause__
+    assert isinstance(mismatch, HostKeyMismatch) and str(failed.value) == str(mismatch)
+    assert mismatch.message == ("the host key of 10.0.0.7 does not match connection 'ssh_node1': expected "
+                                "ssh-ed25519 SHA256:aaa, received ssh-ed25519 SHA256:bbb")
+    assert mismatch.host == "gpu-node-1"
+
+
+def test_an_unreachable_node_fails_naming_the_server_and_what_to_raise():
+    with pytest.raises(HostUnreachable) as failed:
+        _ready(_event("unreachable", error="lost SSH to gpu-node-1 ... last error: OSError: down"))
+    error = failed.value
+    assert type(error) is HostUnreachable and (error.host, error.server) == ("gpu-node-1", "gpu-node-1:30000")
+    assert error.message == ("cannot watch gpu-node-1:30000 (GPU [0], pid 4242): lost SSH to gpu-node-1 ... last "
+                             "error: OSError: down")
+    assert error.hint == ("is the node up and its sshd running? The server may still be loading: raise wait_ready's "
+                          "ssh_reconnect_attempts / ssh_reconnect_budget_s to ride out longer outages")
+
+
+def test_a_timeout_fails_with_the_wait_and_the_logs_last_lines():
+    with pytest.raises(ServerNotReady) as failed:
+        _ready(_event("timeout", waited_s=1800.4, log_tail=["loading shard 11 of 12"]))
+    error = failed.value
+    assert error.message.startswith("gpu-node-1:30000 (GPU [0], pid 4242) not ready after 1800 s; the log last "
+                                    "said:\n") and "loading shard 11 of 12" in error.message
+    assert (error.host, error.server) == ("gpu-node-1", "gpu-node-1:30000")
+    assert error.hint == ("read /tmp/fleetgen/sglang-30000.log on gpu-node-1; raise the DAG parameter "
+                          "ready_timeout_s if the model loads slowly")
+
+
+@pytest.mark.parametrize("status, fields, failure", [
+    ("host_key_mismatch", {"error": "e", "address": "a", "expected": "x", "received": "y"}, "AirflowFailException"),
+    ("unreachable", {"error": "e"}, "HostUnreachable"),
+    ("timeout", {}, "ServerNotReady"),
+    ("fatal", {"kind": "bad_args", "fatal_line": "error: argument --x"}, "ServerStartupError"),
+])
+def test_each_status_fails_the_way_it_says(operator, status, fields, failure):
+    with pytest.raises(Exception) as failed:
+        operator.execute_complete({}, _event(status, **fields))
+    assert type(failed.value).__name__ == failure and not operator.relaunched
+
+
+def test_a_fatal_failure_carries_its_line_kind_tail_and_relaunches():
+    launched = _launched(_plan(1))
+    event = _event("fatal", attempt=1, launched=launched, kind="port_in_use", fatal_line="Address already in use",
+                   log_tail=["starting", "Address already in use"])
+    with pytest.raises(ServerStartupError) as failed:
+        _ready(event)
+    error = failed.value
+    assert (error.host, error.server, error.kind, error.fatal_line) == ("gpu-node-1", "gpu-node-1:30000",
+                                                                       "port_in_use", "Address already in use")
+    assert error.log_tail == ["starting", "Address already in use"] and error.hint == FailureKind.PORT_IN_USE.hint
+    assert error.message.startswith("gpu-node-1:30000 (GPU [0], pid 4242) died while starting: Address already in "
+                                    "use\n(log /tmp/fleetgen/sglang-30000.log, after 1 relaunch(es); last 2 lines:)")
+
+
+def test_the_last_relaunch_the_planner_allows_is_made(operator):
+    plan = _plan(planner.MAX_BACKOFF_ATTEMPTS - 1)
+    operator.execute_complete({}, _fatal(plan, "oom_kv", "RuntimeError: Not enough memory for KV cache"))
+    assert [smaller.attempt for smaller in operator.relaunched] == [planner.MAX_BACKOFF_ATTEMPTS]
+
+
+def test_without_a_hint_from_the_planner_the_kinds_hint_stands(operator, monkeypatch):
+    import fleetgen.tuning
+
+    def no_smaller(plan, kind):
+        raise PlanError("nothing smaller fits")
+
+    monkeypatch.setattr(fleetgen.tuning, "backoff", no_smaller)
+    with pytest.raises(ServerStartupError) as failed:
+        operator.execute_complete({}, _fatal(_plan(0), "oom_kv", "RuntimeError: Not enough memory"))
+    assert failed.value.hint == FailureKind.OOM_KV.hint and "; no smaller plan: nothing smaller fits" in str(
+        failed.value)
+
+
+def test_a_memory_failure_stops_the_server_and_relaunches_it_smaller_on_the_same_slot(monkeypatch, caplog):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from fleetgen.airflow import lifecycle, node_shell
+
+    calls = []
+
+    class Shell:
+        def __init__(self, node, ssh_conn_id):
+            calls.append(("shell", node, ssh_conn_id))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            calls.append(("closed",))
+
+    def launch(shell, fleet, slot, plan, key):
+        assert isinstance(shell, Shell) and fleet.server.api_key_conn_id == "sglang_api"
+        calls.append(("launch", slot, plan["attempt"], key))
+        return _launched(ServerPlan.from_dict(plan), pid=5151)
+
+    monkeypatch.setattr(node_shell, "NodeShell", Shell)
+    def stop(shell, fleet, ports):
+        assert isinstance(shell, Shell) and fleet.model.path == "/models/qwen3.6-27b/"
+        calls.append(("stop", ports))
+
+    monkeypatch.setattr(lifecycle, "stop_ports", stop)
+    monkeypatch.setattr(lifecycle, "launch_server", launch)
+    monkeypatch.setattr(lifecycle, "api_key", lambda fleet: f"key of {fleet.server.api_key_conn_id}")
+    operator = WaitReadyOperator(task_id="wait_ready", server={}, fleet=FLEET)
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute_complete({}, _event("fatal", attempt=1, launched=_launched(_plan(1)), kind="oom_kv",
+                                             fatal_line="RuntimeError: Not enough memory for KV cache"))
+    slot = ServerSlot("gpu-node-1", "ssh_node1", "10.0.0.7", (0,), 30000)
+    assert calls == [("shell", "gpu-node-1", "ssh_node1"), ("stop", [30000]), ("launch", slot, 2, "key of sglang_api"),
+                     ("closed",)]
+    smaller = backoff(_plan(1), "oom_kv")
+    assert (f"Relaunching gpu-node-1:30000 with a smaller plan (attempt 2 of {planner.MAX_BACKOFF_ATTEMPTS}) after: "
+            f"RuntimeError: Not enough memory for KV cache\n{render_budget_table(smaller)}") in caplog.messages
+    trigger = deferred.value.trigger
+    assert deferred.value.method_name == "execute_complete"
+    assert trigger.pid == 5151 and trigger.context["attempt"] == 2 and trigger.context["launched"]["pid"] == 5151
+
+
+def test_execute_defers_the_first_launch_as_attempt_zero():
+    from airflow.sdk.exceptions import TaskDeferred
+
+    launched = _launched(_plan(0))
+    operator = WaitReadyOperator(task_id="wait_ready", server=launched, fleet=FLEET)
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute({})
+    assert deferred.value.method_name == "execute_complete"
+    assert deferred.value.trigger.context == {"launched": launched, "attempt": 0}
+
+
+def test_the_trigger_gets_the_launch_and_the_templated_settings_as_numbers():
+    launched = _launched(_plan(0))
+    operator = WaitReadyOperator(task_id="wait_ready", server=launched, fleet=FLEET, timeout_s="900", poll_s=2.5,
+                                 ssh_reconnect_attempts="3", ssh_reconnect_budget_s="60",
+                                 ssh_command_timeout_s="7")
+    trigger = operator._trigger(launched, 2)
+    assert trigger.server == {"node": "gpu-node-1", "name": "gpu-node-1:30000", "url": "http://10.0.0.7:30000",
+                              "port": 30000, "gpu_ids": [0]}
+    assert (trigger.ssh_conn_id, trigger.log_path, trigger.pid) == ("ssh_node1", "/tmp/fleetgen/sglang-30000.log",
+                                                                     4242)
+    assert (trigger.timeout_s, trigger.poll_s, trigger.api_key_conn_id) == (900.0, 2.5, "sglang_api")
+    assert (trigger.reconnect_attempts, trigger.reconnect_budget_s, trigger.command_timeout_s) == (3, 60.0, 7.0)
+    assert trigger.context == {"launched": launched, "attempt": 2}
+
+
+def test_the_operator_defaults_are_the_reconnect_modules():
+    from fleetgen.nodes import reconnect
+
+    launched = _launched(_plan(0))
+    trigger = WaitReadyOperator(task_id="wait_ready", server=launched, fleet=FLEET)._trigger(launched, 0)
+    assert (trigger.timeout_s, trigger.poll_s) == (1800.0, 1.0)
+    assert (trigger.reconnect_attempts, trigger.reconnect_budget_s, trigger.command_timeout_s) == (
+        reconnect.DEFAULT_RECONNECT_ATTEMPTS, reconnect.DEFAULT_RECONNECT_BUDGET_S, reconnect.DEFAULT_COMMAND_TIMEOUT_S)
+
+
+# --- what the task log says: its first lines are what a person reads of a failed or slow server -----------------
+
+@pytest.fixture
+def task_log(caplog):
+    caplog.set_level(logging.INFO, logger="fleetgen.airflow.operators")
+    return caplog
+
+
+def test_the_wait_starts_by_naming_the_server_and_its_log(task_log):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    operator = WaitReadyOperator(task_id="wait_ready", server=_launched(_plan(0)), fleet=FLEET)
+    with pytest.raises(TaskDeferred):
+        operator.execute({})
+    assert task_log.messages == ["Waiting for gpu-node-1:30000 (GPU [0], pid 4242) to become ready; watching "
+                                 "/tmp/fleetgen/sglang-30000.log"]
+
+
+def test_a_ready_server_logs_its_effective_limits_beside_the_expected_ones_and_the_readback(run_outputs, task_log):
+    plan = _plan(0)
+    expected = plan.expected
+    info = _server_info({**expected, "max_total_num_tokens": expected["max_total_num_tokens"] + 16})
+    result = _ready(_event("ready", launched=_launched(plan), server_info=info))
+    [mismatch] = result["mismatches"]
+    assert task_log.messages[0] == f"expected vs effective on gpu-node-1:30000: {mismatch}"
+    assert task_log.messages[1] == (
+        f"gpu-node-1:30000 ready after 95 s: effective max_running_requests={expected['max_running_requests']}, "
+        f"max_total_num_tokens={expected['max_total_num_tokens'] + 16}, max_mamba_cache_size="
+        f"{expected['max_mamba_cache_size']} (expected {expected['max_running_requests']}, "
+        f"{expected['max_total_num_tokens']}, {expected['max_mamba_cache_size']})")
+    assert task_log.messages[2] == f"readback of gpu-node-1:30000: {result['calibration']['report_line']}"
+
+
+def test_a_readback_that_cannot_be_recorded_is_logged_with_why(run_outputs, task_log):
+    run_outputs.shared.mkdir()
+    plan = _plan(0)
+    _ready(_event("ready", launched=_launched(plan), server_info=_server_info(plan.expected)))
+    [warning] = [record.getMessage() for record in task_log.records if record.levelno == logging.WARNING]
+    assert warning.startswith(f"no calibration for gpu-node-1:30000: [{run_outputs.shared}] calibration file is "
+                              "not readable JSON: [Errno 21] Is a directory")
+
+
+def test_a_failed_start_logs_the_line_and_what_to_change_first(operator, task_log):
+    with pytest.raises(ServerStartupError):
+        operator.execute_complete({}, _fatal(_plan(0), "bad_args", "error: unrecognized arguments: --turbo"))
+    assert task_log.messages[0] == ("gpu-node-1:30000 (GPU [0], pid 4242) failed to start (bad_args): error: "
+                                    f"unrecognized arguments: --turbo\nWhat to change: {FailureKind.BAD_ARGS.hint}")
+
+
+def test_with_no_smaller_plan_the_log_shows_the_plan_last_launched(operator, task_log):
+    plan = _plan(planner.MAX_BACKOFF_ATTEMPTS)
+    with pytest.raises(ServerStartupError):
+        operator.execute_complete({}, _fatal(plan, "oom_kv", "RuntimeError: Not enough memory for KV cache"))
+    assert task_log.messages[1] == f"The plan gpu-node-1:30000 was last launched with:\n{render_budget_table(plan)}"
+
+
+def test_the_task_shows_its_documentation_unless_given_another():
+    from fleetgen.airflow.operators import WAIT_READY_DOC
+
+    assert WaitReadyOperator(task_id="wait_ready", server={}, fleet={}).doc_md == WAIT_READY_DOC
+    assert WaitReadyOperator(task_id="wait_ready", server={}, fleet={}, doc_md="mine").doc_md == "mine"

@@ -109,3 +109,221 @@ def test_a_missing_prompts_file_fails_in_one_line_naming_the_setting(tmp_path):
     ("always", "manual", True), ("never", "scheduled", False)])
 def test_reuse_follows_the_mode_and_who_started_the_run(mode, run_type, reuses):
     assert RunConfig.from_params({**PARAMS, "reuse_completions": mode}).generation.reuses(run_type) is reuses
+
+
+# Every numeric parameter: (default, lowest accepted, highest accepted, whether the low end itself is refused).
+NUMERIC_DECLARATIONS = {
+    "memory_margin_mib": (1024, 0, 65536, False), "max_running_requests": (0, 0, 4096, False),
+    "context_length": (0, 0, 1 << 20, False), "ready_timeout_s": (1800, 10, 7200, False),
+    "max_tokens": (4096, 1, 262144, False), "temperature": (0.6, 0, 2, False), "top_p": (0.95, 0, 1, True),
+    "shard_size": (5000, 1, 10_000_000, False), "parallel_shards": (0, 0, 16, False),
+    "headroom": (1.25, 1, 4, False), "sample_interval_s": (5.0, 0, 300, False),
+    "max_length_share": (0.2, 0, 1, False), "min_reasoning_share": (0.9, 0, 1, False),
+    "max_empty_answer_share": (0.2, 0, 1, False), "max_error_share": (0.01, 0, 1, False),
+}
+
+
+def _specs():
+    # Read in each test, not at import: mutation runs import the module once, before a mutant is chosen.
+    return {spec.name: spec for spec in RunConfig.settings()}
+
+
+@pytest.mark.parametrize("name", NUMERIC_DECLARATIONS)
+def test_each_number_has_its_declared_default_and_exact_bounds(name):
+    default, low, high, low_open = NUMERIC_DECLARATIONS[name]
+    spec = _specs()[name]
+    assert (spec.default_value(), spec.low, spec.high, spec.low_open) == (default, low, high, low_open)
+    step = 1 if spec.kind is int else 1e-6
+    accepted = [high, low + step] + ([] if low_open else [low])
+    for value in accepted:
+        assert RunConfig.from_params({**PARAMS, name: value}).to_dict()[_group_of(name)][_attribute_of(name)] == value
+    for value in [high + step, low - step] + ([low] if low_open else []):
+        with pytest.raises(ConfigError, match=f"DAG parameter {name} must be"):
+            RunConfig.from_params({**PARAMS, name: value})
+
+
+def _group_of(name):
+    from fleetgen.airflow.run_config import Generation, Inputs, Thresholds, Tuning
+
+    groups = {Inputs: "inputs", Tuning: "tuning", Generation: "generation", Thresholds: "validation"}
+    return next(key for group, key in groups.items() if name in {spec.name for _, spec in group.settings()})
+
+
+def _attribute_of(name):
+    return "mode" if name == "tuning" else name
+
+
+def test_the_declared_numbers_are_every_number_of_the_form():
+    assert {name for name, spec in _specs().items() if spec.kind in (int, float)} == set(NUMERIC_DECLARATIONS)
+
+
+@pytest.mark.parametrize("name", NUMERIC_DECLARATIONS)
+@pytest.mark.parametrize("value", [True, False])
+def test_json_true_or_false_is_not_a_number(name, value):
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_params({**PARAMS, name: value})
+    assert caught.value.message.endswith(f", got {value!r}")
+    assert caught.value.hint == f"set {name} in the trigger form or the run's conf"
+
+
+@pytest.mark.parametrize("value", ["4096", None, float("inf"), [4096]])
+def test_a_number_of_another_type_is_refused_with_what_was_sent(value):
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_params({**PARAMS, "max_tokens": value})
+    assert caught.value.message == f"DAG parameter max_tokens must be an integer from 1 to 262,144, got {value!r}"
+
+
+def test_an_infinite_number_is_refused_even_where_there_is_no_finite_bound_to_pass():
+    with pytest.raises(ConfigError, match="DAG parameter temperature must be a number from 0 to 2, got -inf"):
+        RunConfig.from_params({**PARAMS, "temperature": float("-inf")})
+
+
+def test_a_whole_number_where_a_fraction_is_allowed_is_read_as_a_float():
+    config = RunConfig.from_params({**PARAMS, "headroom": 2, "top_p": 1, "max_error_share": 0})
+    assert (config.generation.headroom, config.generation.top_p, config.validation.max_error_share) == (2.0, 1.0, 0.0)
+    assert all(isinstance(v, float) for v in (config.generation.headroom, config.generation.top_p,
+                                              config.validation.max_error_share))
+    assert type(config.generation.max_tokens) is int
+
+
+def test_the_bounds_read_in_words_with_thousands_separated():
+    assert _specs()["shard_size"].allowed() == "1 to 10,000,000"
+    assert _specs()["top_p"].allowed() == "more than 0, at most 1"
+    assert _specs()["reuse_completions"].allowed() == "one of scheduled, always, never"
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_params({**PARAMS, "top_p": 1.5})
+    assert caught.value.message == "DAG parameter top_p must be a number from more than 0, at most 1, got 1.5"
+
+
+def test_each_threshold_reaches_its_own_place_in_the_validation():
+    config = RunConfig.from_params({**PARAMS, "max_tokens": 512, "max_length_share": 0.11,
+                                    "min_reasoning_share": 0.22, "max_empty_answer_share": 0.33,
+                                    "max_error_share": 0.44})
+    validation = config.validation
+    assert (validation.max_tokens, validation.max_length_share, validation.min_reasoning_share,
+            validation.max_empty_answer_share, validation.max_error_share) == (512, 0.11, 0.22, 0.33, 0.44)
+
+
+def test_each_tuning_choice_reaches_the_tuners_bounds():
+    config = RunConfig.from_params({**PARAMS, "memory_margin_mib": 0, "max_running_requests": 1,
+                                    "context_length": 1, "bf16_ssm_state": True, "no_buffer_radix": True,
+                                    "tuning": "sglang_defaults", "ready_timeout_s": 10})
+    bounds = config.tuning.bounds()
+    assert (bounds.margin_mib, bounds.max_running_requests, bounds.context_length, bounds.bf16_ssm_state,
+            bounds.no_buffer_radix, bounds.mode) == (0, 1, 1, True, True, "sglang_defaults")
+    assert config.tuning.ready_timeout_s == 10
+    defaults = RunConfig.from_params(PARAMS).tuning.bounds()
+    assert (defaults.margin_mib, defaults.bf16_ssm_state, defaults.no_buffer_radix, defaults.mode) == (
+        1024, False, False, "tuned")
+
+
+def test_each_switch_and_text_reaches_its_group():
+    config = RunConfig.from_params({**PARAMS, "dry_run": True, "relaunch_servers": True, "keep_servers_up": False,
+                                    "fleet_file": "  /etc/fleet.yaml ", "output_root": " ~/out ",
+                                    "prompts_path": "/p.jsonl", "weights_hash": "full", "reuse_completions": "never",
+                                    "parallel_shards": 3, "shard_size": 7, "sample_interval_s": 0,
+                                    "temperature": 0, "top_p": 0.5, "headroom": 4})
+    inputs, generation = config.inputs, config.generation
+    assert (inputs.dry_run, inputs.relaunch_servers, inputs.keep_servers_up) == (True, True, False)
+    assert inputs.fleet_file == "/etc/fleet.yaml" and inputs.output_root == Path("~/out").expanduser()
+    assert inputs.prompts_path == Path("/p.jsonl")
+    assert (generation.weights_hash, generation.reuse_completions, generation.parallel_shards,
+            generation.shard_size, generation.sample_interval_s, generation.temperature, generation.top_p,
+            generation.headroom) == ("full", "never", 3, 7, 0.0, 0.0, 0.5, 4.0)
+
+
+def test_the_switches_default_to_a_normal_nightly_run():
+    config = RunConfig.from_params(PARAMS)
+    assert (config.inputs.dry_run, config.inputs.relaunch_servers, config.inputs.keep_servers_up) == (
+        False, False, True)
+    assert (config.tuning.bf16_ssm_state, config.tuning.no_buffer_radix) == (False, False)
+    assert (config.generation.weights_hash, config.generation.reuse_completions) == ("header", "scheduled")
+
+
+@pytest.mark.parametrize("value", [None, 3, "", "   "])
+def test_a_required_text_must_be_a_non_empty_string(value):
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_params({**PARAMS, "output_root": value})
+    assert caught.value.message == f"DAG parameter output_root must be a non-empty string, got {value!r}"
+
+
+@pytest.mark.parametrize("value, read", [(None, ""), ("", ""), ("  ", ""), (" f.yaml ", "f.yaml")])
+def test_an_optional_text_may_be_empty_or_null(value, read):
+    assert RunConfig.from_params({**PARAMS, "fleet_file": value}).inputs.fleet_file == read
+
+
+def test_an_optional_text_must_still_be_text():
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_params({**PARAMS, "fleet_file": 3})
+    assert caught.value.message == "DAG parameter fleet_file must be a string, got 3"
+
+
+@pytest.mark.parametrize("name, value", [("dry_run", 1), ("keep_servers_up", "true"), ("relaunch_servers", None)])
+def test_a_switch_must_be_true_or_false_not_one_or_a_word(name, value):
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_params({**PARAMS, name: value})
+    assert caught.value.message == f"DAG parameter {name} must be true or false, got {value!r}"
+
+
+def test_a_choice_is_matched_exactly():
+    for value in (" tuned", "Tuned", None):
+        with pytest.raises(ConfigError, match="DAG parameter tuning must"):
+            RunConfig.from_params({**PARAMS, "tuning": value})
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_params({**PARAMS, "weights_hash": "sampled"})
+    assert caught.value.message == "DAG parameter weights_hash must be one of header, full, got 'sampled'"
+
+
+def test_missing_parameters_are_named_in_order():
+    params = {k: v for k, v in PARAMS.items() if k not in ("top_p", "dry_run", "max_tokens")}
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_params(params)
+    assert caught.value.message == "DAG parameter(s) missing: dry_run, max_tokens, top_p"
+    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 27
+
+
+def test_unknown_parameters_are_refused_before_missing_ones_with_how_to_fix():
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_params({"zeta": 1, "alpha": 2})
+    assert caught.value.message.startswith("unknown DAG parameter(s) alpha, zeta; valid ones: bf16_ssm_state, context_length, dry_run,")
+    assert caught.value.hint == "fix the names in the run's conf"
+
+
+def test_a_default_read_from_the_deployment_is_read_each_time(monkeypatch):
+    monkeypatch.setenv("FLEETGEN_PROMPTS_PATH", "/a.jsonl")
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", "/runs")
+    assert (_specs()["prompts_path"].default_value(), _specs()["output_root"].default_value()) == ("/a.jsonl", "/runs")
+    monkeypatch.delenv("FLEETGEN_PROMPTS_PATH")
+    assert _specs()["prompts_path"].default_value() == "~/fleetgen/prompts.jsonl"
+    assert _specs()["fleet_file"].default_value() is None and _specs()["tuning"].default_value() == "tuned"
+
+
+def test_the_form_reads_top_to_bottom_in_sections():
+    assert list(_specs())[:6] == ["prompts_path", "output_root", "dry_run", "fleet_file", "relaunch_servers",
+                               "keep_servers_up"]
+    assert [spec.section for spec in _specs().values()] == (
+        ["Inputs"] * 6 + ["Tuning"] * 8 + ["Generation"] * 9 + ["Validation thresholds"] * 4)
+
+
+def test_the_configuration_as_a_dict_holds_every_group_with_paths_as_text():
+    config = RunConfig.from_params({**PARAMS, "output_root": "/out", "prompts_path": "/p.jsonl"})
+    as_dict = config.to_dict()
+    assert as_dict["inputs"] == {"prompts_path": "/p.jsonl", "output_root": "/out", "dry_run": False,
+                                 "fleet_file": "", "relaunch_servers": False, "keep_servers_up": True}
+    assert as_dict["tuning"]["mode"] == "tuned" and as_dict["generation"]["shard_size"] == 5000
+    assert as_dict["validation"]["max_tokens"] == 4096 and as_dict["validation"]["max_error_share"] == 0.01
+    assert set(as_dict) == {"inputs", "tuning", "generation", "validation"}
+
+
+def test_a_folder_is_not_a_prompts_file(tmp_path):
+    config = RunConfig.from_params({**PARAMS, "prompts_path": str(tmp_path)})
+    with pytest.raises(ConfigError, match=f"prompts file {tmp_path} not found on this worker"):
+        config.inputs.require_prompts_file()
+
+
+def test_the_form_says_what_a_zero_means_where_zero_is_not_a_size():
+    descriptions = {name: spec.description for name, spec in _specs().items()}
+    assert "0 = no bound" in descriptions["max_running_requests"]
+    assert "0 = prompt max + max_tokens" in descriptions["context_length"]
+    assert descriptions["parallel_shards"].startswith("0 (auto)") and descriptions["sample_interval_s"].endswith("0: off.")
+    assert all(isinstance(text, str) and text.strip() for text in descriptions.values())

@@ -1,5 +1,6 @@
-"""launch_servers on a node reached through a shell that runs the commands here, in bash: a retry after a
-refused or dropped SSH connection launches each server exactly once."""
+"""The servers tasks (stop, launch, release). First on a node reached through a shell that runs the commands
+here, in bash: a retry after a refused or dropped SSH connection launches each server exactly once. Then each
+task's own decisions (what to keep, stop, adopt, launch, on which node) with lifecycle's remote steps faked."""
 
 import os
 import subprocess
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.airflow import server_tasks
+from fleetgen.airflow import context as task_context_module
+from fleetgen.airflow import lifecycle, server_tasks
+from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import HostUnreachable, RemoteError
 from fleetgen.nodes import remote
 
@@ -162,3 +165,281 @@ def test_a_command_line_whose_home_the_node_expanded_is_the_same_launch():
     assert not _same_command(running[:-2], spec)  # launched without the key file
     assert not _same_command([*running[:-4], "20", *running[-2:]], spec)  # another plan
     assert not _same_command(["/opt/other/python", *running[1:]], spec)
+
+
+# --- the tasks' own decisions, with lifecycle's remote steps replaced by recording fakes ---------------------------
+
+PARAMS = {**{spec.name: spec.default_value() for spec in RunConfig.settings()}, "fleet_file": "",
+          "prompts_path": "/p.jsonl", "output_root": "/out"}
+# Two nodes at different addresses that use the same port numbers: n0 runs two servers, n1 one.
+TWO_NODES = {"model": {"path": "/models/m", "served_name": "m"},
+             "server": {"python": "/opt/py", "module": "sglang.launch_server", "run_dir": "/r", "log_dir": "/l"},
+             "nodes": [{"name": "n0", "ssh_conn_id": "ssh_n0", "address": "10.0.0.5", "gpus": [0, 1],
+                        "base_port": 30000},
+                       {"name": "n1", "ssh_conn_id": "ssh_n1", "address": "10.0.0.6", "gpus": [0],
+                        "base_port": 30000}]}
+
+
+class RecordingNode:
+    """Stands in for NodeShell and for lifecycle's remote steps: records what each was asked, answers from
+    ``stop_records``, ``decisions``, ``earlier``/``other_plan`` and hands out pids from 900."""
+
+    def __init__(self, monkeypatch):
+        self.opened, self.calls, self.given = [], [], []
+        self.stop_records, self.decisions, self.earlier, self.other_plan = [], [], {}, {}
+        self.next_pid = 900
+        recorder = self
+
+        class Shell:
+            def __init__(self, node, ssh_conn_id, **_):
+                self.node = node
+                recorder.opened.append((node, ssh_conn_id))
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                pass
+
+        monkeypatch.setattr(server_tasks, "NodeShell", Shell)
+        monkeypatch.setattr(lifecycle, "api_key", lambda fleet: self._given(None, fleet) or "k")
+        monkeypatch.setattr(lifecycle, "keep_or_relaunch", self.keep_or_relaunch)
+        monkeypatch.setattr(lifecycle, "stop_ports", self.stop_ports)
+        monkeypatch.setattr(lifecycle, "wait_memory_released", self.wait_memory_released)
+        monkeypatch.setattr(lifecycle, "already_launched", self.already_launched)
+        monkeypatch.setattr(lifecycle, "launch_server", self.launch_server)
+
+    def _given(self, shell, fleet):
+        """Which node's shell (None: no shell taken) and which fleet's model each remote step was given."""
+        self.given.append((shell and shell.node, fleet.model.path))
+
+    def keep_or_relaunch(self, shell, fleet, node, plans, *, force, key):
+        self._given(shell, fleet)
+        self.calls.append(("keep_or_relaunch", node, len(plans), force, key))
+        return self.decisions
+
+    def stop_ports(self, shell, fleet, ports):
+        self._given(shell, fleet)
+        self.calls.append(("stop_ports", list(ports)))
+        return self.stop_records
+
+    def wait_memory_released(self, shell, fleet, node, pids):
+        self._given(shell, fleet)
+        self.calls.append(("wait_memory_released", node, set(pids)))
+        return {"host": node, "gpus": []}
+
+    def already_launched(self, shell, fleet, slots, plan_by_port, key):
+        self._given(shell, fleet)
+        self.calls.append(("already_launched", [s.name for s in slots], key))
+        return dict(self.earlier), dict(self.other_plan)
+
+    def launch_server(self, shell, fleet, slot, plan, key):
+        self._given(shell, fleet)
+        self.calls.append(("launch_server", slot.name, plan["flags"]["--max-running-requests"], key))
+        self.next_pid += 1
+        return lifecycle.launch_record(fleet, slot, plan, self.next_pid, kept=False)
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    return RecordingNode(monkeypatch)
+
+
+def _run_with(monkeypatch, **params):
+    context = {"params": {**PARAMS, **params}, "run_id": "manual__1", "ti": None}
+    monkeypatch.setattr(task_context_module, "task_context", lambda: context)
+
+
+def _plans_two_nodes(n0=(40, 41), n1=50):
+    return [{"host": "n0", "port": 30000, "flags": {"--max-running-requests": n0[0]}},
+            {"host": "n0", "port": 30001, "flags": {"--max-running-requests": n0[1]}},
+            {"host": "n1", "port": 30000, "flags": {"--max-running-requests": n1}}]
+
+
+def _decision(port, decision, pid=None):
+    return {"server": f"n0:{port}", "port": port, "pid": pid, "decision": decision,
+            "reasons": [] if decision == "keep" else ["no server of ours runs on the port"]}
+
+
+def test_a_stop_with_no_plans_stops_every_port_of_its_node_and_waits_for_the_stopped_pids(monkeypatch, recording):
+    _run_with(monkeypatch)
+    recording.stop_records = [{"outcome": "stopped", "port": 30000, "pid": 11, "signal": "TERM"},
+                              {"outcome": "stale", "port": 30001, "pid": 12, "signal": None}]
+    result = server_tasks.stop_servers("n0", TWO_NODES)
+    assert recording.opened == [("n0", "ssh_n0")]
+    assert recording.calls == [("stop_ports", [30000, 30001]), ("wait_memory_released", "n0", {11})]
+    assert result == {"node": "n0", "records": recording.stop_records, "decisions": []}
+
+
+def test_a_stop_on_the_second_node_touches_only_its_own_ports(monkeypatch, recording):
+    _run_with(monkeypatch)
+    server_tasks.stop_servers("n1", TWO_NODES)
+    assert recording.opened == [("n1", "ssh_n1")]
+    assert recording.calls[0] == ("stop_ports", [30000])
+
+
+def test_a_stop_with_plans_keeps_the_servers_that_run_them_and_stops_the_others(monkeypatch, recording):
+    _run_with(monkeypatch)
+    recording.decisions = [_decision(30000, "keep", pid=500), _decision(30001, "relaunch", pid=501)]
+    recording.stop_records = [{"outcome": "stopped", "port": 30001, "pid": 501, "signal": "TERM"}]
+    result = server_tasks.stop_servers("n0", TWO_NODES, _plans_two_nodes())
+    assert recording.calls == [("keep_or_relaunch", "n0", 3, False, "k"), ("stop_ports", [30001]),
+                               ("wait_memory_released", "n0", {501})]
+    assert result["decisions"] == recording.decisions
+
+
+def test_every_remote_step_of_a_stop_runs_in_the_nodes_session_with_the_runs_fleet(monkeypatch, recording):
+    _run_with(monkeypatch)
+    recording.decisions = [_decision(30000, "keep", pid=500), _decision(30001, "relaunch", pid=501)]
+    recording.stop_records = [{"outcome": "stopped", "port": 30001, "pid": 501, "signal": "TERM"}]
+    server_tasks.stop_servers("n0", TWO_NODES, _plans_two_nodes())
+    # api_key (no session), keep_or_relaunch, stop_ports, wait_memory_released
+    assert recording.given == [(None, "/models/m")] + [("n0", "/models/m")] * 3
+
+
+def test_relaunch_servers_is_passed_on_as_force(monkeypatch, recording):
+    _run_with(monkeypatch, relaunch_servers=True)
+    server_tasks.stop_servers("n0", TWO_NODES, _plans_two_nodes())
+    assert recording.calls[0] == ("keep_or_relaunch", "n0", 3, True, "k")
+
+
+def test_when_every_server_is_kept_nothing_is_stopped(monkeypatch, recording):
+    _run_with(monkeypatch)
+    recording.decisions = [_decision(30000, "keep", pid=500), _decision(30001, "keep", pid=501)]
+    result = server_tasks.stop_servers("n0", TWO_NODES, _plans_two_nodes())
+    assert [call[0] for call in recording.calls] == ["keep_or_relaunch", "wait_memory_released"]
+    assert recording.calls[-1] == ("wait_memory_released", "n0", set()) and result["records"] == []
+
+
+def test_a_stale_pid_file_is_reported_and_not_waited_for(monkeypatch, recording, caplog):
+    _run_with(monkeypatch)
+    recording.stop_records = [{"outcome": "stale", "port": 30001, "pid": 12, "signal": None},
+                              {"outcome": "absent", "port": 30000, "pid": None, "signal": None}]
+    with caplog.at_level("INFO", logger="fleetgen"):
+        server_tasks.stop_servers("n0", TWO_NODES)
+    assert recording.calls[-1] == ("wait_memory_released", "n0", set())
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "port 30001: pid file named pid 12, which is not our server any more; left it alone"]
+    assert "Stopped 0 server(s) on n0" in caplog.text
+
+
+def test_keep_servers_up_releases_nothing(monkeypatch, recording):
+    _run_with(monkeypatch, keep_servers_up=True)
+    assert server_tasks.release_servers("n1", TWO_NODES) == {"node": "n1", "records": []}
+    assert recording.opened == [] and recording.calls == []
+
+
+def test_without_keep_servers_up_the_release_stops_every_server_of_the_node(monkeypatch, recording):
+    _run_with(monkeypatch, keep_servers_up=False)
+    recording.stop_records = [{"outcome": "stopped", "port": 30000, "pid": 21, "signal": "TERM"}]
+    result = server_tasks.release_servers("n1", TWO_NODES)
+    assert recording.calls == [("stop_ports", [30000]), ("wait_memory_released", "n1", {21})]
+    assert result == {"node": "n1", "records": recording.stop_records, "decisions": []}
+
+
+def _stopped(node, kept: dict[int, int]):
+    return {"node": node, "records": [],
+            "decisions": [{"server": f"{node}:{port}", "port": port, "pid": pid, "decision": "keep", "reasons": []}
+                          for port, pid in kept.items()]}
+
+
+def test_a_launch_passes_on_the_kept_servers_of_its_own_node_when_nodes_share_port_numbers(monkeypatch, recording):
+    stopped = [_stopped("n1", {30000: 600}), _stopped("n0", {30000: 500})]
+    launched = server_tasks.launch_servers("n1", TWO_NODES, _plans_two_nodes(), stopped)
+    assert [(s["name"], s["pid"], s["kept"], s["plan"]["flags"]["--max-running-requests"]) for s in launched] == \
+        [("n1:30000", 600, True, 50)]
+    assert recording.opened == [] and recording.calls == []  # nothing to launch: no SSH session
+
+
+def test_a_launch_keeps_some_servers_and_launches_the_others_with_their_own_plans(monkeypatch, recording):
+    stopped = [_stopped("n0", {30001: 501}), _stopped("n1", {30000: 600})]
+    launched = server_tasks.launch_servers("n0", TWO_NODES, _plans_two_nodes(), stopped)
+    assert [(s["name"], s["pid"], s["kept"]) for s in launched] == [("n0:30001", 501, True), ("n0:30000", 901, False)]
+    assert recording.opened == [("n0", "ssh_n0")]
+    assert recording.calls == [("already_launched", ["n0:30000"], "k"), ("launch_server", "n0:30000", 40, "k")]
+
+
+def test_a_launch_with_no_stop_results_launches_every_server_of_the_node(monkeypatch, recording):
+    launched = server_tasks.launch_servers("n0", TWO_NODES, _plans_two_nodes())
+    assert [(s["name"], s["pid"]) for s in launched] == [("n0:30000", 901), ("n0:30001", 902)]
+    assert [c for c in recording.calls if c[0] == "launch_server"] == [("launch_server", "n0:30000", 40, "k"),
+                                                                      ("launch_server", "n0:30001", 41, "k")]
+
+
+def test_a_launch_adopts_an_earlier_tries_server_and_stops_one_with_another_plan(monkeypatch, recording, caplog):
+    plans = _plans_two_nodes()
+    fleet = dict(TWO_NODES, nodes=[{**TWO_NODES["nodes"][0], "gpus": [0, 1, 2]}])
+    plans.append({"host": "n0", "port": 30002, "flags": {"--max-running-requests": 42}})
+    recording.earlier, recording.other_plan = {30001: 701}, {30002: 702, 30000: 700}
+    recording.stop_records = [{"outcome": "stopped", "port": 30000, "pid": 700, "signal": "TERM"},
+                              {"outcome": "stale", "port": 30002, "pid": 702, "signal": None}]
+    with caplog.at_level("INFO", logger="fleetgen"):
+        launched = server_tasks.launch_servers("n0", fleet, plans, [_stopped("n0", {})])
+    assert recording.calls == [("already_launched", ["n0:30000", "n0:30001", "n0:30002"], "k"),
+                               ("stop_ports", [30000, 30002]), ("wait_memory_released", "n0", {700}),
+                               ("launch_server", "n0:30000", 40, "k"), ("launch_server", "n0:30002", 42, "k")]
+    assert [(s["name"], s["pid"], s["kept"]) for s in launched] == [
+        ("n0:30000", 901, False), ("n0:30001", 701, False), ("n0:30002", 902, False)]
+    assert launched[1]["plan"] == plans[1]
+    assert "n0:30001: already launched by an earlier try of this task (pid 701" in caplog.text
+    assert "ports [30000, 30002] run a server of ours launched with another command line" in caplog.text
+
+
+def test_a_launch_with_no_earlier_server_of_another_plan_stops_nothing(monkeypatch, recording):
+    recording.earlier = {30000: 701}
+    server_tasks.launch_servers("n0", TWO_NODES, _plans_two_nodes(), [_stopped("n0", {})])
+    assert [c[0] for c in recording.calls] == ["already_launched", "launch_server"]
+
+
+def test_a_stop_result_without_decisions_keeps_nothing_and_launches_every_server(monkeypatch, recording):
+    launched = server_tasks.launch_servers("n0", TWO_NODES, _plans_two_nodes(), [{"node": "n0", "records": []}])
+    assert [(s["name"], s["pid"], s["kept"]) for s in launched] == [("n0:30000", 901, False), ("n0:30001", 902, False)]
+    assert set(recording.given) == {(None, "/models/m"), ("n0", "/models/m")}
+
+
+def test_the_launched_servers_of_every_node_are_flattened_in_order():
+    assert server_tasks.flatten([[{"pid": 1}, {"pid": 2}], [], [{"pid": 3}]]) == [{"pid": 1}, {"pid": 2}, {"pid": 3}]
+
+
+def _messages(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.name == "fleetgen"]
+
+
+def test_a_stop_logs_each_decision_what_it_stops_and_what_memory_is_left(monkeypatch, recording, caplog):
+    _run_with(monkeypatch)
+    recording.decisions = [_decision(30000, "keep", pid=500),
+                           {**_decision(30001, "relaunch", pid=501), "reasons": ["flags differ", "model differs"]}]
+    recording.stop_records = [{"outcome": "stopped", "port": 30001, "pid": 501, "signal": "TERM"}]
+    with caplog.at_level("INFO", logger="fleetgen"):
+        server_tasks.stop_servers("n0", TWO_NODES, _plans_two_nodes())
+    assert _messages(caplog) == [
+        "n0:30000: kept (pid 500): it runs tonight's plan, model and version",
+        "n0:30001: relaunched: flags differ; model differs",
+        "Stopping our servers on n0 ports [30001] (only pids from our pid files whose command line matches)",
+        "Stopped 1 server(s) on n0; memory released:\nn0: 0 GPU(s)"]
+
+
+def test_a_kept_release_says_so(monkeypatch, recording, caplog):
+    _run_with(monkeypatch, keep_servers_up=True)
+    with caplog.at_level("INFO", logger="fleetgen"):
+        server_tasks.release_servers("n0", TWO_NODES)
+    assert _messages(caplog) == ["keep_servers_up is set: servers on n0 stay up for the next run"]
+
+
+def test_a_launch_logs_what_it_launches_adopts_and_keeps(monkeypatch, recording, caplog):
+    recording.earlier, recording.other_plan = {30001: 701}, {}
+    with caplog.at_level("INFO", logger="fleetgen"):
+        server_tasks.launch_servers("n0", TWO_NODES, _plans_two_nodes(), [_stopped("n0", {})])
+    assert _messages(caplog) == [
+        "Launching 2 server(s) on n0; 0 kept running",
+        "n0:30001: already launched by an earlier try of this task (pid 701, same command line); not launched again",
+        "Servers on n0: pids [901, 701]"]
+    caplog.clear()
+    recording.earlier, recording.other_plan = {}, {30001: 702, 30000: 703}
+    with caplog.at_level("INFO", logger="fleetgen"):
+        server_tasks.launch_servers("n0", TWO_NODES, _plans_two_nodes(), [_stopped("n0", {30000: 5})])
+    assert _messages(caplog) == [
+        "Launching 1 server(s) on n0; 1 kept running",
+        "ports [30000, 30001] run a server of ours launched with another command line after stop_servers "
+        "(pids [702, 703]): stopping them to launch tonight's plan",
+        "Servers on n0: pids [5, 902]"]

@@ -32,3 +32,11 @@ def test_shards_carry_their_first_prompt_index(tmp_path):
     path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": "hi"}) + "\n" for i in range(7)))
     shards = plan_shards(path, shard_size=3)
     assert [(s["first"], s["count"]) for s in shards] == [(0, 3), (3, 3), (6, 1)]
+
+
+def test_the_first_shard_of_one_prompt_and_a_server_on_gpu_0_read_as_such():
+    shard = {"shard_id": 0, "input_path": "/p.jsonl", "start": 0, "first": 0, "count": 1}
+    assert _render(SHARD_LABEL, op_kwargs={"shard": shard}) == "shard 0: prompts 0-0"
+    server = {"node": "n0", "port": 30000, "gpu_ids": [0], "name": "n0:30000"}
+    assert _render(SERVER_LABEL, server=server) == "n0:30000 (GPU 0)"
+    assert _render(NODE_LABEL, op_kwargs={"node": "n0", "other": "x"}) == "n0"

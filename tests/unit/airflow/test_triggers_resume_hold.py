@@ -86,7 +86,7 @@ def test_the_hold_defaults_on_and_survives_serialisation():
     assert ReadinessTrigger(**kwargs).resume_settle_s == DEFAULT_RESUME_SETTLE_S
 
 
-@pytest.mark.parametrize(("given", "expected"), [(None, DEFAULT_RESUME_SETTLE_S), ("0", 0.0), ("7.5", 7.5)])
+@pytest.mark.parametrize(("given", "expected"), [(None, DEFAULT_RESUME_SETTLE_S), ("0", 0.0), (0, 0.0), ("7.5", 7.5)])
 def test_the_operator_passes_the_deployments_setting_or_the_default(given, expected):
     launched = {**SERVER, "ssh_conn_id": "node0", "log_path": "/x.log", "pid": 7}
     fleet = {"nodes": [{"name": "node0", "ssh_conn_id": "node0", "address": "127.0.0.1", "gpus": [0]}],

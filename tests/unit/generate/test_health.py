@@ -1,8 +1,12 @@
 """Server health shared between the shards of a run (generate/health.py)."""
 
 import asyncio
+import fcntl
 import json
 import logging
+import os
+import threading
+import time
 
 import httpx
 import pytest
@@ -10,7 +14,7 @@ import pytest
 from generate_fakes import FakeFleet, fast_settings, shard_output
 
 from fleetgen.generate import run_shard_async
-from fleetgen.generate.health import SharedHealth
+from fleetgen.generate.health import HealthEntry, SharedHealth
 from fleetgen.outputs import RunLayout
 from fleetgen.prompts.scan import plan_shards
 
@@ -126,3 +130,146 @@ def test_a_hung_server_is_flagged_as_such_for_the_other_shards_and_a_plain_down_
     entries = reader.changed_entries()
     assert (entries["a:1"].hung, entries["b:1"].hung) == (True, False)
     assert servers_health(tmp_path)["a:1"]["hung"] is True and "hung" not in servers_health(tmp_path)["b:1"]
+
+
+# The shared file itself, without a shard around it.
+
+def health(path, who="shard 0", name="health"):
+    return SharedHealth(path, who=who, log=logging.getLogger(name))
+
+
+def test_two_servers_marked_down_by_two_shards_are_both_kept_with_who_saw_each(tmp_path):
+    health(tmp_path, "shard 0 (try 1)").publish("a:1", "down", "connection: refused")
+    health(tmp_path, "shard 1 (try 2)").publish("b:1", "down", "stalled: no answer", hung=True)
+    entries = health(tmp_path, "shard 2").changed_entries()
+    assert set(entries) == {"a:1", "b:1"}
+    assert (entries["a:1"].state, entries["a:1"].by, entries["a:1"].reason, entries["a:1"].hung) == (
+        "down", "shard 0 (try 1)", "connection: refused", False)
+    assert (entries["b:1"].state, entries["b:1"].by, entries["b:1"].reason, entries["b:1"].hung) == (
+        "down", "shard 1 (try 2)", "stalled: no answer", True)
+
+
+def test_a_later_transition_of_a_server_replaces_its_entry_and_leaves_the_others(tmp_path):
+    first, second = health(tmp_path, "shard 0"), health(tmp_path, "shard 1")
+    down_at = first.publish("a:1", "down", "refused")
+    first.publish("b:1", "down", "refused")
+    up_at = second.publish("a:1", "up", "health and a trial request answered")
+    assert up_at >= down_at
+    servers = servers_health(tmp_path)
+    assert servers["a:1"] == {"state": "up", "at": up_at, "reason": "health and a trial request answered",
+                              "by": "shard 1"}
+    assert servers["b:1"]["state"] == "down" and servers["b:1"]["by"] == "shard 0"
+
+
+def test_a_transition_is_stamped_with_wall_clock_seconds(tmp_path):
+    before = time.time()
+    at = health(tmp_path).publish("a:1", "down", "x")
+    assert before <= at <= time.time()  # seconds since the epoch, not milliseconds nor a monotonic clock
+    assert servers_health(tmp_path)["a:1"]["at"] == at
+    assert health(tmp_path).changed_entries()["a:1"].at == at
+
+
+def test_publishing_leaves_one_whole_file_and_its_lock_and_no_partial_file(tmp_path):
+    out = tmp_path / "not" / "yet"
+    health(out).publish("a:1", "down", "x")
+    layout = RunLayout(out)
+    assert sorted(p.name for p in out.iterdir()) == sorted([layout.servers_health.name,
+                                                            layout.servers_health_lock.name])
+
+
+def test_the_file_is_read_again_only_when_it_changed(tmp_path):
+    writer, reader = health(tmp_path, "shard 0"), health(tmp_path, "shard 1")
+    assert reader.changed_entries() is None  # no file yet: nothing known
+    writer.publish("a:1", "down", "x")
+    assert set(reader.changed_entries()) == {"a:1"}
+    assert reader.changed_entries() is None
+    writer.publish("a:1", "up", "x")  # the same size: the file is a new one all the same
+    assert reader.changed_entries()["a:1"].state == "up"
+    assert reader.changed_entries() is None
+
+
+def test_a_file_that_changed_in_place_is_read_again(tmp_path):
+    writer, reader = health(tmp_path, "shard 0"), health(tmp_path, "shard 1")
+    writer.publish("a:1", "down", "x")
+    reader.changed_entries()
+    path = RunLayout(tmp_path).servers_health
+    stat = path.stat()
+    path.write_text(path.read_text().replace('"down"', '"up"'))  # same inode and mtime, another size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert reader.changed_entries()["a:1"].state == "up"
+    path.write_text(path.read_text().replace('"x"', '"y"'))  # same inode and size, another mtime
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert reader.changed_entries()["a:1"].reason == "y"
+
+
+def test_one_bad_entry_does_not_hide_the_others(tmp_path):
+    RunLayout(tmp_path).servers_health.write_text(json.dumps({"servers": {
+        "a:1": {"state": "sideways", "at": 1.0}, "b:1": {"at": 1.0}, "c:1": {"state": "down", "at": "soon"},
+        "d:1": {"state": "down", "at": None}, "e:1": "down",
+        "f:1": {"state": "down", "at": "1764500000.5"}}}))
+    entries = health(tmp_path).changed_entries()
+    assert list(entries) == ["f:1"]
+    assert entries["f:1"] == HealthEntry(state="down", at=1764500000.5, reason="", by="?", hung=False)
+
+
+@pytest.mark.parametrize("hung", [1, "true", "yes", None, False])
+def test_only_json_true_marks_a_server_hung(tmp_path, hung):
+    entry = HealthEntry.from_json({"state": "down", "at": 1, "hung": hung, "reason": 5, "by": 7})
+    assert entry.hung is False and entry.reason == "5" and entry.by == "7" and entry.at == 1.0
+    assert HealthEntry.from_json({"state": "up", "at": 2, "hung": True}).hung is True
+
+
+@pytest.mark.parametrize("content", ['{"servers": ["a:1"]}', '["servers"]', "{", '{"servers": {"a:1": {"sta'])
+def test_an_unreadable_file_reads_as_nothing_known_and_is_warned_about_once(tmp_path, caplog, content):
+    path = RunLayout(tmp_path).servers_health
+    path.write_text(content)
+    reader = health(tmp_path, "shard 4")
+    with caplog.at_level(logging.WARNING, logger="health"):
+        assert reader.changed_entries() == {}
+        os.utime(path, ns=(1, 1))
+        assert reader.changed_entries() == {}
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and warnings[0].startswith(f"shard 4: ignoring an unreadable {path} (")
+    assert "(servers is not an object)" in warnings[0] or content != '{"servers": ["a:1"]}'
+    assert "()" not in warnings[0] and "(None)" not in warnings[0]  # the cause is named
+    assert warnings[0].endswith("); it is rewritten at the next change")
+
+
+def test_a_writer_replaces_an_unreadable_file_with_its_own_entry(tmp_path):
+    RunLayout(tmp_path).servers_health.write_text('{"servers": ')
+    health(tmp_path).publish("a:1", "down", "x")
+    assert list(servers_health(tmp_path)) == ["a:1"]
+
+
+def test_a_file_without_servers_reads_as_nothing_known_without_a_warning(tmp_path, caplog):
+    RunLayout(tmp_path).servers_health.write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="health"):
+        assert health(tmp_path).changed_entries() == {}
+    assert not caplog.records
+
+
+def test_a_failure_to_write_is_logged_and_the_shard_goes_on(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    writer = health(blocker / "out", "shard 3")
+    with caplog.at_level(logging.WARNING, logger="health"):
+        at = writer.publish("a:1", "down", "refused")
+    assert abs(at - time.time()) < 5
+    [message] = [r.getMessage() for r in caplog.records]
+    assert message.startswith(f"shard 3: could not record server a:1 as down in {writer.path} (")
+    assert message.endswith("); other shards will find out for themselves")
+    assert "Not a directory" in message  # the cause is named
+
+
+def test_writers_take_the_lock_for_their_read_modify_write(tmp_path):
+    writer = health(tmp_path, "shard 0")
+    writer.publish("a:1", "down", "x")
+    with open(writer.lock_path, "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        done = threading.Event()
+        other = threading.Thread(target=lambda: (health(tmp_path, "shard 1").publish("b:1", "down", "y"),
+                                                 done.set()))
+        other.start()
+        assert not done.wait(0.1)  # the second writer waits for the lock
+    other.join(5)
+    assert done.is_set() and set(servers_health(tmp_path)) == {"a:1", "b:1"}

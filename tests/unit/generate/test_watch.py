@@ -1,5 +1,12 @@
 """What a shard records beside its completions: the servers' /metrics over time and the server events."""
 
+import asyncio
+import logging
+import os
+import re
+import time
+from types import SimpleNamespace
+
 import httpx
 import pytest
 
@@ -7,7 +14,10 @@ from generate_fakes import FakeFleet, fast_settings, metrics_page, read_jsonl, w
 
 from fleetgen.errors import ServerError
 from fleetgen.generate import run_shard_async
+from fleetgen.generate import watch
 from fleetgen.generate.server_metrics import parse_metrics
+from fleetgen.generate.settings import ServerEndpoint
+from fleetgen.generate.watch import SCRAPE_TIMEOUT_S, EventJournal, JsonlAppender, MetricsScraper
 from fleetgen.outputs import RunLayout
 
 pytestmark = pytest.mark.anyio
@@ -95,3 +105,193 @@ def test_an_accept_length_of_zero_is_no_speculative_decoding():
     none = DP_PAGE.replace('tp_rank="0"} 3.0', 'tp_rank="0"} 0.0').replace('tp_rank="0"} 3.4', 'tp_rank="0"} 0.0')
     sample = parse_metrics(none, server="n:30000")
     assert sample.accept_length is None and "accept_length" not in sample.row(at=1.0, server="n:30000", cap=8)
+
+
+# The journal and the scraper on their own, against an in-process fake server.
+
+def endpoint(name: str, cap: int = 0) -> ServerEndpoint:
+    return ServerEndpoint(name=name, url=f"http://{name}/", max_in_flight=4, effective_max_running_requests=cap)
+
+
+class Pages:
+    """``send`` for the scraper: each server's answer by name (a Response, an exception, or a page)."""
+
+    def __init__(self, **answers) -> None:
+        self.answers = answers
+        self.requests: list[httpx.Request] = []
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        answer = self.answers[f"{request.url.host}:{request.url.port}"]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer if isinstance(answer, httpx.Response) else httpx.Response(200, text=answer)
+
+
+def scraper(tmp_path, servers, pages, *, in_flight=lambda name: 0, is_down=None, interval_s=1.0, log="watch"):
+    extra = {"is_down": is_down} if is_down else {}
+    return MetricsScraper(servers=servers, send=pages.send, headers=httpx.Headers({"Authorization": "Bearer k"}),
+                          interval_s=interval_s, path=tmp_path / "metrics" / "shard-00002.jsonl", in_flight=in_flight,
+                          log=logging.getLogger(log), shard_id=2, **extra)
+
+
+def test_each_server_gets_its_own_row_with_its_own_cap_and_this_shards_requests(tmp_path):
+    pages = Pages(**{"a:1": metrics_page(3, 1), "b:2": metrics_page(7)})
+    sent = {"a:1": 2, "b:2": 5}
+    watcher = scraper(tmp_path, [endpoint("a:1", cap=16), endpoint("b:2", cap=64)], pages, in_flight=sent.get)
+    before = time.time()
+    asyncio.run(watcher.scrape_all())
+    rows = {row["server"]: row for row in read_jsonl(watcher._out.path)}
+    assert set(rows) == {"a:1", "b:2"} and watcher.samples == 2
+    assert {k: v for k, v in rows["a:1"].items() if k != "t"} == {"server": "a:1", "cap": 16, "running": 3.0,
+                                                                 "queue": 1.0, "token_usage": 0.03, "sent": 2}
+    assert (rows["b:2"]["cap"], rows["b:2"]["running"], rows["b:2"]["sent"]) == (64, 7.0, 5)
+    assert before - 0.01 <= rows["a:1"]["t"] <= time.time() + 0.01  # wall-clock seconds
+    assert sorted(str(r.url) for r in pages.requests) == ["http://a:1/metrics", "http://b:2/metrics"]
+    request = pages.requests[0]
+    assert request.method == "GET" and request.headers["authorization"] == "Bearer k"
+    assert request.extensions["timeout"] == {"connect": SCRAPE_TIMEOUT_S, "read": SCRAPE_TIMEOUT_S,
+                                             "write": SCRAPE_TIMEOUT_S, "pool": SCRAPE_TIMEOUT_S}
+
+
+def test_a_server_marked_down_is_not_asked(tmp_path):
+    pages = Pages(**{"a:1": metrics_page(1), "b:2": metrics_page(2)})
+    watcher = scraper(tmp_path, [endpoint("a:1"), endpoint("b:2")], pages, is_down=lambda name: name == "b:2")
+    asyncio.run(watcher.scrape_all())
+    assert [row["server"] for row in read_jsonl(watcher._out.path)] == ["a:1"]
+    assert [str(r.url) for r in pages.requests] == ["http://a:1/metrics"]
+
+
+def test_every_server_is_asked_unless_told_otherwise(tmp_path):
+    pages = Pages(**{"a:1": metrics_page(1)})
+    watcher = MetricsScraper(servers=[endpoint("a:1")], send=pages.send, headers=httpx.Headers(), interval_s=1.0,
+                             path=tmp_path / "m.jsonl", in_flight=lambda name: 0, log=logging.getLogger("w"),
+                             shard_id=0)
+    asyncio.run(watcher.scrape_all())
+    assert watcher.samples == 1
+
+
+@pytest.mark.parametrize("answer, why", [
+    (httpx.Response(503, text="busy"), "/metrics answered HTTP 503"),
+    (httpx.ConnectError("refused"), "refused"),
+    (httpx.ReadTimeout("slow"), "slow"),
+    ("<html>not metrics</html>", "not in the Prometheus text format"),
+    ("# TYPE x gauge\nx 1\n", "has no sglang:num_running_reqs")])
+def test_a_failed_scrape_is_skipped_and_warned_about_once_per_server(tmp_path, caplog, answer, why):
+    pages = Pages(**{"a:1": answer, "b:2": answer, "c:3": metrics_page(4)})
+    watcher = scraper(tmp_path, [endpoint("a:1"), endpoint("b:2"), endpoint("c:3")], pages)
+    with caplog.at_level(logging.WARNING, logger="watch"):
+        asyncio.run(watcher.scrape_all())
+        asyncio.run(watcher.scrape_all())
+    assert [row["server"] for row in read_jsonl(watcher._out.path)] == ["c:3", "c:3"] and watcher.samples == 2
+    warnings = sorted(r.getMessage() for r in caplog.records)
+    assert len(warnings) == 2  # one per failing server, not one per scrape
+    assert warnings[0].startswith("shard 2: no metrics from a:1 (") and warnings[1].startswith("shard 2: no metrics "
+                                                                                               "from b:2 (")
+    assert why in warnings[0] and warnings[0].endswith("); its occupancy has gaps")
+    if not isinstance(answer, httpx.TransportError):  # the server's own errors name it
+        assert warnings[0].startswith("shard 2: no metrics from a:1 ([server a:1] ")
+        assert warnings[1].startswith("shard 2: no metrics from b:2 ([server b:2] ")
+
+
+def test_a_page_with_bytes_that_are_not_utf8_is_still_read(tmp_path):
+    page = metrics_page(5).encode().replace(b"The number of running requests.", b"requ\xeates")  # Latin-1
+    watcher = scraper(tmp_path, [endpoint("a:1")], Pages(**{"a:1": httpx.Response(200, content=page)}))
+    asyncio.run(watcher.scrape_all())
+    assert [row["running"] for row in read_jsonl(watcher._out.path)] == [5.0]
+
+
+def test_a_shard_that_never_sampled_samples_once_as_it_finishes_and_closes_its_file(tmp_path):
+    pages = Pages(**{"a:1": metrics_page(2)})
+    watcher = scraper(tmp_path, [endpoint("a:1")], pages)
+    asyncio.run(watcher.finish())
+    assert len(read_jsonl(watcher._out.path)) == 1 and watcher._out._fd == -1
+
+
+def test_a_shard_that_sampled_does_not_sample_again_as_it_finishes(tmp_path):
+    pages = Pages(**{"a:1": metrics_page(2)})
+    watcher = scraper(tmp_path, [endpoint("a:1")], pages)
+    asyncio.run(watcher.scrape_all())
+    asyncio.run(watcher.finish())
+    assert len(pages.requests) == 1 and watcher._out._fd == -1
+
+
+def test_the_file_is_closed_even_when_the_last_sample_fails(tmp_path):
+    async def broken(request):
+        raise RuntimeError("loop closing")
+
+    watcher = MetricsScraper(servers=[endpoint("a:1")], send=broken, headers=httpx.Headers(), interval_s=1.0,
+                             path=tmp_path / "m.jsonl", in_flight=lambda name: 0, log=logging.getLogger("w"),
+                             shard_id=0)
+    with pytest.raises(RuntimeError):
+        asyncio.run(watcher.finish())
+    assert watcher._out._fd == -1
+
+
+def test_the_scraper_samples_then_waits_its_interval(tmp_path, monkeypatch):
+    timeline = []
+    watcher = scraper(tmp_path, [endpoint("a:1")], Pages(**{"a:1": metrics_page(1)}), interval_s=7.5)
+
+    async def scrape_all():
+        timeline.append("scrape")
+
+    async def sleep(seconds):
+        timeline.append(seconds)
+        if len(timeline) >= 4:
+            raise asyncio.CancelledError
+
+    watcher.scrape_all = scrape_all
+    monkeypatch.setattr(watch, "asyncio", SimpleNamespace(sleep=sleep, gather=asyncio.gather))
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(watcher.run())
+    assert timeline == ["scrape", 7.5, "scrape", 7.5]
+
+
+def test_events_are_journalled_one_line_each_with_shard_time_and_fields(tmp_path):
+    journal = EventJournal(tmp_path / "events" / "shard-00003.jsonl", 3)
+    before = time.time()
+    journal.record("down", "a:1", reason="refused", hung=False)
+    journal.record("failed", "b:2", prompt="p0001")
+    journal.close()
+    journal.close()  # closing twice is harmless
+    down, failed = read_jsonl(tmp_path / "events" / "shard-00003.jsonl")
+    assert {k: down[k] for k in ("shard", "event", "server", "reason", "hung")} == {
+        "shard": 3, "event": "down", "server": "a:1", "reason": "refused", "hung": False}
+    assert list(down)[:5] == ["at", "t", "shard", "event", "server"]
+    assert before - 0.01 <= down["t"] <= time.time() + 0.01 and down["t"] == round(down["t"], 3)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", down["at"])
+    assert (failed["event"], failed["server"], failed["prompt"]) == ("failed", "b:2", "p0001")
+
+
+@pytest.mark.parametrize("kind", ["down", "recovered", "retried", "failed"])
+def test_every_documented_event_kind_is_accepted(tmp_path, kind):
+    journal = EventJournal(tmp_path / "e.jsonl", 0)
+    journal.record(kind, "a:1")
+    journal.close()
+    assert read_jsonl(tmp_path / "e.jsonl")[0]["event"] == kind
+
+
+def test_an_unknown_event_kind_is_refused(tmp_path):
+    journal = EventJournal(tmp_path / "e.jsonl", 0)
+    with pytest.raises(ValueError, match=r"unknown server event 'up'; expected one of \('down', 'recovered'"):
+        journal.record("up", "a:1")
+    journal.close()
+    assert (tmp_path / "e.jsonl").read_text() == ""
+
+
+def test_an_appender_adds_to_what_an_earlier_try_wrote(tmp_path):
+    path = tmp_path / "deep" / "er" / "x.jsonl"
+    first = JsonlAppender(path)
+    first.append({"n": 1})
+    first.close()
+    second = JsonlAppender(path)
+    second.append({"n": 2, "ü": "é"})
+    second.close()
+    assert path.read_bytes() == b'{"n":1}\n' + '{"n":2,"ü":"é"}\n'.encode()
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644 & ~current_umask())
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

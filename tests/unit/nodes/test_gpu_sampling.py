@@ -3,13 +3,17 @@ sampling session per node however many shards run."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
+import threading
 import time
 
+from fleetgen.generate.watch import JsonlAppender
 from fleetgen.nodes import remote
-from fleetgen.nodes.gpu_sampling import SAMPLE_QUERY, GpuSampling, NodeLease, parse_sample_lines
+from fleetgen.nodes.gpu_sampling import (MAX_LOOP_SECONDS, SAMPLE_QUERY, GpuSampling, NodeLease, NodeSampler,
+                                         parse_sample_lines)
 from fleetgen.outputs import RunLayout
 from sglang_sim.node import create_node
 
@@ -113,3 +117,260 @@ def test_a_stale_lease_is_taken_over(tmp_path):
     assert other.acquire() and path.read_text() == "shard 1"
     holder.release()  # not its lease any more: left alone
     assert path.exists()
+
+
+# In-memory sessions: each node's loop output as scripted lines, then a session that stays open until closed.
+# Their waits are short: each step takes milliseconds, and a broken sampler must fail fast, not hang.
+SHORT_WAIT_S = 5.0
+
+class ScriptedStream:
+    """A sampling session's stdout: the scripted lines, then nothing until it is closed (the loop sleeping)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.closed = threading.Event()
+
+    def __iter__(self):
+        for line in self.lines:
+            if self.closed.is_set():
+                return
+            yield line
+        self.closed.wait(SHORT_WAIT_S)
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def samples(at: float, *rows: str) -> list[str]:
+    return [f"{remote.SECTION_MARKER}t={at}", *rows]
+
+
+def read_rows(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_every_gpu_of_every_node_is_sampled_into_the_shards_file_one_session_and_lease_per_node(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    sessions = {"n0": samples(10.0, "0, 91, 700.5, 150000", "1, 0, 90, 512"),
+                "n1": samples(11.0, "0, 50, 400, 1000", "1, 60, 410, 2000", "2, 70, 420, 3000")}
+    opened = []
+
+    def open_stream(node, command):
+        opened.append((node, command))
+        return ScriptedStream(sessions[node])
+
+    sampling = GpuSampling(nodes=["n0", "n1"], open_stream=open_stream, layout=layout, shard_id=3, interval_s=0.5,
+                           log=log)
+    assert [sampler.lease.path for sampler in sampling.samplers] == [layout.kind_dir("gpu") / "n0.lease",
+                                                                    layout.kind_dir("gpu") / "n1.lease"]
+    assert all(sampler.lease.stale_s == 3 * 0.5 + 10 for sampler in sampling.samplers)
+    with sampling:
+        wait_until(lambda: [sampler.rows for sampler in sampling.samplers] == [2, 3], timeout_s=SHORT_WAIT_S)
+        owners = {path.name: path.read_text() for path in layout.kind_dir("gpu").glob("*.lease")}
+        assert set(owners) == {"n0.lease", "n1.lease"}
+        assert all(owner.startswith(f"shard 3 pid {os.getpid()} at ") for owner in owners.values())
+    expected_command = remote.sampling_loop_command(SAMPLE_QUERY, interval_s=0.5, max_seconds=MAX_LOOP_SECONDS)
+    assert sorted(opened) == [("n0", expected_command), ("n1", expected_command)]
+    rows = read_rows(layout.shard_file("gpu", 3))
+    assert sorted((row["node"], row["gpu"], row["util"], row["power_w"], row["mem_mib"], row["t"]) for row in rows) == [
+        ("n0", 0, 91.0, 700.5, 150000.0, 10.0), ("n0", 1, 0.0, 90.0, 512.0, 10.0),
+        ("n1", 0, 50.0, 400.0, 1000.0, 11.0), ("n1", 1, 60.0, 410.0, 2000.0, 11.0),
+        ("n1", 2, 70.0, 420.0, 3000.0, 11.0)]
+    assert list(layout.kind_dir("gpu").glob("*.lease")) == []  # both released on exit
+    assert not any(sampler.is_alive() for sampler in sampling.samplers)
+
+
+class FlakyOpener:
+    """Fails to open the first sessions (a dropped connection), then opens scripted ones."""
+
+    def __init__(self, failures: int, lines: list[str]) -> None:
+        self.failures = failures
+        self.lines = lines
+        self.opened = 0
+
+    def __call__(self, command: str):
+        self.opened += 1
+        if self.opened <= self.failures:
+            raise ConnectionResetError("connection reset by peer")
+        return ScriptedStream(self.lines)
+
+
+def _sampler(tmp_path, open_stream, *, interval_s=0.01, owner="shard 0"):
+    out = JsonlAppender(tmp_path / "gpu" / "shard-00000.jsonl")
+    lease = NodeLease(tmp_path / "gpu" / "n.lease", owner, stale_s=60)
+    return NodeSampler(node="n", open_stream=open_stream, out=out, lease=lease, interval_s=interval_s,
+                       log=log), out
+
+
+def test_a_lost_session_is_reopened_after_one_warning_and_sampling_goes_on(tmp_path, caplog):
+    opener = FlakyOpener(failures=3, lines=samples(5.0, "0, 1, 2, 3"))
+    sampler, out = _sampler(tmp_path, opener)
+    with caplog.at_level(logging.WARNING, logger="test"):
+        sampler.start()
+        try:
+            wait_until(lambda: sampler.rows == 1, timeout_s=SHORT_WAIT_S)
+        finally:
+            sampler.stop()
+            sampler.join(timeout=SHORT_WAIT_S)
+            out.close()
+    assert opener.opened == 4 and not sampler.is_alive()
+    warnings = [record.getMessage() for record in caplog.records if record.name == "test"]
+    assert warnings == ["GPU sampling on n interrupted (ConnectionResetError: connection reset by peer); retrying "
+                        "every 0 s"]
+    assert read_rows(tmp_path / "gpu" / "shard-00000.jsonl") == [
+        {"t": 5.0, "node": "n", "gpu": 0, "util": 1.0, "power_w": 2.0, "mem_mib": 3.0}]
+    assert not (tmp_path / "gpu" / "n.lease").exists()
+
+
+def test_a_failed_session_gives_the_lease_back_so_another_shard_may_sample(tmp_path):
+    lease_path = tmp_path / "gpu" / "n.lease"
+    seen_lease = []
+
+    def open_stream(command):
+        seen_lease.append(lease_path.read_text())
+        raise OSError("no route to host")
+
+    sampler, out = _sampler(tmp_path, open_stream, interval_s=0.05)
+    sampler.start()
+    try:
+        wait_until(lambda: len(seen_lease) >= 2, timeout_s=SHORT_WAIT_S)
+        # Between tries the lease is free: another shard could take it.
+        wait_until(lambda: not lease_path.exists(), timeout_s=SHORT_WAIT_S)
+    finally:
+        sampler.stop()
+        sampler.join(timeout=SHORT_WAIT_S)
+        out.close()
+    assert seen_lease[0] == "shard 0"
+
+
+def test_a_node_another_shard_samples_is_not_opened_until_its_lease_is_free(tmp_path):
+    holder = NodeLease(tmp_path / "gpu" / "n.lease", "shard 9", stale_s=60)
+    assert holder.acquire()
+    opener = FlakyOpener(failures=0, lines=samples(1.0, "0, 1, 2, 3"))
+    sampler, out = _sampler(tmp_path, opener)
+    sampler.start()
+    try:
+        time.sleep(0.1)  # several lease checks at 0.01 s
+        assert opener.opened == 0 and sampler.rows == 0
+        holder.release()
+        wait_until(lambda: sampler.rows == 1, timeout_s=SHORT_WAIT_S)
+    finally:
+        sampler.stop()
+        sampler.join(timeout=SHORT_WAIT_S)
+        out.close()
+    assert opener.opened == 1
+
+
+def test_stopping_closes_an_open_session_at_once(tmp_path):
+    stream = ScriptedStream(samples(1.0, "0, 1, 2, 3"))
+    sampler, out = _sampler(tmp_path, lambda command: stream, interval_s=0.01)
+    sampler.start()
+    wait_until(lambda: sampler.rows == 1, timeout_s=SHORT_WAIT_S)
+    assert not stream.closed.is_set()  # the session stays open between samples
+    started = time.monotonic()
+    sampler.stop()
+    sampler.join(timeout=SHORT_WAIT_S)
+    out.close()
+    assert stream.closed.is_set() and not sampler.is_alive() and time.monotonic() - started < 5
+
+
+def test_each_row_renews_the_lease(tmp_path):
+    lease_path = tmp_path / "gpu" / "n.lease"
+    renewed = []
+
+    class RenewSpy(NodeLease):
+        def renew(self):
+            renewed.append(self.path.stat().st_mtime)
+            super().renew()
+
+    out = JsonlAppender(tmp_path / "gpu" / "shard-00000.jsonl")
+    sampler = NodeSampler(node="n", open_stream=lambda command: ScriptedStream(samples(1.0, "0, 1, 2, 3",
+                                                                                       "1, 1, 2, 3")),
+                          out=out, lease=RenewSpy(lease_path, "shard 0", stale_s=60), interval_s=0.01, log=log)
+    sampler.start()
+    try:
+        wait_until(lambda: sampler.rows == 2, timeout_s=SHORT_WAIT_S)
+    finally:
+        sampler.stop()
+        sampler.join(timeout=SHORT_WAIT_S)
+        out.close()
+    assert len(renewed) == 2
+
+
+def test_renewing_keeps_a_lease_from_going_stale(tmp_path):
+    path = tmp_path / "gpu" / "n.lease"
+    holder = NodeLease(path, "shard 0", stale_s=30)
+    other = NodeLease(path, "shard 1", stale_s=30)
+    assert holder.acquire() and path.read_text() == "shard 0"
+    os.utime(path, (time.time() - 60, time.time() - 60))  # not renewed for a minute
+    holder.renew()
+    assert not other.acquire() and path.read_text() == "shard 0"
+    os.utime(path, (time.time() - 31, time.time() - 31))
+    assert other.acquire() and path.read_text() == "shard 1"
+
+
+def test_releasing_a_lease_that_is_gone_is_harmless(tmp_path):
+    lease = NodeLease(tmp_path / "gpu" / "n.lease", "shard 0", stale_s=30)
+    lease.release()
+    assert lease.acquire() and lease.acquire() is False  # held, even by the same owner: one session per node
+    lease.release()
+    assert not lease.path.exists()
+
+
+def test_rows_carry_the_latest_time_mark_and_skip_what_is_not_a_sample():
+    lines = ["0, 1, 2, 3",  # before any time mark: no time to give it
+             "@@fleetgen:t=1700000000.123456", "0, 10, 100.25, 40000", "", "1, 20, 200, 50000",
+             "x, 1, 2, 3", "0, busy, 2, 3", "0, 1, 2", "0, 1, 2, 3, 4",
+             "@@fleetgen:t=oops", "@@fleetgen:t=1700000005", "2, , N/A, [Not Supported]"]
+    assert list(parse_sample_lines(lines, node="n")) == [
+        {"t": 1700000000.123, "node": "n", "gpu": 0, "util": 10.0, "power_w": 100.25, "mem_mib": 40000.0},
+        {"t": 1700000000.123, "node": "n", "gpu": 1, "util": 20.0, "power_w": 200.0, "mem_mib": 50000.0},
+        {"t": 1700000005.0, "node": "n", "gpu": 2, "util": None, "power_w": None, "mem_mib": None}]
+
+
+def test_memory_is_sampled_in_mib_as_nvidia_smi_reports_it():
+    assert SAMPLE_QUERY == ("nvidia-smi --query-gpu=index,utilization.gpu,power.draw,memory.used "
+                            "--format=csv,noheader,nounits")
+    row = next(parse_sample_lines(["@@fleetgen:t=1", "0, 5, 6, 183359"], node="n"))
+    assert row["mem_mib"] == 183359.0
+
+
+def test_a_shards_samplers_are_named_daemon_threads_that_warn_in_the_shards_log(tmp_path, caplog):
+    def unreachable(node, command):
+        raise OSError(f"{node} is unreachable")
+
+    shard_log = logging.getLogger("test.shard-4")
+    sampling = GpuSampling(nodes=["n0"], open_stream=unreachable, layout=RunLayout(tmp_path / "run"), shard_id=4,
+                           interval_s=0.01, log=shard_log)
+    # A daemon: a sampler never keeps a worker process alive after its shard ended.
+    assert [(sampler.name, sampler.daemon) for sampler in sampling.samplers] == [("gpu-sampler-n0", True)]
+    with caplog.at_level(logging.WARNING, logger="test.shard-4"):
+        with sampling:
+            wait_until(lambda: any(record.name == "test.shard-4" for record in caplog.records),
+                       timeout_s=SHORT_WAIT_S)
+    assert "GPU sampling on n0 interrupted (OSError: n0 is unreachable)" in caplog.records[0].getMessage()
+
+
+def test_the_first_lease_of_a_run_creates_the_gpu_folder(tmp_path):
+    lease = NodeLease(tmp_path / "run" / "gpu" / "n.lease", "shard 0", stale_s=30)
+    assert lease.acquire() and lease.path.read_text() == "shard 0"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert lease.path.stat().st_mode & 0o777 == 0o644 & ~umask  # readable by whoever looks, writable by us
+
+
+def test_stopping_after_a_session_ended_is_harmless(tmp_path):
+    sampler, out = _sampler(tmp_path, lambda command: EndedSession(samples(1.0, "0, 1, 2, 3")), interval_s=0.01)
+    sampler.start()
+    wait_until(lambda: sampler.rows >= 1 and sampler._stream is None, timeout_s=SHORT_WAIT_S)
+    sampler.stop()
+    sampler.join(timeout=SHORT_WAIT_S)
+    out.close()
+    assert not sampler.is_alive()
+
+
+class EndedSession(list):
+    """A session that ends by itself after its lines (the remote loop exited)."""
+
+    def close(self) -> None:
+        pass

@@ -116,3 +116,61 @@ def test_a_prompts_own_max_tokens_above_the_runs_is_planned_for(tmp_path, cases,
     assert planned_context(MAX_TOKENS) < scan.request_tokens_max
     # ... the output budget derive_plan takes from the scan does.
     assert planned_context(scan.output_tokens_max(MAX_TOKENS)) >= scan.request_tokens_max
+
+
+def limit_of(context_tokens=1000, max_tokens=500):
+    return LengthLimit(context_tokens=context_tokens, max_tokens=max_tokens, source="test")
+
+
+def test_characters_round_up_to_whole_tokens():
+    from fleetgen.prompts.length import estimated_tokens
+
+    assert [estimated_tokens(chars) for chars in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+
+
+def test_a_prompt_that_fills_the_context_exactly_fits_and_one_more_token_does_not():
+    from fleetgen.prompts.lines import Prompt
+
+    limit = limit_of(context_tokens=1000, max_tokens=500)
+    exact = Prompt(id="exact", prompt="x" * 2000)  # 500 tokens + 500 = 1000
+    assert limit.request_tokens(exact) == 1000 and limit.problem(exact) is None
+    over = Prompt(id="over", prompt="x" * 2001)  # 501 tokens + 500
+    assert limit.request_tokens(over) == 1001
+    assert limit.problem(over) == ("too long for the context: ~501 prompt tokens (estimated at 4 characters per "
+                                   "token) + max_tokens 500 > 1000 (test)")
+
+
+def test_a_prompts_own_max_tokens_replaces_the_runs_in_its_budget():
+    from fleetgen.prompts.lines import Prompt
+
+    limit = limit_of(context_tokens=1000, max_tokens=500)
+    own = Prompt(id="own", messages=[{"role": "user", "content": "x" * 400}], sampling={"max_tokens": 900})
+    assert limit.output_tokens(own) == 900 and limit.request_tokens(own) == 1000 and limit.problem(own) is None
+    smaller = Prompt(id="small", prompt="x" * 2400, sampling={"max_tokens": 400})  # 600 + 400: the run's would not fit
+    assert limit.output_tokens(smaller) == 400 and limit.problem(smaller) is None
+    assert limit.output_tokens(Prompt(id="plain", prompt="x")) == 500
+    assert "+ max_tokens 901 > 1000" in limit.problem(
+        Prompt(id="own", messages=[{"role": "user", "content": "x" * 400}], sampling={"max_tokens": 901}))
+
+
+def test_a_limit_goes_through_json_and_back_unchanged():
+    limit = LengthLimit(context_tokens=32768, max_tokens=4096, source="the context_length param")
+    as_json = json.loads(json.dumps(limit.to_dict()))
+    assert as_json == {"context_tokens": 32768, "max_tokens": 4096, "source": "the context_length param"}
+    assert LengthLimit.from_dict(as_json) == limit
+    assert LengthLimit.from_dict(limit) is limit and LengthLimit.from_dict(None) is None
+    from_strings = LengthLimit.from_dict({"context_tokens": "32768", "max_tokens": "4096", "source": 7})
+    assert from_strings == LengthLimit(context_tokens=32768, max_tokens=4096, source="7")
+
+
+def test_each_source_of_the_context_is_named_and_a_cap_equal_to_the_models_is_kept():
+    model = length_limit(model_context=32768, max_tokens=10)
+    assert (model.context_tokens, model.max_tokens, model.source) == (32768, 10, "the model's context length")
+    param = length_limit(model_context=32768, max_tokens=10, param_context=32768)
+    assert (param.context_tokens, param.source) == (32768, "the context_length param")
+    flag = length_limit(model_context=32768, max_tokens=10, launch_context=32768, param_context=8192)
+    assert (flag.context_tokens, flag.source) == (32768, "--context-length in the fleet's server.extra_args")
+    flag_above = length_limit(model_context=32768, max_tokens=10, launch_context=65536)
+    assert (flag_above.context_tokens, flag_above.source) == (
+        32768, "the model's context length, below the requested cap")
+    assert length_limit(model_context=32768, max_tokens=10, launch_context=0, param_context=None).context_tokens == 32768

@@ -79,3 +79,108 @@ def test_data_docs_are_offline_and_named_after_the_airflow_run(tmp_path):
     assert (site / "static" / "scripts" / "offline.js").is_file()
     # The index lists the validation pages from data GX embeds (rendered by offline.js): each names the run.
     assert "scheduled__2026-11-30T02:00:00+00:00" in index
+
+
+def test_every_page_has_the_inline_style_and_the_runs_navigation(run):
+    pages = RunPages(run, "manual__1", base="/fleetgen/runs/d/manual__1/")
+    page = pages.file("report/report.md")[0].decode()
+    assert page.startswith('<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Report manual__1</title>'
+                           '<style>\nbody{font:15px/1.5 system-ui')
+    assert ('<nav><a href="/fleetgen/runs/d/manual__1/files/report/report.md">Report</a>'
+            '<a href="/fleetgen/runs/d/manual__1/files/validation/data_docs/index.html">Data Docs</a>'
+            '<a href="/fleetgen/runs/d/manual__1/failures">Failures</a></nav><main>') in page
+    assert page.endswith("</main></body></html>")
+    failures = pages.failures()
+    assert "<title>Failures manual__1</title>" in failures and "<nav><a href=" in failures
+
+
+def test_a_page_without_navigation_has_no_nav_bar():
+    from fleetgen.report.site import _page
+
+    page = _page("t <1>", "<p>x</p>")
+    assert "<nav>" not in page and "<title>t &lt;1&gt;</title>" in page and "<main><p>x</p></main>" in page
+
+
+def test_files_are_served_with_their_media_type_and_text_says_its_charset(run):
+    pages = RunPages(run, "manual__1", base="/x/")
+    (run.report_dir / "report.json").write_text('{"a": 1}')
+    (run.report_dir / "notes.txt").write_text("plain")
+    (run.report_dir / "blob.zzunknown").write_bytes(b"\x00\x01")
+    (run.report_dir / "logo.svg").write_text("<svg/>")
+    (run.report_dir / "app.js").write_text("x=1")
+    assert pages.file("report/report.json") == (b'{"a": 1}', "application/json; charset=utf-8")
+    assert pages.file("report/notes.txt") == (b"plain", "text/plain; charset=utf-8")
+    assert pages.file("report/blob.zzunknown") == (b"\x00\x01", "application/octet-stream")
+    assert pages.file("report/logo.svg")[1] == "image/svg+xml"
+    assert pages.file("report/app.js")[1] in ("application/javascript; charset=utf-8", "text/javascript; charset=utf-8")
+
+
+def test_a_file_inside_a_subfolder_and_a_link_that_stays_inside_are_served(run):
+    os.symlink(run.report_dir / "per_server.png", run.root / "link_in.png")
+    assert resolve_in_run(run, "report/per_server.png") == (run.root / "report" / "per_server.png").resolve()
+    assert resolve_in_run(run, "link_in.png") == (run.root / "report" / "per_server.png").resolve()
+    with pytest.raises(PathOutsideRun) as refused:
+        resolve_in_run(run, "../secret.txt")
+    assert "'../secret.txt' is not a file of this run" in str(refused.value)
+
+
+def test_a_run_without_failures_says_so(run):
+    page = RunPages(run, "manual__1", base="/x/").failures()
+    assert "<h1>Failures of manual__1</h1><p>No task of this run has failed.</p>" in page and "<table>" not in page
+
+
+def test_every_try_of_a_task_that_failed_several_times_is_listed_in_order(run):
+    records = [{"at": f"2026-01-01T00:0{attempt}:00+00:00", "task": "generate.run_shard", "map_index": 0,
+                "try": attempt, "error": f"Error{attempt}", "first_line": f"try {attempt} <failed>",
+                "hint": f"hint {attempt}"} for attempt in (1, 2, 3)]
+    run.failures.write_text("".join(json.dumps(record) + "\n" for record in records) + '{"torn')
+    page = RunPages(run, "manual<1>", base="/x/").failures()
+    assert "<h1>Failures of manual&lt;1&gt;</h1>" in page
+    assert ("<tr><th>at</th><th>task</th><th>try</th><th>error</th><th>what failed</th>"
+            "<th>what to check next</th></tr>") in page
+    rows = [f'<tr><td>2026-01-01T00:0{n}:00+00:00</td><td>generate.run_shard</td><td>{n}</td><td>Error{n}</td>'
+            f'<td>try {n} &lt;failed&gt;</td><td class="hint">hint {n}</td></tr>' for n in (1, 2, 3)]
+    assert "".join(rows) in page
+    assert "<details><summary>failures.jsonl</summary><pre>" in page
+    assert html_escaped_lines(records) in page
+
+
+def test_a_record_missing_fields_shows_empty_cells_and_a_zero_is_shown(run):
+    run.failures.write_text(json.dumps({"task": "report.build"}) + "\n" + json.dumps({"task": "t[0]", "try": 0}) + "\n")
+    page = RunPages(run, "manual__1", base="/x/").failures()
+    assert '<tr><td></td><td>report.build</td><td></td><td></td><td></td><td class="hint"></td></tr>' in page
+    assert '<tr><td></td><td>t[0]</td><td>0</td><td></td><td></td><td class="hint"></td></tr>' in page
+
+
+def html_escaped_lines(records):
+    import html
+
+    return html.escape("\n".join(json.dumps(record) for record in records)) + "</pre></details>"
+
+
+def test_a_page_without_navigation_opens_its_main_right_after_the_body():
+    from fleetgen.report.site import _page
+
+    assert "</style></head><body><main>" in _page("t", "x")
+
+
+def test_paths_that_stay_inside_the_run_but_are_written_oddly_are_refused(run):
+    (run.root / "a\\b.txt").write_text("a file whose name holds a backslash")
+    inside = str(run.report_dir / "report.md")  # absolute, yet inside the run
+    for relative in ("a\\b.txt", inside, "report/../report/report.md"):
+        with pytest.raises(PathOutsideRun) as refused:
+            resolve_in_run(run, relative)
+        assert refused.value.path == str(run.root)
+
+
+def test_javascript_is_served_as_text_in_utf_8(run, monkeypatch):
+    from fleetgen.report import site
+
+    (run.report_dir / "app.js").write_text("x=1")
+    monkeypatch.setattr(site.mimetypes, "guess_type", lambda name: ("application/javascript", None))
+    assert RunPages(run, "r", base="/x/").file("report/app.js") == (b"x=1", "application/javascript; charset=utf-8")
+
+
+def test_the_failures_page_of_a_failed_run_has_the_navigation(run):
+    run.failures.write_text(json.dumps({"task": "report.build"}) + "\n")
+    assert '<nav><a href="/x/files/report/report.md">Report</a>' in RunPages(run, "r", base="/x/").failures()

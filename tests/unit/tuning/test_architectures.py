@@ -108,3 +108,61 @@ def _mtp_draft_rewrites(path: Path, lists: dict[str, frozenset[str]]) -> frozens
 def test_the_mtp_draft_rewrite_covers_every_architecture_sglang_rewrites(sglang_lists):
     rewritten = _mtp_draft_rewrites(SGLANG / "configs" / "model_config.py", sglang_lists)
     assert len(rewritten) > 10 and names_with("mtp_draft_rewrite") == rewritten
+
+
+def _eagle_defaults(path: Path) -> dict[str, tuple[int, int, int]]:
+    """``_auto_choose_speculative_params``: each ``model_arch in [...]`` branch's literal (steps, topk, drafts)."""
+    function = next(node for node in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(node, ast.FunctionDef) and node.name == "_auto_choose_speculative_params")
+    found = {}
+    for node in ast.walk(function):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) \
+                and getattr(node.test.left, "id", None) == "model_arch":
+            value = ast.literal_eval(node.body[0].value)
+            found.update({element.value: value for element in node.test.comparators[0].elts})
+    return found
+
+
+def test_the_eagle_defaults_are_sglangs_for_every_architecture_that_departs_from_three_one_four():
+    path = SGLANG / "arg_groups" / "speculative_hook.py"
+    if not path.is_file():
+        pytest.skip(f"no SGLang source at {SGLANG}; build it with scripts/sglang-venv.sh")
+    departing = {name: value for name, value in _eagle_defaults(path).items() if value != (3, 1, 4)}
+    assert departing and {name: REGISTRY[name].eagle_defaults for name in departing} == departing
+    assert {entry.name for entry in ARCHITECTURES if entry.eagle_defaults is not None} == set(departing)
+
+
+@pytest.mark.parametrize("rule, names", [
+    # model_overrides/qwen3_5.py, interns2_mobius.py
+    ("qwen3_5", {"InternS2MobiusForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
+                 "Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"}),
+    # model_overrides/falcon_h1.py and the Jet models' triton on SM100
+    ("triton_on_sm100", {"FalconH1ForCausalLM", "JetNemotronForCausalLM", "JetVLMForConditionalGeneration"}),
+    # model_overrides/gpt_oss.py, llama4.py
+    ("pinned", {"GptOssForCausalLM", "Llama4ForCausalLM", "Llama4ForConditionalGeneration"}),
+    # model_overrides/deepseek_v2.py::_deepseek_family_overrides, kimi_k3.py
+    ("trtllm_mla_on_sm100", {"DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "Dots3NoteForCausalLM",
+                             "Glm5NextForConditionalGeneration", "GlmMoeDsaForCausalLM", "HYV4ForCausalLM",
+                             "HYV4ForCausalLMNextN", "KimiK25ForConditionalGeneration", "LongcatFlashForCausalLM",
+                             "LongcatFlashForCausalLMNextN", "MistralLarge3ForCausalLM",
+                             "PixtralForConditionalGeneration"}),
+])
+def test_each_attention_backend_rule_names_the_architectures_sglang_overrides(rule, names):
+    assert names_with("attention_backend", rule) == names
+
+
+def test_the_traits_no_sglang_list_holds_are_on_their_architectures_only():
+    assert names_with("mxfp4_bf16") == {"GptOssForCausalLM"}
+    assert names_with("swa_layers", "llama4") == {"Llama4ForConditionalGeneration"}
+    assert names_with("default_vision_hidden_size", 1152) == {"Qwen3_5ForConditionalGeneration",
+                                                              "Qwen3_5MoeForConditionalGeneration"}
+    assert {entry.default_vision_hidden_size for entry in ARCHITECTURES} == {None, 1152}
+
+
+def test_an_entry_is_found_by_its_exact_name_and_a_trait_by_its_value():
+    assert architecture("LlamaForCausalLM").eagle_defaults == (5, 4, 8)
+    assert architecture("LlamaForCausalLM") is REGISTRY["LlamaForCausalLM"]
+    assert architecture("llamaforcausallm") == architecture("SomethingElse").__class__("llamaforcausallm")
+    # False is a value too: every entry without the trait
+    assert names_with("mxfp4_bf16", False) == {entry.name for entry in ARCHITECTURES} - {"GptOssForCausalLM"}
+    assert names_with("swa_layers", None) >= {"LlamaForCausalLM"}

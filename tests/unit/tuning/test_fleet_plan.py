@@ -4,6 +4,8 @@ import json
 import logging
 from pathlib import Path
 
+import pytest
+
 from fleetgen.nodes.fleet import parse_fleet
 from fleetgen.outputs import RunLayout, calibration_file
 from fleetgen.tuning import LaunchOptions, TunerBounds, Workload
@@ -67,3 +69,127 @@ def test_a_measured_calibration_shrinks_the_pool_of_its_gpu_type_and_model_only(
     assert all(smaller < larger for smaller, larger in zip(after, before))
     assert [p.inputs["adjust"]["calibration_bytes"] for p in _plan(tmp_path, "sglang_defaults", inventories, [])] \
         == [two_gib] * 3
+
+
+def _previous_run(root: Path, record: dict, rows: list[dict]) -> None:
+    """Last night's run folder: a successful report, the stats of its completions and its plan record."""
+    layout = RunLayout(root / "last-night")
+    layout.report_json.parent.mkdir(parents=True)
+    layout.report_json.write_text(json.dumps({"schema": 1, "run_succeeded": True, "generated_at_epoch": 1.0}))
+    stats = layout.shard_file("stats", 0)
+    stats.parent.mkdir(parents=True)
+    stats.write_text("".join(json.dumps({"id": f"p{i}", **row}) + "\n" for i, row in enumerate(rows)))
+    layout.workload_plan.write_text(json.dumps(record))
+
+
+def _plan_with(tmp_path, inventories, run_on_node, *, mode="tuned", pin=False, model=None, fleet=None, args=()):
+    spec = parse_fleet(fleet or FLEET)
+    model = model or ModelFiles(config=json.loads(CONFIG.read_text()), weights_bytes=16_060_522_496,
+                                hf_quant_config=None, weights_source="index")
+    run = FleetPlanRun(tmp_path, RunLayout(tmp_path / "tonight"), run_on_node=run_on_node, pin_full_context=pin)
+    return plan_fleet(spec, inventories, model, LaunchOptions.from_args(list(args)), WORKLOAD, TunerBounds(mode=mode),
+                      run, LOG)
+
+
+def test_tonights_plan_learns_from_last_nights_logs_on_every_node(tmp_path, caplog):
+    from fleetgen.nodes import remote
+    from fleetgen.tuning.workload import KvDemand
+
+    inventories = {"a": _inventory("a", [0, 0]), "b": _inventory("b", [0])}
+    full = _plan(tmp_path / "full", "tuned", inventories, [])
+    caps = {p.server: p.expected["max_running_requests"] for p in full}
+    record = {server: {"max_running_requests": cap, "max_total_num_tokens": 10**7, "ceiling": None}
+              for server, cap in caps.items()}
+    rows = [{"prompt_tokens": 300, "completion_tokens": 500, "server": server} for server in caps] * 5
+    _previous_run(tmp_path, record, rows)
+    reads = []
+
+    def run_on_node(node, command):
+        reads.append((node, command))
+        return "".join(f"scheduler port={port} peak_full_tokens={caps[f'{node}:{port}'] * 400} retracted=0\n"
+                       for port in (30000, 30001) if f"{node}:{port}" in caps)
+
+    with caplog.at_level(logging.INFO, logger="test"):
+        plans = _plan_with(tmp_path, inventories, run_on_node)
+    log_dir = parse_fleet(FLEET).server.log_dir
+    assert reads == [("a", remote.scheduler_log_command(log_dir, [30000, 30001])),
+                     ("b", remote.scheduler_log_command(log_dir, [30000]))]
+    assert f"Workload mode: previous run {tmp_path / 'last-night'}, 3 server(s) observed" in caplog.messages
+    # every server ran short requests well under its pool: each climbs one step from last night's cap
+    assert all(p.expected["max_running_requests"] > caps[p.server] for p in plans)
+    # the demand counts pages and the decode reserve as tonight's servers run (H100, llama: fa3, page 1)
+    demand = KvDemand.from_lengths([300] * 15, [500] * 15, page_size=1, reserve_tokens=1)
+    assert plans[0].inputs["workload_mode"]["demand"]["mean"] == demand.mean
+    assert {p.inputs["adjust"]["calibration_bytes"] for p in plans} == {0}
+    assert json.loads(RunLayout(tmp_path / "tonight").workload_plan.read_text())["b:30000"][
+        "max_running_requests"] == plans[2].expected["max_running_requests"]
+    # pinned to the full-context plan, the same observations change nothing
+    pinned = _plan_with(tmp_path, inventories, lambda node, command: run_on_node(node, command), pin=True)
+    assert [p.expected["max_running_requests"] for p in pinned] == [caps[p.server] for p in pinned]
+
+
+def test_the_page_size_of_the_demand_is_the_first_servers(tmp_path):
+    """A B200 beside an H100 on one node: llama pages by 64 on the B200 (trtllm_mha), by 1 on the H100."""
+    from fleetgen.tuning.workload import KvDemand
+
+    node_a = _inventory("a", [0, 0])
+    node_a["gpus"][0].update(name="NVIDIA B200", total_mib=183_359, free_mib=183_359)
+    inventories = {"a": node_a, "b": _inventory("b", [0])}
+    _previous_run(tmp_path, {}, [{"prompt_tokens": 300, "completion_tokens": 500, "server": "a:30000"}])
+    plans = _plan_with(tmp_path, inventories, lambda node, command: "")
+    demand = KvDemand.from_lengths([300], [500], page_size=64, reserve_tokens=1)
+    assert plans[0].inputs["workload_mode"]["demand"]["mean"] == demand.mean
+
+
+def test_the_latest_of_two_readbacks_is_the_calibration_each_server_starts_from(tmp_path, caplog, monkeypatch):
+    from fleetgen.tuning import calibration
+    from fleetgen.tuning.calibration import Calibration, CalibrationStore
+
+    store = CalibrationStore(calibration_file(tmp_path))
+    for version, at, missed in (("0.5.24", 2_000.0, 3 << 30), ("0.5.23", 1_000.0, 1 << 30)):
+        monkeypatch.setattr(calibration.time, "time", lambda at=at: at)
+        store.record(Calibration(gpu_name="NVIDIA H100 80GB HBM3", sglang_version=version, model="llama", tp_size=1,
+                                 planned_pre_load_bytes=70 << 30, measured_pre_load_bytes=(70 << 30) - missed,
+                                 applied_correction_bytes=0, exact=True, mismatches=()))
+    inventories = {"a": _inventory("a", [0, 0]), "b": _inventory("b", [0])}
+    with caplog.at_level(logging.INFO, logger="test"):
+        plans = _plan_with(tmp_path, inventories, lambda node, command: "", mode="sglang_defaults")
+    assert [p.inputs["adjust"]["calibration_bytes"] for p in plans] == [3 << 30] * 3
+    assert ("Calibration for b:30000 from an earlier readback: 3221225472 bytes less pre-load memory"
+            in caplog.messages)
+
+
+def test_the_checkpoints_own_quantization_file_is_planned_with(tmp_path):
+    """ModelOpt's hf_quant_config.json beside config.json: FP8 KV cache, so twice the tokens in the same pool."""
+    inventories = {"a": _inventory("a", [0, 0]), "b": _inventory("b", [0])}
+    plain = _plan_with(tmp_path, inventories, lambda node, command: "", mode="sglang_defaults")
+    quant = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}
+    model = ModelFiles(config=json.loads(CONFIG.read_text()), weights_bytes=16_060_522_496, hf_quant_config=quant,
+                       weights_source="index")
+    fp8 = _plan_with(tmp_path, inventories, lambda node, command: "", mode="sglang_defaults", model=model)
+    assert fp8[0].expected["max_total_num_tokens"] > 1.9 * plain[0].expected["max_total_num_tokens"]
+
+
+def test_a_config_the_tuner_cannot_read_names_the_fleets_model_file(tmp_path):
+    from fleetgen.errors import ModelConfigError
+
+    config = json.loads(CONFIG.read_text())
+    del config["num_hidden_layers"]
+    model = ModelFiles(config=config, weights_bytes=16_060_522_496, hf_quant_config=None, weights_source="index")
+    inventories = {"a": _inventory("a", [0, 0]), "b": _inventory("b", [0])}
+    with pytest.raises(ModelConfigError) as error:
+        _plan_with(tmp_path, inventories, lambda node, command: "", model=model)
+    assert error.value.path == "/models/llama/config.json"
+
+
+def test_the_demand_reserves_the_speculative_drafts_of_each_running_request(tmp_path):
+    from fleetgen.tuning.workload import KvDemand
+
+    inventories = {"a": _inventory("a", [0, 0]), "b": _inventory("b", [0])}
+    _previous_run(tmp_path, {}, [{"prompt_tokens": 300, "completion_tokens": 500, "server": "a:30000"}])
+    plans = _plan_with(tmp_path, inventories, lambda node, command: "",
+                       args=("--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "2",
+                             "--speculative-num-draft-tokens", "8"))
+    # 2 x max(1 step x 2 branches, 8 draft tokens) = 16 tokens past each request's committed length
+    demand = KvDemand.from_lengths([300], [500], page_size=1, reserve_tokens=16)
+    assert plans[0].inputs["workload_mode"]["demand"]["mean"] == demand.mean

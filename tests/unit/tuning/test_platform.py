@@ -296,3 +296,138 @@ def test_gpt_oss_takes_its_own_attention_backend_override(generation, backend, p
     options = LaunchOptions(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_eagle_topk=4)
     choice = attention_choice(geometry, options, generation)
     assert (choice.backend, choice.page_size) == (backend, page)
+
+
+# -- the attention backend and page size SGLang resolves, rule by rule ---------------------------------
+
+def _geometry(cases, name):
+    from fleetgen.tuning.geometry import model_geometry
+
+    return model_geometry(cases.load_config(name))
+
+
+EAGLE_TOPK1 = dict(speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1)
+EAGLE_TREE = dict(speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=4)
+
+
+@pytest.mark.parametrize("config, options, by_generation", [
+    # MHA: fa3 on Hopper, trtllm_mha (page 64) on SM100 when the top-k is one and given, flashinfer elsewhere
+    ("llama-3.1-8b-style.json", {}, ("trtllm_mha/64", "fa3/1", "flashinfer/1", "flashinfer/1")),
+    ("llama-3.1-8b-style.json", EAGLE_TOPK1, ("trtllm_mha/64", "fa3/1", "flashinfer/1", "flashinfer/1")),
+    # Llama's automatic EAGLE choice is a tree (top-k 4): no fa3, no trtllm_mha
+    ("llama-3.1-8b-style.json", {"speculative_algorithm": "EAGLE"},
+     ("flashinfer/1", "flashinfer/1", "flashinfer/1", "flashinfer/1")),
+    ("llama-3.1-8b-style.json", EAGLE_TREE, ("flashinfer/1", "flashinfer/1", "flashinfer/1", "flashinfer/1")),
+    ("llama-3.1-8b-style.json", {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 4},
+     ("trtllm_mha/64", "fa3/1", "flashinfer/1", "flashinfer/1")),
+    # MLA: DeepSeek-V3 takes trtllm_mla on SM100, fa3 on Hopper, triton elsewhere
+    ("deepseek-v3-style.json", {}, ("trtllm_mla/64", "fa3/1", "triton/1", "triton/1")),
+    ("deepseek-v3-style.json", EAGLE_TREE, ("trtllm_mla/64", "fa3/1", "triton/1", "triton/1")),
+    # Falcon-H1: triton on SM100 whatever the flags
+    ("falcon-h1-7b-style.json", {}, ("triton/1", "fa3/1", "flashinfer/1", "flashinfer/1")),
+    ("falcon-h1-7b-style.json", EAGLE_TREE, ("triton/1", "flashinfer/1", "flashinfer/1", "flashinfer/1")),
+    # Qwen3.5 family on SM100: trtllm_mha with extra buffers, the radix cache off or speculative decoding on
+    ("seed-qwen3.6-27b.json", {}, ("triton/1", "fa3/1", "flashinfer/1", "flashinfer/1")),
+    ("seed-qwen3.6-27b.json", EAGLE_TOPK1, ("trtllm_mha/64", "fa3/1", "flashinfer/1", "flashinfer/1")),
+    ("seed-qwen3.6-27b.json", {"speculative_algorithm": "EAGLE"},
+     ("triton/1", "fa3/1", "flashinfer/1", "flashinfer/1")),
+    ("seed-qwen3.6-27b.json", EAGLE_TREE, ("triton/1", "flashinfer/1", "flashinfer/1", "flashinfer/1")),
+    ("seed-qwen3.6-27b.json", {"mamba_radix_cache_strategy": "extra_buffer"},
+     ("trtllm_mha/64", "fa3/1", "flashinfer/1", "flashinfer/1")),
+    ("seed-qwen3.6-27b.json", {"mamba_radix_cache_strategy": "extra_buffer_lazy"},
+     ("trtllm_mha/64", "fa3/1", "flashinfer/1", "flashinfer/1")),
+    ("seed-qwen3.6-27b.json", {"mamba_radix_cache_strategy": "no_buffer"},
+     ("triton/1", "fa3/1", "flashinfer/1", "flashinfer/1")),
+    ("qwen3-next-80b-a3b.json", {"disable_radix_cache": True},
+     ("trtllm_mha/64", "fa3/1", "flashinfer/1", "flashinfer/1")),
+])
+def test_the_default_attention_backend_follows_sglangs_rules(cases, config, options, by_generation):
+    from fleetgen.tuning.platform import attention_choice
+
+    geometry = _geometry(cases, config)
+    found = []
+    for generation in ("sm100", "sm90", "sm80", None):
+        choice = attention_choice(geometry, LaunchOptions(**options), generation)
+        found.append(f"{choice.backend}/{choice.page_size}")
+    assert tuple(found) == by_generation
+
+
+@pytest.mark.parametrize("backend, page, resolved", [
+    ("trtllm_mha", None, 64), ("trtllm_mha", 1, 64), ("trtllm_mha", 16, 16), ("trtllm_mha", 128, 128),
+    ("trtllm_mha", 256, 64), ("trtllm_mla", 32, 32), ("trtllm_mla", 16, 64), ("flashmla", 1, 64),
+    ("cutedsl_mla", 64, 64), ("hpc_ops", 32, 64), ("flashinfer", 16, 16), ("triton", None, 1), ("fa3", 128, 128),
+])
+def test_a_backend_given_by_the_user_keeps_a_page_it_takes_and_else_pages_by_64(cases, backend, page, resolved):
+    from fleetgen.tuning.platform import AttentionChoice, attention_choice
+
+    options = LaunchOptions(attention_backend=backend, page_size=page)
+    assert attention_choice(_geometry(cases, "llama-3.1-8b-style.json"), options, "sm100") == \
+        AttentionChoice(backend, resolved)
+
+
+@pytest.mark.parametrize("backend, kv, generation, reason", [
+    ("trtllm_mla", "auto", "sm100", None), ("trtllm_mla", "bf16", "sm100", None),
+    ("trtllm_mla", "fp8_e4m3", None, None),
+    ("trtllm_mla", "auto", "sm90", "TRTLLM MLA backend is only supported on Blackwell GPUs (SM100/SM12x)"),
+    ("trtllm_mla", "fp8_e5m2", "sm100", "TensorRT-LLM MLA backend only supports kv-cache-dtype of fp8_e4m3, bf16, "
+                                        "or auto"),
+    ("trtllm_mla", "bfloat16", None, "TensorRT-LLM MLA backend only supports kv-cache-dtype of fp8_e4m3, bf16, "
+                                     "or auto"),
+    ("cutedsl_mla", "bfloat16", "sm100", None),
+    ("cutedsl_mla", "auto", "sm90", "CuteDSL MLA backend is only supported on Blackwell GPUs (SM100)"),
+    ("cutedsl_mla", "float16", "sm100", "CuteDSL MLA backend only supports kv-cache-dtype of fp8_e4m3, bf16, or auto"),
+    ("trtllm_mha", "fp8_e5m2", "sm90", None), ("trtllm_mha", "auto", "sm100", None),
+    ("trtllm_mha", "auto", "sm89", "TRTLLM MHA backend for prefill requires Hopper (SM90), Blackwell (SM100), or "
+                                   "SM120 GPUs"),
+    ("trtllm_mha", "auto", None, None), ("fa3", "fp8_e5m2", "sm80", None),
+])
+def test_sglang_refuses_a_backend_outside_its_gpus_and_kv_dtypes(backend, kv, generation, reason):
+    from fleetgen.tuning.platform import backend_refusal
+
+    assert backend_refusal(backend, kv, generation) == reason
+
+
+@pytest.mark.parametrize("name, generation", [
+    ("NVIDIA GB200", "sm100"), ("NVIDIA B300 SXM6 AC", "sm100"), ("NVIDIA B200", "sm100"), ("NVIDIA H200", "sm90"),
+    ("NVIDIA H100 80GB HBM3", "sm90"), ("NVIDIA H800", "sm90"), ("NVIDIA H20", "sm90"), ("NVIDIA L40", "sm89"),
+    ("NVIDIA A100 80GB PCIe", "sm80"), ("NVIDIA A800-SXM4-80GB", "sm80"), ("NVIDIA A10", "sm86"),
+    ("NVIDIA A40", "sm86"), ("nvidia h100 pcie", "sm90"), ("Tesla V100-SXM2-16GB", None), ("", None),
+])
+def test_every_generation_sglang_tells_apart_is_named_from_nvidia_smi(name, generation):
+    assert gpu_generation(name) == generation
+
+
+def test_the_qwen3_vl_feature_pool_needs_hopper_with_at_least_60_gib(qwen3_vl):
+    from fleetgen.tuning.platform import is_large_hopper_qwen3_vl
+
+    from fleetgen.tuning.geometry import model_geometry
+
+    geometry = model_geometry(QWEN3_VL)
+    assert is_large_hopper_qwen3_vl(geometry, "sm90", 60 * 1024)
+    assert not is_large_hopper_qwen3_vl(geometry, "sm90", 60 * 1024 - 1)
+    assert not is_large_hopper_qwen3_vl(geometry, "sm100", B200_MIB)
+    assert not is_large_hopper_qwen3_vl(geometry, None, H200_MIB)
+
+
+def test_a_text_model_on_large_hopper_reserves_no_feature_pool(cases):
+    from fleetgen.tuning.platform import is_large_hopper_qwen3_vl
+
+    assert not is_large_hopper_qwen3_vl(_geometry(cases, "llama-3.1-8b-style.json"), "sm90", H200_MIB)
+
+
+@pytest.mark.parametrize("requests, mib", [(None, 1024), (1, 1024), (399, 1024), (400, 3072), (4096, 3072)])
+def test_the_feature_pool_grows_to_three_gib_at_400_requests(requests, mib):
+    from fleetgen.tuning.platform import qwen3_vl_hopper_reserve_mib
+
+    assert qwen3_vl_hopper_reserve_mib(requests) == mib
+
+
+def test_an_mla_model_outside_the_deepseek_family_takes_flashinfer_on_blackwell(cases):
+    """get_default_attn_backend for MLA: flashinfer on SM100 unless a model override picks trtllm_mla."""
+    from fleetgen.tuning.geometry import model_geometry
+    from fleetgen.tuning.platform import attention_choice
+
+    config = {**cases.load_config("deepseek-v3-style.json"), "architectures": ["DeepseekV2ForCausalLM"]}
+    geometry = model_geometry(config)
+    assert [attention_choice(geometry, LaunchOptions(), generation).backend
+            for generation in ("sm100", "sm90", "sm80", None)] == ["flashinfer", "fa3", "triton", "triton"]
