@@ -280,8 +280,10 @@ def test_every_grid_is_faint(tmp_path, drawn):
 
 def test_kv_usage_and_power_are_drawn_against_minutes(tmp_path, drawn):
     draw_each_plot(tmp_path)
-    occupancy, gpus = (figure.axes[1] for figure, _ in drawn[4:])
-    assert list(occupancy.get_lines()[0].get_xdata()) == [0.0, 1.0]  # buckets 0 and 2 of 30 s
+    plot_occupancy({**occupancy_data(), "bucket_seconds": 60.0, "per_server": {"a:1": {"cap": 4, "series": {
+        "bucket": [1, 3], "running": [1.0, 2.0], "token_usage": [0.1, 0.2]}}}}, tmp_path / "o2.png")
+    gpus, occupancy = (figure.axes[1] for figure, _ in drawn[5:])
+    assert list(occupancy.get_lines()[0].get_xdata()) == [1.0, 3.0]  # buckets 1 and 3 of 60 s
     assert list(gpus.get_lines()[0].get_xdata()) == [2.0]  # bucket 2 of 60 s
 
 

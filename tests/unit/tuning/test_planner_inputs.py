@@ -241,3 +241,94 @@ def test_a_tiny_model_plans_at_the_smallest_fraction_when_the_margin_leaves_only
                  workload=_workload(prompt_max=400, output=512))
     assert plan.flags["--mem-fraction-static"] == 0.001
     assert plan.expected["max_running_requests"] == 173
+
+
+def test_backoff_step_of_a_tensor_parallel_server_is_one_percent_of_its_own_pre_load_memory(cases):
+    """tp 2 holds NCCL buffers besides the CUDA context: the step is 1 % of what is left after both, the same
+    figure the plan's budget starts from (not 1 % of a single-GPU server's larger pre-load memory)."""
+    from fleetgen.tuning.planner import NCCL_BUFFERS_MIB
+
+    total = 300_000 + CUDA_CONTEXT_MIB + NCCL_BUFFERS_MIB
+    profile, options = _llama(cases, args=("--tp-size", "2"))
+    plan = _plan(cases, profile, options, gpus=[cases.gpu_row(0, total_mib=total), cases.gpu_row(1, total_mib=total)])
+    pre = _row_bytes(plan, "pre-load free (SGLang baseline)")
+    assert pre == 300_000 * MIB
+    assert _row_bytes(backoff(plan, "oom_weights"), "pre-load free (SGLang baseline)") == pre - 3_000 * MIB
+
+
+def test_a_kv_pool_of_exactly_the_requests_full_contexts_holds_them_all(cases):
+    """16 requests at the workload's 6,144-token context need 98,304 tokens: a pool pinned to exactly that holds
+    16, and one token less holds 15."""
+    for pool, requests in ((16 * 6144, 16), (16 * 6144 - 1, 15)):
+        profile, options = _llama(cases, args=["--max-total-tokens", str(pool)])
+        plan = _plan(cases, profile, options)
+        assert plan.flags["--context-length"] == 6144
+        assert (plan.expected["max_total_num_tokens"], plan.expected["max_running_requests"]) == (pool, requests)
+
+
+def test_a_sliding_window_models_plan_expects_its_swa_pool_too(cases):
+    """gpt-oss: the readback reports the SWA pool's tokens besides the full pool's; the plan expects both."""
+    from sglang_sim.presets import preset_config
+
+    options = LaunchOptions.from_args([])
+    profile = profile_model(preset_config("gpt-oss-20b"), 13_761_316_904, options)
+    plan = _plan(cases, profile, options)
+    full = plan.expected["max_total_num_tokens"]
+    assert plan.expected["swa_max_total_num_tokens"] == int(full * 0.8) // 64 * 64
+    dense_profile, dense_options = _llama(cases)
+    assert "swa_max_total_num_tokens" not in _plan(cases, dense_profile, dense_options).expected
+
+
+def test_data_parallel_replicas_are_planned_as_one_and_say_so(cases):
+    profile, options = _llama(cases, args=("--dp-size", "2"))
+    plan = _plan(cases, profile, options, gpus=[cases.gpu_row(0), cases.gpu_row(1)])
+    assert ("--dp-size 2: 2 replicas of 1 GPU(s), each with its own pools; the budget and the expected values are "
+            "one replica's (the smallest free GPU)") in plan.notes
+    single_profile, single_options = _llama(cases)
+    single = _plan(cases, single_profile, single_options)
+    assert not any(note.startswith("--dp-size") for note in single.notes)
+    assert plan.expected == single.expected
+
+
+def test_a_data_parallel_server_given_too_few_gpus_names_both_sizes(cases):
+    profile, options = _llama(cases, args=("--dp-size", "2"))
+    with pytest.raises(PlanError) as error:
+        _plan(cases, profile, options)
+    assert error.value.message == "server has 1 GPU id(s) and 1 inventory row(s) but tp size 1 x dp size 2"
+    single_profile, single_options = _llama(cases)
+    with pytest.raises(PlanError) as error:
+        _plan(cases, single_profile, single_options, gpus=[cases.gpu_row(0), cases.gpu_row(1)])
+    assert error.value.message == "server has 2 GPU id(s) and 2 inventory row(s) but tp size 1"
+
+
+def test_a_quantization_the_gpu_cannot_run_names_the_gpu(cases):
+    quant = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}
+    options = LaunchOptions()
+    profile = profile_model(cases.load_config("llama-3.1-8b-style.json"), 9 * 10**9, options, hf_quant_config=quant)
+    a100 = {**cases.gpu_row(0), "name": "NVIDIA A100-SXM4-80GB"}
+    with pytest.raises(ModelConfigError) as failure:
+        _plan(cases, profile, options, gpus=[a100])
+    assert failure.value.message.startswith("SGLang refuses this launch on NVIDIA A100-SXM4-80GB: ")
+
+
+def test_a_backend_sglang_refuses_names_the_server_and_the_flags_to_change(cases):
+    profile, options = _llama(cases, args=("--attention-backend", "trtllm_mha"))
+    l40s = {**cases.gpu_row(0), "name": "NVIDIA L40S"}
+    with pytest.raises(PlanError) as failure:
+        _plan(cases, profile, options, gpus=[l40s])
+    assert (failure.value.host, failure.value.server) == ("gpu-node-1", "gpu-node-1:30000")
+    assert failure.value.hint == ("drop --attention-backend/--kv-cache-dtype from the extra args, or pick values this "
+                                  "GPU supports")
+
+
+def test_a_checkpoints_fp8_kv_cache_holds_twice_the_tokens_of_bf16(cases):
+    """ModelOpt's kv_cache_quant_algo FP8 halves each token's KV bytes: the plan, re-profiled for the platform,
+    keeps the checkpoint's quantization and its KV dtype."""
+    options = LaunchOptions()
+    config = cases.load_config("llama-3.1-8b-style.json")
+    bf16 = _plan(cases, profile_model(config, 9 * 10**9, options), options)
+    quant = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}
+    fp8 = _plan(cases, profile_model(config, 9 * 10**9, options, hf_quant_config=quant), options)
+    assert fp8.inputs["resolved_profile"]["kv_bytes_per_token"] * 2 == bf16.inputs["resolved_profile"]["kv_bytes_per_token"]
+    assert fp8.expected["max_total_num_tokens"] > 1.9 * bf16.expected["max_total_num_tokens"]
+    assert fp8.inputs["resolved_profile"]["quantization"] == "modelopt_fp8"
