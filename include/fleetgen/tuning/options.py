@@ -13,6 +13,7 @@ from decimal import Decimal
 
 from fleetgen.errors import ConfigError
 from fleetgen.tuning.architectures import architecture as architecture_entry
+from fleetgen.tuning.plan import is_json_int
 
 KV_CACHE_DTYPES = {"auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32",
                    "fp8_e4m3", "fp8_e5m2"}
@@ -116,7 +117,7 @@ class LaunchOptions:
 
         for name in ("tp_size", "dp_size", "ep_size"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_json_int(value) or value < 1:
                 raise bad(f"{name} must be a positive integer, got {value!r}")
         if self.swa_full_tokens_ratio is not None and not 0 < self.swa_full_tokens_ratio <= 1:
             # arg_groups/kv_cache_hook.py::_handle_cache_compatibility raises this before anything loads.
@@ -126,10 +127,10 @@ class LaunchOptions:
                      "context_length", "max_running_requests", "max_mamba_cache_size", "max_total_tokens",
                      "cuda_graph_max_bs_decode"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
+            if value is not None and (not is_json_int(value) or value < 1):
                 raise bad(f"{name} must be a positive integer, got {value!r}")
         if self.chunked_prefill_size is not None and (
-                not _is_int(self.chunked_prefill_size)
+                not is_json_int(self.chunked_prefill_size)
                 or (self.chunked_prefill_size < 1 and self.chunked_prefill_size != -1)):
             raise bad(f"chunked_prefill_size must be positive or -1 (off), got {self.chunked_prefill_size!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -265,11 +266,6 @@ class LaunchOptions:
                 continue
             values[_VALUE_FLAGS[name]] = _convert(_VALUE_FLAGS[name], raw, name)
         return cls(**values)
-
-
-def _is_int(value) -> bool:
-    """An integer, not a bool: options come back from a plan's JSON inputs, where ``true`` is no size."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 _INT_FIELDS = {"tp_size", "dp_size", "ep_size", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",

@@ -10,8 +10,8 @@ from fleetgen.errors import ConfigError, PlanError
 MODES = ("tuned", "sglang_defaults")
 
 
-def _is_int(value) -> bool:
-    """An integer, not a bool: a plan's inputs come back from JSON, where ``true`` is no count."""
+def is_json_int(value) -> bool:
+    """An integer, not a bool: a plan's inputs and options come back from JSON, where ``true`` is no count."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -25,15 +25,15 @@ class Workload:
     prompt_count: int
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_output_tokens) or self.max_output_tokens < 1:
+        if not is_json_int(self.max_output_tokens) or self.max_output_tokens < 1:
             raise ConfigError(f"workload: max_output_tokens must be a positive integer, got {self.max_output_tokens!r}")
-        if not _is_int(self.prompt_tokens_max) or self.prompt_tokens_max < 1:
+        if not is_json_int(self.prompt_tokens_max) or self.prompt_tokens_max < 1:
             raise ConfigError(f"workload: prompt_tokens_max must be a positive integer, got {self.prompt_tokens_max!r}")
         if not (isinstance(self.prompt_tokens_mean, (int, float)) and math.isfinite(self.prompt_tokens_mean)
                 and 0 < self.prompt_tokens_mean <= self.prompt_tokens_max):
             raise ConfigError(f"workload: prompt_tokens_mean must lie in (0, prompt_tokens_max="
                               f"{self.prompt_tokens_max}], got {self.prompt_tokens_mean!r}")
-        if not _is_int(self.prompt_count) or self.prompt_count < 0:
+        if not is_json_int(self.prompt_count) or self.prompt_count < 0:
             raise ConfigError(f"workload: prompt_count must be a non-negative integer, got {self.prompt_count!r}")
 
     @property
@@ -66,11 +66,11 @@ class TunerBounds:
     kv_overflow_z: float = 0.0
 
     def __post_init__(self) -> None:
-        if not _is_int(self.margin_mib) or self.margin_mib < 0:
+        if not is_json_int(self.margin_mib) or self.margin_mib < 0:
             raise ConfigError(f"tuner bounds: margin_mib must be a non-negative integer, got {self.margin_mib!r}")
         for name in ("max_running_requests", "context_length"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
+            if value is not None and (not is_json_int(value) or value < 1):
                 raise ConfigError(f"tuner bounds: {name} must be a positive integer, got {value!r}")
         if self.mode not in MODES:
             raise ConfigError(f"tuner bounds: mode must be one of {MODES}, got {self.mode!r}")
