@@ -13,29 +13,10 @@ import pytest
 
 from fleetgen.errors import ConfigError
 from fleetgen.generate.reuse import changed_parts, generation_material
-from fleetgen.tuning.model_files import WEIGHT_SAMPLE_BYTES, WEIGHT_SAMPLES, model_identity
+from fleetgen.tuning.model_files import WEIGHT_SAMPLE_BYTES, model_identity
+from model_folder_fixtures import TENSOR_BYTES, model, write_safetensors  # noqa: F401 (model: a fixture)
 
 SAMPLING = {"max_tokens": 64, "temperature": 0.6, "top_p": 0.95, "extra_body": {}}
-TENSOR_BYTES = 2 * WEIGHT_SAMPLES * WEIGHT_SAMPLE_BYTES  # the samples cover half of the tensor bytes
-
-
-def write_safetensors(path: Path, data: bytes, dtype: str = "BF16") -> None:
-    """The safetensors layout: 8-byte little-endian header length, JSON header, tensor bytes."""
-    header = json.dumps({"__metadata__": {"format": "pt"},
-                         "w": {"dtype": dtype, "shape": [len(data) // 2], "data_offsets": [0, len(data)]}}).encode()
-    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
-
-
-@pytest.fixture
-def model(tmp_path) -> Path:
-    """A single-file checkpoint (no model.safetensors.index.json), as small models ship."""
-    folder = tmp_path / "my 'model' $HOME"  # a value reaching the shell is quoted
-    folder.mkdir()
-    (folder / "config.json").write_text('{"hidden_size": 8}')
-    (folder / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<e>", "chat_template": "{{ messages }}"}))
-    write_safetensors(folder / "model.safetensors", bytes(TENSOR_BYTES))
-    return folder
 
 
 def identity(folder: Path, **kwargs) -> dict:
