@@ -91,6 +91,7 @@ def _stage(name: str, module: dict) -> pathlib.Path:
 
 
 def run_module(name: str, module: dict, workers: int) -> None:
+    """Run mutmut on one module; its wall time goes to the stage's ``run.json`` for the summary."""
     stage = _stage(name, module)
     (stage / "inputs.sha256").write_text(inputs_digest(module) + "\n")  # what this run measures
     mutmut = pathlib.Path(sys.executable).with_name("mutmut")
@@ -98,8 +99,10 @@ def run_module(name: str, module: dict, workers: int) -> None:
     print(f"== {name}: {module['source']} against {' '.join(module['tests'])}", flush=True)
     result = subprocess.run(["nice", "-n", "10", str(mutmut), "run", "--max-children", str(workers)],
                             cwd=stage, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    elapsed_s = time.monotonic() - started
     (stage / "run.log").write_text(result.stdout)
-    print(f"   mutmut exited {result.returncode} after {time.monotonic() - started:.0f} s "
+    (stage / "run.json").write_text(json.dumps({"seconds": round(elapsed_s), "workers": workers}) + "\n")
+    print(f"   mutmut exited {result.returncode} after {elapsed_s:.0f} s "
           f"(log: {stage.relative_to(ROOT)}/run.log)", flush=True)
 
 
@@ -157,31 +160,44 @@ def summarize(modules: dict[str, dict]) -> dict:
             survivors.append({"mutant": mutant, "status": status, "change": _mutant_diff(functions, mutant),
                               "reason": reasons.get(mutant, "")})
         digest_file = WORK_DIR / name / "inputs.sha256"
+        run_file = WORK_DIR / name / "run.json"
         out[name] = {"source": module["source"], "tests": module["tests"],
                      "inputs_sha256": digest_file.read_text().strip() if digest_file.exists() else None,
                      "mutants": counted,
                      "unchecked": unchecked, "killed": killed, "alive": len(alive),
                      "score": round(killed / counted, 4) if counted else None,
+                     **(json.loads(run_file.read_text()) if run_file.exists() else {}),
                      "survivors": survivors}
     return out
 
 
-def write_summary(results: dict) -> bool:
+def write_summary(results: dict, full_run: dict | None = None) -> bool:
+    """Write summary.json and summary.md; ``full_run`` (the wall time of a ``--all`` run) replaces the
+    recorded one, which is kept otherwise."""
     total = sum(r["mutants"] for r in results.values())
     killed = sum(r["killed"] for r in results.values())
     below = [name for name, r in results.items()
              if r.get("unchecked") or (r["score"] is not None and r["score"] < GOAL)]
-    (MUTATION_DIR / "summary.json").write_text(json.dumps(
-        {"goal": GOAL, "total_mutants": total, "total_killed": killed, "modules": results}, indent=1) + "\n")
+    summary_path = MUTATION_DIR / "summary.json"
+    if full_run is None and summary_path.exists():
+        full_run = json.loads(summary_path.read_text()).get("full_run")
+    summary_path.write_text(json.dumps(
+        {"goal": GOAL, "total_mutants": total, "total_killed": killed,
+         **({"full_run": full_run} if full_run else {}), "modules": results}, indent=1) + "\n")
     md = ["# Mutation score per critical module", "",
           f"mutmut, each module against its fast tests (mutation/modules.toml); goal >= {GOAL:.0%} killed.", "",
-          "| module | source | mutants | killed | alive | score |", "| --- | --- | --- | --- | --- | --- |"]
+          "| module | source | mutants | killed | alive | score | run (s) |",
+          "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in results.items():
         score = f"{r['score']:.1%}" if r["score"] is not None else "n/a"
         if r.get("unchecked"):
             score += f" (partial: {r['unchecked']} not checked)"
-        md.append(f"| {name} | {r['source']} | {r['mutants']} | {r['killed']} | {r['alive']} | {score} |")
+        md.append(f"| {name} | {r['source']} | {r['mutants']} | {r['killed']} | {r['alive']} | {score} "
+                  f"| {r.get('seconds', '')} |")
     md += ["", f"Total: {killed}/{total} killed" + (f" ({killed / total:.1%})." if total else "."), ""]
+    if full_run:
+        md += [f"Last full run (`--all`): {full_run['seconds'] / 60:.0f} min with {full_run['workers']} "
+               f"worker(s), finished {full_run['finished']}.", ""]
     for name, r in results.items():
         if not r["survivors"]:
             continue
@@ -215,10 +231,15 @@ def main() -> int:
         current = [name for name in modules if name not in chosen]
         print(f"up to date (source and tests unchanged since measured): {', '.join(current) or 'none'}; "
               f"to run: {', '.join(chosen) or 'none'} (--all or MODULES=all runs every module)", flush=True)
+    started = time.monotonic()
     if not args.summary_only:
         for name in chosen:  # re-read per module: a long run picks up test lists edited meanwhile
             run_module(name, load_modules()[name], args.workers)
-    return 0 if write_summary(summarize(load_modules())) else 1
+    full_run = None
+    if not args.summary_only and set(chosen) == set(modules):
+        full_run = {"seconds": round(time.monotonic() - started), "workers": args.workers,
+                    "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    return 0 if write_summary(summarize(load_modules()), full_run) else 1
 
 
 if __name__ == "__main__":

@@ -21,6 +21,14 @@ os.environ.setdefault("FLEETGEN_RETRY_DELAY_S", "1")
 # (the real-executor stacks, devstack.prod and devstack.ui, drop this and keep the product default).
 os.environ.setdefault("FLEETGEN_RESUME_SETTLE_S", "0")
 
+# A test picks ports for servers bound seconds or minutes later, and the xdist workers cannot see each other's
+# picks: each worker picks from its own part of the range (its child processes inherit it).
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    from devstack.demo import PORT_RANGE_ENV, worker_port_range  # noqa: E402
+
+    os.environ[PORT_RANGE_ENV] = worker_port_range(int(os.environ["PYTEST_XDIST_WORKER"][2:]),
+                                                   int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
 import pytest  # noqa: E402
 from hypothesis import Phase, settings  # noqa: E402
 

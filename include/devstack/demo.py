@@ -37,6 +37,10 @@ B200_MIB = 183359
 
 
 _HANDED_OUT: set[int] = set()
+PORTS_LOW = 20000
+# "LOW-HIGH": the ports free_port_block picks from. Set per test worker (tests/conftest.py) so that processes
+# picking side by side, each blind to the others' picks until they bind, never pick the same block.
+PORT_RANGE_ENV = "FLEETGEN_PORT_RANGE"
 
 
 def _ephemeral_floor() -> int:
@@ -47,15 +51,36 @@ def _ephemeral_floor() -> int:
         return 32768
 
 
+def port_range() -> tuple[int, int]:
+    """Where blocks are picked: ``FLEETGEN_PORT_RANGE`` when set, else from 20000 to the ephemeral floor."""
+    value = os.environ.get(PORT_RANGE_ENV, "")
+    if not value:
+        return PORTS_LOW, _ephemeral_floor()
+    low, sep, high = value.partition("-")
+    if sep and low.isdigit() and high.isdigit() and 1024 <= int(low) < int(high) <= 65536:
+        return int(low), int(high)
+    raise ValueError(f"{PORT_RANGE_ENV}={value!r}: expected LOW-HIGH with 1024 <= LOW < HIGH <= 65536, "
+                     f"e.g. 20000-24000")
+
+
+def worker_port_range(index: int, workers: int) -> str:
+    """The ``FLEETGEN_PORT_RANGE`` of worker ``index`` of ``workers``: equal, disjoint parts of the default range."""
+    low, high = PORTS_LOW, _ephemeral_floor()
+    span = (high - low) // workers
+    return f"{low + index * span}-{low + (index + 1) * span}"
+
+
 def free_port_block(count: int, start: int | None = None, stop: int | None = None) -> int:
     """First port P >= start such that P..P+count-1 are free on loopback and not handed out before by this
     process. Blocks are chosen below the kernel's ephemeral range: a port picked now is often bound only a
     minute later (a server launched by a DAG run), and an outgoing connection must not take it meanwhile.
-    start: random, so that environments set up side by side rarely race for the same block."""
+    start: random within ``port_range()``, so that environments set up side by side rarely race for the same
+    block (and never do when each has its own range)."""
     import random
 
-    stop = stop or _ephemeral_floor()
-    first = port = start if start is not None else random.randrange(20000, max(20100, stop - count - 100), 100)
+    low, high = port_range()
+    stop = stop or high
+    first = port = start if start is not None else random.randrange(low, max(low + 1, stop - count - 100), 100)
     while port + count < stop:
         taken = next((offset for offset in range(count)
                       if port + offset in _HANDED_OUT or not _bindable(port + offset)), None)

@@ -17,6 +17,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetgen.errors import FailureKind
+from fleetgen.nodes.readiness import find_fatal
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 VENV = PROJECT_ROOT / ".sglang-venv"
 PYTHON = VENV / "bin" / "python"
@@ -155,6 +158,9 @@ class ServerProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the {self.KIND} on port {self.port} exited with {self.process.returncode}:\n"
                                    f"{self.log_tail()}")
+            if self.port_taken():  # SGLang keeps running after uvicorn's bind failed: /health would be another's
+                raise RuntimeError(f"the {self.KIND} could not bind port {self.port} (another process holds it):\n"
+                                   f"{self.log_tail()}")
             try:
                 status, _ = get(f"{self.url}/health", timeout=5)
                 self.health_codes.append(status)
@@ -165,6 +171,11 @@ class ServerProcess:
             time.sleep(self.POLL_S)
         raise RuntimeError(f"the {self.KIND} on port {self.port} was not ready after {timeout_s:.0f} s:\n"
                            f"{self.log_tail()}")
+
+    def port_taken(self) -> bool:
+        """Whether the log holds the bind failure the product's readiness check reports as a port in use."""
+        fatal = find_fatal(self.log_text().splitlines())
+        return fatal is not None and fatal.kind is FailureKind.PORT_IN_USE
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

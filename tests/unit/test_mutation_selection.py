@@ -54,3 +54,30 @@ def test_adding_a_test_file_to_a_module_makes_it_stale(mutation, tmp_path):
     (tmp_path / "tests" / "test_a_more.py").write_text("def test(): pass\n")
     modules["a"]["tests"].append("tests/test_a_more.py")
     assert mutation.stale_modules(modules) == ["a"]
+
+
+def _result(**extra) -> dict:
+    return {"source": "pkg/a.py", "tests": [], "mutants": 10, "unchecked": 0, "killed": 10, "alive": 0,
+            "score": 1.0, "survivors": [], **extra}
+
+
+def test_a_full_run_records_its_wall_time_and_an_incremental_run_keeps_it(mutation):
+    full_run = {"seconds": 3725, "workers": 2, "finished": "2026-12-03 02:00 UTC"}
+    mutation.write_summary({"a": _result(seconds=3000)}, full_run)
+    assert json.loads((mutation.MUTATION_DIR / "summary.json").read_text())["full_run"] == full_run
+    markdown = (mutation.MUTATION_DIR / "summary.md").read_text()
+    assert "Last full run (`--all`): 62 min with 2 worker(s), finished 2026-12-03 02:00 UTC." in markdown
+    assert "| a | pkg/a.py | 10 | 10 | 0 | 100.0% | 3000 |" in markdown
+    mutation.write_summary({"a": _result(seconds=40)})
+    assert json.loads((mutation.MUTATION_DIR / "summary.json").read_text())["full_run"] == full_run
+
+
+def test_a_module_result_carries_the_seconds_its_run_took(mutation, tmp_path, monkeypatch):
+    monkeypatch.setattr(mutation, "WORK_DIR", tmp_path / "work")
+    meta = tmp_path / "work" / "a" / "mutants" / "src" / "pkg" / "a.py.meta"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"exit_code_by_key": {"pkg.a.x_f__mutmut_1": 1}}))
+    (meta.parent / "a.py").write_text("def x_f__mutmut_orig():\n    return 1\n")
+    (tmp_path / "work" / "a" / "run.json").write_text(json.dumps({"seconds": 17, "workers": 2}))
+    results = mutation.summarize({"a": _modules()["a"]})
+    assert (results["a"]["seconds"], results["a"]["workers"], results["a"]["killed"]) == (17, 2, 1)

@@ -14,7 +14,6 @@ Adding a parameter:
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgen.errors import ConfigError
+from fleetgen.json_types import is_json_int, is_json_number
 from fleetgen.outputs import RunLayout, default_output_root
 from fleetgen.tuning import TunerBounds
 from fleetgen.tuning.model_files import WEIGHTS_HASHES
@@ -68,8 +68,8 @@ class Setting:
                 raise self._refuse("must be true or false", value)
             return value
         if self.kind in (int, float):
-            number = not isinstance(value, bool) and isinstance(value, int if self.kind is int else (int, float))
-            if not (number and math.isfinite(value) and (value > self.low if self.low_open else value >= self.low)
+            number = is_json_int(value) if self.kind is int else is_json_number(value)
+            if not (number and (value > self.low if self.low_open else value >= self.low)
                     and value <= self.high):
                 raise self._refuse(f"must be {'an integer' if self.kind is int else 'a number'} from "
                                    f"{self.allowed()}", value)

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetgen.errors import ConfigError
+from fleetgen.json_types import is_positive_int
 
 # A request can wait behind about one full batch (the headroom queue) before it decodes, so the
 # timeout allows two generations of max_tokens at a pessimistic per-request decode speed.
@@ -33,7 +34,7 @@ class ServerEndpoint:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"server url {self.url!r} is not http(s)://host:port", server=self.name,
                               hint="pass the base URL the server listens on, without a path")
-        if not isinstance(self.max_in_flight, int) or isinstance(self.max_in_flight, bool) or self.max_in_flight < 1:
+        if not is_positive_int(self.max_in_flight):
             raise ConfigError(f"max_in_flight must be a positive integer, got {self.max_in_flight!r}",
                               server=self.name, hint="derive it with server_limits() from the readiness readback")
         object.__setattr__(self, "url", self.url.rstrip("/"))
@@ -87,7 +88,7 @@ class GenerationSettings:
         problems = []
         if not self.model:
             problems.append("model is empty")
-        if not _positive_int(self.max_tokens):
+        if not is_positive_int(self.max_tokens):
             problems.append(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if not 0 <= self.temperature:
             problems.append(f"temperature must be >= 0, got {self.temperature}")
@@ -97,7 +98,7 @@ class GenerationSettings:
             problems.append("extra_body must be a dict")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             problems.append(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
-        if not _positive_int(self.max_attempts) or not _positive_int(self.client_error_breaker):
+        if not is_positive_int(self.max_attempts) or not is_positive_int(self.client_error_breaker):
             problems.append("max_attempts and client_error_breaker must be positive integers")
         for name in ("connect_timeout_s", "retry_backoff_s", "recheck_initial_s", "recheck_max_s",
                      "health_timeout_s", "all_down_timeout_s", "stall_check_s", "lease_wait_s"):
@@ -135,10 +136,6 @@ class GenerationSettings:
         return cls(**data)
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
 def server_limits(effective_mrr_by_server: dict[str, int], *, headroom: float, parallel_shards: int) -> dict[str, int]:
     """Each shard's in-flight limit per server, so that all shards together hold about mrr x headroom.
 
@@ -150,12 +147,12 @@ def server_limits(effective_mrr_by_server: dict[str, int], *, headroom: float, p
     """
     if not headroom >= 1.0:
         raise ConfigError(f"headroom must be >= 1.0, got {headroom}", hint="use e.g. 1.25 (25 % queued)")
-    if not _positive_int(parallel_shards):
+    if not is_positive_int(parallel_shards):
         raise ConfigError(f"parallel_shards must be a positive integer, got {parallel_shards!r}",
                           hint="pass the number of generate_shard tasks that run at once")
     limits = {}
     for server, mrr in effective_mrr_by_server.items():
-        if not _positive_int(mrr):
+        if not is_positive_int(mrr):
             raise ConfigError(f"effective max_running_requests must be a positive integer, got {mrr!r}",
                               server=server, hint="check the /server_info readback of this server")
         fleet_total = max(math.ceil(mrr * headroom), mrr + 1) if headroom > 1.0 else mrr

@@ -12,9 +12,10 @@ the content is unusable). Reading the file as a whole (scans, shards) is :mod:`f
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from fleetgen.json_types import is_json_int, is_json_number, is_positive_int
 
 __all__ = ["Prompt", "ROLES", "SAMPLING_OVERRIDES", "fast_id", "parse_line", "shorten"]
 
@@ -30,26 +31,18 @@ except ImportError:  # pragma: no cover - depends on the environment
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Per-prompt overrides and the check each value must pass (OpenAI / SGLang sampling names).
 SAMPLING_OVERRIDES: dict[str, tuple[str, Any]] = {
-    "max_tokens": ("a positive integer", lambda v: _is_int(v) and v > 0),
-    "temperature": ("a number >= 0", lambda v: _is_num(v) and v >= 0),
-    "top_p": ("a number in (0, 1]", lambda v: _is_num(v) and 0 < v <= 1),
-    "top_k": ("an integer (-1 or >= 1)", lambda v: _is_int(v) and (v == -1 or v >= 1)),
-    "min_p": ("a number in [0, 1]", lambda v: _is_num(v) and 0 <= v <= 1),
-    "seed": ("an integer", lambda v: _is_int(v)),
+    "max_tokens": ("a positive integer", is_positive_int),
+    "temperature": ("a number >= 0", lambda v: is_json_number(v) and v >= 0),
+    "top_p": ("a number in (0, 1]", lambda v: is_json_number(v) and 0 < v <= 1),
+    "top_k": ("an integer (-1 or >= 1)", lambda v: is_json_int(v) and (v == -1 or v >= 1)),
+    "min_p": ("a number in [0, 1]", lambda v: is_json_number(v) and 0 <= v <= 1),
+    "seed": ("an integer", lambda v: is_json_int(v)),
     "stop": ("a string or a list of strings",
              lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))),
-    "presence_penalty": ("a number", lambda v: _is_num(v)),
-    "frequency_penalty": ("a number", lambda v: _is_num(v)),
-    "repetition_penalty": ("a number > 0", lambda v: _is_num(v) and v > 0),
+    "presence_penalty": ("a number", lambda v: is_json_number(v)),
+    "frequency_penalty": ("a number", lambda v: is_json_number(v)),
+    "repetition_penalty": ("a number > 0", lambda v: is_json_number(v) and v > 0),
 }
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_num(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)

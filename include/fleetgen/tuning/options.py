@@ -13,7 +13,7 @@ from decimal import Decimal
 
 from fleetgen.errors import ConfigError
 from fleetgen.tuning.architectures import architecture as architecture_entry
-from fleetgen.tuning.plan import is_json_int
+from fleetgen.json_types import is_json_int
 
 KV_CACHE_DTYPES = {"auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32",
                    "fp8_e4m3", "fp8_e5m2"}

@@ -6,13 +6,9 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from fleetgen.errors import ConfigError, PlanError
+from fleetgen.json_types import is_json_int
 
 MODES = ("tuned", "sglang_defaults")
-
-
-def is_json_int(value) -> bool:
-    """An integer, not a bool: a plan's inputs and options come back from JSON, where ``true`` is no count."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from fleetgen.errors import ConfigError
+from fleetgen.json_types import is_json_number, is_positive_int
 
 
 @dataclass(frozen=True)
@@ -25,21 +25,21 @@ class ValidationThresholds:
     def __post_init__(self) -> None:
         # DAG Params arrive as JSON: accept a list for the finish reasons and keep the tuple.
         object.__setattr__(self, "allowed_finish_reasons", tuple(self.allowed_finish_reasons))
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not is_positive_int(self.max_tokens):
             raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
                               hint="pass the max_tokens the generation used")
         if not self.allowed_finish_reasons or not all(
                 isinstance(reason, str) and reason for reason in self.allowed_finish_reasons):
             raise ConfigError(f"allowed_finish_reasons must be non-empty strings, got {self.allowed_finish_reasons!r}")
         low, high = self.min_mean_completion_tokens, self.max_mean_completion_tokens
-        if not finite(low) or low < 0:
+        if not is_json_number(low) or low < 0:
             raise ConfigError(f"min_mean_completion_tokens must be a number >= 0, got {low!r}")
-        if high is not None and (not finite(high) or high < low):
+        if high is not None and (not is_json_number(high) or high < low):
             raise ConfigError(f"max_mean_completion_tokens must be None or >= min_mean_completion_tokens ({low}), "
                               f"got {high!r}")
         for name in ("max_length_share", "min_reasoning_share", "max_empty_answer_share", "max_error_share"):
             share = getattr(self, name)
-            if not finite(share) or not 0 <= share <= 1:
+            if not is_json_number(share) or not 0 <= share <= 1:
                 raise ConfigError(f"{name} must be a fraction in [0, 1], got {share!r}",
                                   hint="shares are fractions: 0.05 means 5 %")
 
@@ -62,5 +62,3 @@ class ValidationThresholds:
         return out
 
 
-def finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
