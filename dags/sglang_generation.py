@@ -115,7 +115,7 @@ with DAG(
             fleet=FLEET, plans=plans, stopped=stopped).expand(node=nodes)
         to_wait = _task(server_tasks.flatten, task_id="servers_to_wait")(launched)
         readiness = WaitReadyOperator.partial(
-            task_id="wait_ready", fleet=FLEET, timeout_s="{{ params.ready_timeout_s }}", retries=0,
+            task_id="wait_ready", fleet=FLEET, retries=0,  # its timeout: the run's ready_timeout_s
             map_index_template=SERVER_LABEL, doc_md=WAIT_READY_DOC,
             # unset: the trigger's default hold against Airflow's fast-resume race (airflow/triggers.py)
             resume_settle_s=os.environ.get("FLEETGEN_RESUME_SETTLE_S"),

@@ -117,6 +117,10 @@ class RunLayout:
         """Per server: the request cap and KV pool the run was planned with (fleetgen.tuning.workload_history)."""
         return self.root / "workload_plan.json"
 
+    def gpu_sampler_claim(self, node: str) -> Path:
+        """Which shard samples ``node``'s GPUs now (fleetgen.nodes.gpu_sampling.SamplerClaim)."""
+        return self.kind_dir("gpu") / f"{node}.sampler"
+
     @property
     def reuse_index(self) -> Path:
         return self.root / "reuse" / "index.npy"

@@ -67,9 +67,9 @@ def _trigger(launched: dict, **budget):
     from fleetgen.airflow.triggers import ReadinessTrigger
 
     return ReadinessTrigger(server={k: launched[k] for k in ("node", "name", "url", "port", "gpu_ids")},
-                            ssh_conn_id=CONN_ID, log_path=launched["log_path"], pid=launched["pid"], timeout_s=120,
-                            poll_s=0.5, context={"launched": launched, "attempt": 0},
-                            resume_settle_s=0.0, **budget)  # the hold: tests/unit/airflow/test_triggers_resume_hold.py
+                            ssh_conn_id=CONN_ID, log_path=launched["log_path"], pid=launched["pid"],
+                            watch={"timeout_s": 120, "poll_s": 0.5, "resume_settle_s": 0.0, **budget},
+                            context={"launched": launched, "attempt": 0})  # the hold: tests/unit/airflow/test_triggers_resume_hold.py
 
 
 async def _first_event(trigger) -> dict:
@@ -180,8 +180,8 @@ def test_a_connection_that_does_not_exist_ends_the_wait_at_once():
     from fleetgen.airflow.triggers import ReadinessTrigger
 
     trigger = ReadinessTrigger(server={"node": "node0", "name": "node0:1", "url": "http://127.0.0.1:1"},
-                               ssh_conn_id="no_such_connection", log_path="/x.log", pid=1, timeout_s=60, poll_s=0.1,
-                               resume_settle_s=0.0)
+                               ssh_conn_id="no_such_connection", log_path="/x.log", pid=1,
+                               watch={"timeout_s": 60, "poll_s": 0.1, "resume_settle_s": 0.0})
     event = asyncio.run(_first_event(trigger))
     assert event["status"] == "unreachable" and "cannot open SSH connection 'no_such_connection'" in event["error"]
 

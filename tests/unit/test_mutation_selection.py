@@ -81,3 +81,18 @@ def test_a_module_result_carries_the_seconds_its_run_took(mutation, tmp_path, mo
     (tmp_path / "work" / "a" / "run.json").write_text(json.dumps({"seconds": 17, "workers": 2}))
     results = mutation.summarize({"a": _modules()["a"]})
     assert (results["a"]["seconds"], results["a"]["workers"], results["a"]["killed"]) == (17, 2, 1)
+
+
+def test_every_product_module_is_in_the_mutation_map_with_test_files_that_exist():
+    root = SCRIPT.parents[1]
+    spec = importlib.util.spec_from_file_location("mutation_map", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    modules = script.load_modules()
+    mapped = {module["source"] for module in modules.values()}
+    product = {str(path.relative_to(root / "include")) for path in (root / "include" / "fleetgen").rglob("*.py")
+               if path.name != "__init__.py"}
+    assert sorted(product - mapped) == []
+    assert sorted(mapped - product) == []
+    missing = [test for module in modules.values() for test in module["tests"] if not (root / test).is_file()]
+    assert missing == []

@@ -102,3 +102,9 @@ def test_failure_records_are_read_and_a_torn_last_line_is_skipped(tmp_path):
     assert read_failures(path) == []
     path.write_text('{"task": "generate", "map_index": 0}\n\n{"task": "validate"}\n{"task": "rep', encoding="utf-8")
     assert read_failures(path) == [{"task": "generate", "map_index": 0}, {"task": "validate"}]
+
+
+def test_a_nodes_gpu_sampler_claim_sits_beside_the_gpu_samples_named_for_the_node(tmp_path):
+    layout = RunLayout(tmp_path)
+    assert layout.gpu_sampler_claim("gpu-node-1") == tmp_path / "gpu" / "gpu-node-1.sampler"
+    assert layout.gpu_sampler_claim("gpu-node-1").parent == layout.shard_file("gpu", 0).parent

@@ -43,7 +43,7 @@ class WaitReadyOperator(BaseOperator):
                        "ssh_reconnect_budget_s", "ssh_command_timeout_s")
     ui_color = "#d8f3dc"
 
-    def __init__(self, *, server: Any, fleet: Any, timeout_s: Any = 1800, poll_s: float = 1.0,
+    def __init__(self, *, server: Any, fleet: Any, timeout_s: Any = None, poll_s: float = 1.0,
                  ssh_reconnect_attempts: Any = DEFAULT_RECONNECT_ATTEMPTS,
                  ssh_reconnect_budget_s: Any = DEFAULT_RECONNECT_BUDGET_S,
                  ssh_command_timeout_s: Any = DEFAULT_COMMAND_TIMEOUT_S, resume_settle_s: float | None = None,
@@ -52,7 +52,7 @@ class WaitReadyOperator(BaseOperator):
         super().__init__(**kwargs)
         self.server = server
         self.fleet = fleet
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # None: the run's ready_timeout_s (fleetgen.airflow.run_config.Tuning)
         self.poll_s = poll_s
         # How long the deferred wait keeps reconnecting when the node's SSH drops (fleetgen.nodes.reconnect).
         self.ssh_reconnect_attempts = ssh_reconnect_attempts
@@ -65,14 +65,20 @@ class WaitReadyOperator(BaseOperator):
         from fleetgen.airflow.triggers import ReadinessTrigger
 
         fleet = fleet_from_json(self.fleet)
+        if self.timeout_s is None:
+            from fleetgen.airflow.context import run_context
+
+            timeout_s = run_context()[1].tuning.ready_timeout_s
+        else:
+            timeout_s = self.timeout_s
+        watch = {"timeout_s": timeout_s, "poll_s": self.poll_s, "reconnect_attempts": self.ssh_reconnect_attempts,
+                 "reconnect_budget_s": self.ssh_reconnect_budget_s, "command_timeout_s": self.ssh_command_timeout_s,
+                 **({} if self.resume_settle_s is None else {"resume_settle_s": self.resume_settle_s})}
         return ReadinessTrigger(
             server={k: launched[k] for k in ("node", "name", "url", "port", "gpu_ids")},
             ssh_conn_id=launched["ssh_conn_id"], log_path=launched["log_path"], pid=launched["pid"],
-            timeout_s=float(self.timeout_s), poll_s=self.poll_s, api_key_conn_id=fleet.server.api_key_conn_id,
-            context={"launched": launched, "attempt": attempt},
-            reconnect_attempts=int(self.ssh_reconnect_attempts), reconnect_budget_s=float(self.ssh_reconnect_budget_s),
-            command_timeout_s=float(self.ssh_command_timeout_s),
-            **({} if self.resume_settle_s is None else {"resume_settle_s": float(self.resume_settle_s)}))
+            watch=watch, api_key_conn_id=fleet.server.api_key_conn_id,
+            context={"launched": launched, "attempt": attempt})
 
     def execute(self, context) -> None:
         log.info("Waiting for %s (GPU %s, pid %s) to become ready; watching %s", self.server["name"],

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -56,27 +57,47 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
     return (OSError, asyncssh.Error, TimeoutError)
 
 
+@dataclass(frozen=True)
+class WatchSettings:
+    """How long and how often the trigger watches one server, and how it rides out SSH drops. Travels as
+    JSON in the trigger's kwargs (``to_json``/``from_json``)."""
+
+    timeout_s: float = 1800.0  # the whole wait, from the launch
+    poll_s: float = 1.0
+    reconnect_attempts: int = DEFAULT_RECONNECT_ATTEMPTS
+    reconnect_budget_s: float = DEFAULT_RECONNECT_BUDGET_S
+    command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
+    resume_settle_s: float = DEFAULT_RESUME_SETTLE_S
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> "WatchSettings":
+        known = {item.name: item.type for item in fields(cls)}
+        unknown = sorted(set(data or {}) - set(known))
+        if unknown:
+            raise ValueError(f"unknown watch settings {unknown}; known: {sorted(known)}")
+        return cls(**{name: int(value) if known[name] == "int" else float(value)
+                      for name, value in (data or {}).items()})
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 class ReadinessTrigger(BaseTrigger):
-    def __init__(self, *, server: dict, ssh_conn_id: str, log_path: str, pid: int, timeout_s: float,
-                 poll_s: float = 1.0, api_key_conn_id: str | None = None, started_at: float | None = None,
-                 context: dict | None = None, reconnect_attempts: int = DEFAULT_RECONNECT_ATTEMPTS,
-                 reconnect_budget_s: float = DEFAULT_RECONNECT_BUDGET_S,
-                 command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S,
-                 resume_settle_s: float = DEFAULT_RESUME_SETTLE_S) -> None:
+    """Watch the server launched as process ``pid`` on the node behind ``ssh_conn_id`` until it is ready, its
+    log shows a fatal line, its process is gone or ``watch.timeout_s`` has passed since ``started_at``."""
+
+    def __init__(self, *, server: dict, ssh_conn_id: str, log_path: str, pid: int,
+                 watch: Mapping[str, Any] | None = None, api_key_conn_id: str | None = None,
+                 started_at: float | None = None, context: dict | None = None) -> None:
         super().__init__()
         self.server = server
         self.ssh_conn_id = ssh_conn_id
         self.log_path = log_path
         self.pid = int(pid)
-        self.timeout_s = float(timeout_s)
-        self.poll_s = float(poll_s)
+        self.watch = WatchSettings.from_json(watch)
         self.api_key_conn_id = api_key_conn_id
         self.started_at = float(started_at if started_at is not None else time.time())
         self.context = context or {}  # opaque JSON state handed back in the event (plan, attempt)
-        self.reconnect_attempts = int(reconnect_attempts)
-        self.reconnect_budget_s = float(reconnect_budget_s)
-        self.command_timeout_s = float(command_timeout_s)
-        self.resume_settle_s = float(resume_settle_s)
         self._log_lines: list[str] = []
         # The pre-load memory line, kept once seen: a real server logs dozens of lines (and one per health
         # check) between it and readiness, so the last tail may no longer hold it.
@@ -86,10 +107,8 @@ class ReadinessTrigger(BaseTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{self.__class__.__module__}.{self.__class__.__qualname__}", {
             "server": self.server, "ssh_conn_id": self.ssh_conn_id, "log_path": self.log_path, "pid": self.pid,
-            "timeout_s": self.timeout_s, "poll_s": self.poll_s, "api_key_conn_id": self.api_key_conn_id,
-            "started_at": self.started_at, "context": self.context,
-            "reconnect_attempts": self.reconnect_attempts, "reconnect_budget_s": self.reconnect_budget_s,
-            "command_timeout_s": self.command_timeout_s, "resume_settle_s": self.resume_settle_s,
+            "watch": self.watch.to_json(), "api_key_conn_id": self.api_key_conn_id, "started_at": self.started_at,
+            "context": self.context,
         })
 
     async def _api_headers(self) -> dict[str, str]:
@@ -111,7 +130,7 @@ class ReadinessTrigger(BaseTrigger):
 
         try:
             return await asyncio.wait_for(SSHHookAsync(ssh_conn_id=self.ssh_conn_id).get_conn(),
-                                          self.command_timeout_s)
+                                          self.watch.command_timeout_s)
         except Exception as exc:
             if isinstance(exc, _connection_errors()):
                 raise
@@ -124,12 +143,12 @@ class ReadinessTrigger(BaseTrigger):
 
         run_started = time.monotonic()
         headers = await self._api_headers()
-        budget = ReconnectBudget(attempts=self.reconnect_attempts, seconds=self.reconnect_budget_s)
+        budget = ReconnectBudget(attempts=self.watch.reconnect_attempts, seconds=self.watch.reconnect_budget_s)
         ssh = None
         async with httpx.AsyncClient(base_url=self.server["url"], timeout=5.0, headers=headers) as http:
             try:
                 while True:
-                    pause = self.poll_s
+                    pause = self.watch.poll_s
                     try:
                         if ssh is None:
                             ssh = await self._connect()
@@ -142,7 +161,7 @@ class ReadinessTrigger(BaseTrigger):
                     except _connection_errors() as exc:
                         ssh = self._drop(ssh)
                         event, pause = await self._after_ssh_failure(exc, budget, http)
-                    if event is None and time.time() - self.started_at > self.timeout_s:
+                    if event is None and time.time() - self.started_at > self.watch.timeout_s:
                         event = self._event(ReadinessStatus.TIMEOUT, log_tail=self._log_lines)
                     if event is not None:
                         await self._settle(run_started)
@@ -155,7 +174,7 @@ class ReadinessTrigger(BaseTrigger):
     async def _settle(self, run_started: float) -> None:
         """Hold an event that came sooner than ``resume_settle_s`` after the trigger started (see
         DEFAULT_RESUME_SETTLE_S)."""
-        remaining = self.resume_settle_s - (time.monotonic() - run_started)
+        remaining = self.watch.resume_settle_s - (time.monotonic() - run_started)
         if remaining > 0:
             self.log.info("%s: holding the event %.1f s so the task resumes after Airflow has seen it defer",
                           self.server.get("name"), remaining)
@@ -176,7 +195,7 @@ class ReadinessTrigger(BaseTrigger):
         """One look over SSH (log tail, process alive) and HTTP; an event when the wait is over."""
         command = remote.watch_command(self.log_path, self.pid, LOG_TAIL_LINES)
         # asyncssh's own timeout starts once the channel is open; a wedged node can hang the opening too.
-        result = await asyncio.wait_for(ssh.run(command, check=False), self.command_timeout_s)
+        result = await asyncio.wait_for(ssh.run(command, check=False), self.watch.command_timeout_s)
         output = result.stdout or ""
         if isinstance(output, bytes):
             output = output.decode("utf-8", "replace")
@@ -243,7 +262,7 @@ class ReadinessTrigger(BaseTrigger):
         expected = describe_public_line(configured) if configured else "a key from ~/.ssh/known_hosts"
         try:
             key = await asyncio.wait_for(asyncssh.get_server_host_key(connection.host, connection.port or 22),
-                                         self.command_timeout_s)
+                                         self.watch.command_timeout_s)
             received = describe(key.get_algorithm(), key.public_data) if key is not None else "(no host key)"
         except (OSError, asyncssh.Error, TimeoutError) as error:
             received = f"(could not be read again: {error})"

@@ -7,6 +7,7 @@ the answer in ``content``; ``usage.completion_tokens`` includes the reasoning to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from fleetgen.generate import jsonio
 from fleetgen.generate.settings import GenerationSettings
@@ -18,6 +19,31 @@ ERROR_TEXT_LIMIT = 500
 # The token counts of SGLang's UsageInfo (entrypoints/openai/protocol.py): integers, completion_tokens and
 # reasoning_tokens possibly null. The progress line, the stats and the report add them up.
 USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens", "reasoning_tokens")
+
+
+class Verdict(Enum):
+    """What an HTTP status says, and so what becomes of the prompt and the server."""
+
+    ANSWERED = "answered"  # 200: a completion, unless the body says otherwise
+    RETRY = "retry"  # 408, 429: the prompt goes back to the queue; the server stays up
+    BAD_KEY = "bad_key"  # 401, 403: the run is misconfigured, the shard stops
+    NO_ROUTE = "no_route"  # 404: wrong URL or not an OpenAI-compatible server, the shard stops
+    CLIENT_ERROR = "client_error"  # other 4xx: the prompt itself is wrong, written off
+    SERVER_FAILED = "server_failed"  # 5xx and anything else: the server is marked down
+
+
+def verdict_for_status(status: int) -> Verdict:
+    if status == 200:
+        return Verdict.ANSWERED
+    if status in (401, 403):
+        return Verdict.BAD_KEY
+    if status == 404:
+        return Verdict.NO_ROUTE
+    if status in (408, 429):
+        return Verdict.RETRY
+    if 400 <= status < 500:
+        return Verdict.CLIENT_ERROR
+    return Verdict.SERVER_FAILED
 
 
 class BadResponse(ValueError):

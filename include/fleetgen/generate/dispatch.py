@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +38,16 @@ import httpx
 
 from fleetgen.errors import AllServersDown, GenerationError
 from fleetgen.generate import jsonio
+from fleetgen.generate.chat import (CHAT_PATH, HEALTH_PATH, BadResponse, Verdict, error_message, parse_chat_response,
+                                    request_body, verdict_for_status)
 from fleetgen.generate.health import DOWN, UP, HealthEntry, SharedHealth
 from fleetgen.generate.liveness import FleetShare
-from fleetgen.generate.chat import CHAT_PATH, HEALTH_PATH, BadResponse, error_message, parse_chat_response, request_body
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.queue import QueuedPrompt, WorkQueue
 from fleetgen.generate.records import completion_record, error_record, stats_record, utc_now
-from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.reuse import prompt_hash
+from fleetgen.generate.server_state import ServerState
+from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.store import ShardStore
 from fleetgen.generate.watch import EventJournal, MetricsScraper
 
@@ -55,30 +57,26 @@ HEALTH_POLL_S = 0.5  # how often the shared server-health file is looked at (one
 STALLED = "fleetgen: server stalled"  # cancel message for requests abandoned on a hung server
 
 
-@dataclass
-class ServerState:
-    endpoint: ServerEndpoint
-    chat_url: httpx.URL
-    health_url: httpx.URL
-    up: asyncio.Event = field(default_factory=asyncio.Event)
-    in_flight: int = 0
-    completed: int = 0
-    failed: int = 0  # prompts written off while on this server
-    retried: int = 0  # requests that failed here and went back to the queue
-    down_since: float | None = None
-    marked_down: list[dict] = field(default_factory=list)
-    recovered: list[dict] = field(default_factory=list)
-    recheck: asyncio.Task | None = None
-    last_answer: float = 0.0  # monotonic time of the last response (of any kind) from this server
-    requesting: set = field(default_factory=set)  # worker tasks waiting on this server right now
-    stall_probe: asyncio.Task | None = None
-    cap: int = 0  # workers allowed to send now: max_in_flight shared with the other running shards
-    cap_changed: asyncio.Event = field(default_factory=asyncio.Event)
-    health_at: float = 0.0  # wall time of the latest shared-health transition made or applied here
+def alone() -> FleetShare:
+    """The share of a shard that runs by itself: every server's whole limit."""
+    return FleetShare(active=1)
 
-    def summary(self) -> dict:
-        return {"completed": self.completed, "failed": self.failed, "retried": self.retried,
-                "marked_down": list(self.marked_down), "recovered": list(self.recovered)}
+
+@dataclass
+class Periodic:
+    """An action the monitor runs every ``interval_s`` (checked at each tick)."""
+
+    interval_s: float
+    action: Callable[[], None]
+    next_at: float = 0.0
+
+    def start(self, now: float) -> None:
+        self.next_at = now + self.interval_s
+
+    def run_if_due(self, now: float) -> None:
+        if now >= self.next_at:
+            self.next_at = now + self.interval_s
+            self.action()
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,7 @@ class FleetLinks:
 
     transport: httpx.AsyncBaseTransport
     headers: list[tuple[bytes, bytes]]
-    sharing: Callable[[], FleetShare] | None = None  # this shard's part of every server, asked periodically
+    sharing: Callable[[], FleetShare] = alone  # this shard's part of every server, asked periodically
     sharing_interval_s: float = 10.0
     health: SharedHealth | None = None  # the run's shared server health; None: this shard's own view only
 
@@ -116,32 +114,24 @@ class ShardRecords:
 class Dispatcher:
     def __init__(self, *, servers: list[ServerEndpoint], settings: GenerationSettings, work: ShardWork,
                  links: FleetLinks, records: ShardRecords) -> None:
-        shard_id, queue, store, progress = work.shard_id, work.queue, work.store, work.progress
-        transport, headers, sharing, health = links.transport, links.headers, links.sharing, links.health
-        log, events, metrics_path = records.log, records.events, records.metrics_path
-        self.shard_id = shard_id
-        self.events = events  # server events (down, recovered, retried, failed) for the report
-        self.health = health
-        self._rechecks: list[asyncio.Task] = []  # every re-check started (one may outlive its down period)
-        # URLs and headers are parsed once: httpx would parse them again for every request.
-        self.servers = [ServerState(endpoint, httpx.URL(endpoint.url + CHAT_PATH),
-                                    httpx.URL(endpoint.url + HEALTH_PATH)) for endpoint in servers]
-        for server in self.servers:
-            server.up.set()
-            server.cap = server.endpoint.max_in_flight
+        self.shard_id = work.shard_id
+        self.queue = work.queue
+        self.store = work.store
+        self.progress = work.progress
+        self.settings = settings
+        self.transport = links.transport
+        self.headers = httpx.Headers(links.headers)
         # Each running shard takes its share of every server's limit, so that together they keep each
         # server at its limit, not a multiple of it.
-        self.sharing = sharing
+        self.sharing = links.sharing
         self.sharing_interval_s = links.sharing_interval_s
         self.shards_sharing = 1
-        self.queue = queue
-        self.store = store
-        self.settings = settings
-        self.transport = transport
-        self.headers = httpx.Headers(headers)
-        self.progress = progress
-        self.log = log
+        self.health = links.health
+        self.log = records.log
+        self.events = records.events  # server events (down, recovered, retried, failed) for the report
         self.progress_interval_s = records.progress_interval_s
+        self.servers = [ServerState(endpoint) for endpoint in servers]
+        self._rechecks: list[asyncio.Task] = []  # every re-check started (one may outlive its down period)
         self.fatal: BaseException | None = None
         self._client_errors = 0
         # Client errors trip the breaker only while no prompt of the shard has ever succeeded.
@@ -153,13 +143,12 @@ class Dispatcher:
             "connect": settings.connect_timeout_s, "read": settings.health_timeout_s,
             "write": settings.connect_timeout_s, "pool": settings.connect_timeout_s}}
         self.scraper = None
-        if metrics_path is not None and settings.sample_interval_s > 0:
-            in_flight = {s.endpoint.name: s for s in self.servers}
+        if records.metrics_path is not None and settings.sample_interval_s > 0:
+            by_name = {s.name: s for s in self.servers}
             self.scraper = MetricsScraper(servers=list(servers), send=self._send, headers=self.headers,
-                                          interval_s=settings.sample_interval_s, path=metrics_path,
-                                          in_flight=lambda name: in_flight[name].in_flight, log=log,
-                                          shard_id=shard_id,
-                                          is_down=lambda name: in_flight[name].down_since is not None)
+                                          interval_s=settings.sample_interval_s, path=records.metrics_path,
+                                          in_flight=lambda name: by_name[name].load.in_flight, log=self.log,
+                                          shard_id=self.shard_id, is_down=lambda name: by_name[name].health.is_down)
 
     async def run(self) -> None:
         self._reshare()
@@ -173,7 +162,7 @@ class Dispatcher:
             await self.queue.finished.wait()
         finally:
             tasks.extend(self._rechecks)
-            tasks.extend(server.stall_probe for server in self.servers if server.stall_probe is not None)
+            tasks.extend(server.load.stall_probe for server in self.servers if server.load.stall_probe is not None)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -200,12 +189,14 @@ class Dispatcher:
                 self._stop(exc)
         return asyncio.create_task(guarded())
 
+    # --- the workers: one per slot of each server, each sending one prompt at a time ---------------------
+
     async def _worker(self, server: ServerState, slot: int) -> None:
         while self.fatal is None:
-            if not server.up.is_set():
-                await server.up.wait()
-            if slot >= server.cap:  # another shard holds this share of the server for now
-                await server.cap_changed.wait()
+            if not server.health.up.is_set():
+                await server.health.up.wait()
+            if slot >= server.load.cap:  # another shard holds this share of the server for now
+                await server.load.cap_changed.wait()
                 continue
             item = self.queue.take()
             if item is None:
@@ -219,11 +210,8 @@ class Dispatcher:
         request = httpx.Request("POST", server.chat_url, content=body, headers=self.headers,
                                 extensions=self._request_extensions)
         started = time.monotonic()
-        if server.in_flight == 0:
-            server.last_answer = started  # silence is measured from the first request in flight
-        server.in_flight += 1
         worker = asyncio.current_task()
-        server.requesting.add(worker)
+        server.load.begin(worker, started)
         try:
             response = await self._send(request)
         except httpx.TimeoutException as exc:
@@ -236,12 +224,12 @@ class Dispatcher:
             worker.uncancel()  # abandoned by the stall watchdog: this worker goes on with other prompts
             return self._server_failed(server, item, "stalled", "abandoned: the server stopped answering")
         finally:
-            server.in_flight -= 1
-            server.requesting.discard(worker)
-        server.last_answer = time.monotonic()
-        latency_s = server.last_answer - started
+            server.load.end(worker)
+        server.load.last_answer = time.monotonic()
+        latency_s = server.load.last_answer - started
         status = response.status_code
-        if status == 200:
+        verdict = verdict_for_status(status)
+        if verdict is Verdict.ANSWERED:
             try:
                 result = parse_chat_response(response.content)
             except BadResponse as exc:
@@ -250,20 +238,20 @@ class Dispatcher:
                 return self._retry(server, item, "the server aborted the request (finish_reason abort)")
             return self._completed(server, item, result, latency_s, sampling)
         message = f"HTTP {status}: {error_message(response.content)}"
-        if status in (401, 403):
+        if verdict is Verdict.BAD_KEY:
             self._stop(GenerationError(
-                message, shard=self.shard_id, server=server.endpoint.name,
+                message, shard=self.shard_id, server=server.name,
                 hint="the server refused the API key: check the key in the run's connection/secret "
                      "matches the servers' --api-key"))
             return None
-        if status == 404:
+        if verdict is Verdict.NO_ROUTE:
             self._stop(GenerationError(
-                f"{message} for {CHAT_PATH}", shard=self.shard_id, server=server.endpoint.name,
+                f"{message} for {CHAT_PATH}", shard=self.shard_id, server=server.name,
                 hint="check the server URL and that it is an OpenAI-compatible SGLang server"))
             return None
-        if status in (408, 429):
+        if verdict is Verdict.RETRY:
             return self._retry(server, item, message)
-        if 400 <= status < 500:
+        if verdict is Verdict.CLIENT_ERROR:
             return self._client_error(server, item, f"http_{status}", message)
         return self._server_failed(server, item, f"http_{status}", message)
 
@@ -278,21 +266,23 @@ class Dispatcher:
         await response.aread()
         return response
 
+    # --- what becomes of a prompt ---------------------------------------------------------------------------
+
     def _completed(self, server: ServerState, item: QueuedPrompt, result, latency_s: float,
                    sampling: dict) -> None:
-        record = completion_record(item.prompt, result, server=server.endpoint.name, latency_s=latency_s,
+        record = completion_record(item.prompt, result, server=server.name, latency_s=latency_s,
                                    sampling=sampling)
         self.store.record_completion(jsonio.dumps(record) + b"\n", jsonio.dumps(stats_record(record)) + b"\n",
                                      item.prompt.id, prompt_hash=prompt_hash(item.prompt))
-        server.completed += 1
+        server.tally.completed += 1
         usage = result.usage
         self.progress.add_completion(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
         self.queue.finish(item)
 
     def _write_off(self, server: ServerState, item: QueuedPrompt, code: str, message: str) -> None:
-        record = error_record(item.prompt.id, code=code, message=message, server=server.endpoint.name)
+        record = error_record(item.prompt.id, code=code, message=message, server=server.name)
         self.store.record_failure(jsonio.dumps(record) + b"\n", item.prompt.id)
-        server.failed += 1
+        server.tally.failed += 1
         self._event("failed", server, prompt=item.prompt.id, code=code, reason=message[:500])
         self.progress.add_failure()
         self.queue.finish(item)
@@ -304,12 +294,12 @@ class Dispatcher:
             if self._client_errors >= self.settings.client_error_breaker:
                 self._stop(GenerationError(
                     f"the first {self._client_errors} results were all client errors, e.g. {message}",
-                    shard=self.shard_id, server=server.endpoint.name,
+                    shard=self.shard_id, server=server.name,
                     hint="a setting is wrong rather than the prompts: check the model name, max_tokens "
                          "against the context length, and extra_body; the errors file lists each one"))
 
     def _retry(self, server: ServerState, item: QueuedPrompt, message: str, *, blame: bool = True) -> None:
-        server.retried += 1
+        server.tally.retried += 1
         self._event("retried", server, prompt=item.prompt.id, reason=message[:500])
         if blame:
             item.attempts += 1
@@ -321,66 +311,62 @@ class Dispatcher:
 
     def _server_failed(self, server: ServerState, item: QueuedPrompt, code: str, message: str) -> str:
         reason = f"{code}: {message}"
-        already_down = server.down_since is not None
+        already_down = server.health.is_down
         if not already_down:
             self._mark_down(server, reason)
         self._retry(server, item, message, blame=not already_down)
         return reason
 
+    # --- server health: down, re-checked, up ----------------------------------------------------------------
+
     def _mark_down(self, server: ServerState, reason: str, *, shared: HealthEntry | None = None,
                    hung: bool = False) -> None:
         """Stop sending to ``server`` and re-check it; tell the other shards unless they told us. A ``hung``
         server (or one another shard found hung) also has the requests this shard holds there abandoned."""
-        server.down_since = time.monotonic()
-        server.up.clear()
-        at = utc_now()
         if shared is not None:
             reason = f"marked down by {shared.by}: {shared.reason}"
-            server.health_at = shared.at
+            server.health.shared_at = shared.at
             hung = shared.hung
         elif self.health is not None:
-            server.health_at = self.health.publish(server.endpoint.name, DOWN, reason, hung=hung)
-        server.marked_down.append({"at": at, "reason": reason})
+            server.health.shared_at = self.health.publish(server.name, DOWN, reason, hung=hung)
+        at = utc_now()
+        server.health.mark_down(reason, hung=hung, now=time.monotonic(), at=at)
         self._event("down", server, reason=reason[:500])
         self.log.warning("shard %d: server %s marked down at %s (%s); its prompts go to the other servers; "
-                         "re-checking %s%s", self.shard_id, server.endpoint.name, at, reason,
+                         "re-checking %s%s", self.shard_id, server.name, at, reason,
                          server.endpoint.url, HEALTH_PATH)
         server.recheck = self._spawn(self._recheck(server))
         self._rechecks.append(server.recheck)
         if hung:  # what this shard holds there never returns: send it elsewhere now
-            for worker in list(server.requesting):
-                worker.cancel(STALLED)
+            server.load.abandon(STALLED)
 
     def _mark_up(self, server: ServerState, *, by: str | None = None) -> None:
-        down_s = time.monotonic() - server.down_since
-        server.down_since = None
         at = utc_now()
-        server.recovered.append({"at": at, "down_s": round(down_s, 1)})
+        down_s = server.health.mark_up(now=time.monotonic(), at=at)
         self._event("recovered", server, down_s=round(down_s, 1), **({"by": by} if by else {}))
         self.log.warning("shard %d: server %s is back up at %s after %.1f s down%s", self.shard_id,
-                         server.endpoint.name, at, down_s, f" (re-checked by {by})" if by else "")
-        server.up.set()
+                         server.name, at, down_s, f" (re-checked by {by})" if by else "")
 
     def _sync_health(self) -> None:
         """Apply what other shards found since the last look at the shared health file."""
         entries = self.health.changed_entries() if self.health is not None else None
         for server in self.servers if entries else ():
-            entry = entries.get(server.endpoint.name)
-            if entry is None or entry.at <= server.health_at:
+            entry = entries.get(server.name)
+            if entry is None or entry.at <= server.health.shared_at:
                 continue
-            server.health_at = entry.at
-            if entry.state == DOWN and server.down_since is None:
+            server.health.shared_at = entry.at
+            if entry.state == DOWN and not server.health.is_down:
                 self._mark_down(server, entry.reason, shared=entry)
-            elif entry.state == UP and server.down_since is not None:
+            elif entry.state == UP and server.health.is_down:
                 self._mark_up(server, by=entry.by)  # this shard's re-check ends when it next wakes
 
     async def _recheck(self, server: ServerState) -> None:
         # A server that keeps coming back and failing again is checked less and less often.
-        delay = min(self.settings.recheck_initial_s * 2 ** (len(server.marked_down) - 1), self.settings.recheck_max_s)
-        downs = len(server.marked_down)
+        downs = server.health.downs
+        delay = min(self.settings.recheck_initial_s * 2 ** (downs - 1), self.settings.recheck_max_s)
 
         def superseded() -> bool:  # back up (another shard re-checked it), or down again with a new re-check
-            return server.down_since is None or len(server.marked_down) != downs
+            return not server.health.is_down or server.health.downs != downs
 
         while True:
             await asyncio.sleep(delay)
@@ -396,11 +382,11 @@ class Dispatcher:
                     break
                 why = f"trial request failed: {why}"
             self.log.info("shard %d: server %s still down (%s); next check in %.1f s", self.shard_id,
-                          server.endpoint.name, why, delay)
+                          server.name, why, delay)
         if superseded():
             return
         if self.health is not None:
-            server.health_at = self.health.publish(server.endpoint.name, UP, "health and a trial request succeeded")
+            server.health.shared_at = self.health.publish(server.name, UP, "health and a trial request succeeded")
         self._mark_up(server)
 
     async def _health(self, server: ServerState) -> str | None:
@@ -412,94 +398,93 @@ class Dispatcher:
             return f"{HEALTH_PATH}: {type(exc).__name__}: {exc}"
         return None if response.status_code == 200 else f"{HEALTH_PATH}: HTTP {response.status_code}"
 
+    async def _trial(self, server: ServerState) -> str | None:
+        """One real request before the server's workers resume; None when it did not fail."""
+        item = self.queue.take()
+        return None if item is None else await self._attempt(server, item)
+
+    async def _probe_stalled(self, server: ServerState) -> None:
+        """A silent server: busy (its /health answers) or hung (it does not, so abandon its requests)."""
+        try:
+            silent_s = time.monotonic() - server.load.last_answer
+            why = await self._health(server)
+            if why is None or server.health.is_down:
+                return
+            self._mark_down(server, f"stalled: no answer for {silent_s:.0f} s with {server.load.in_flight} "
+                                    f"request(s) in flight, and {why}", hung=True)
+        finally:
+            server.load.last_answer = time.monotonic()  # next probe, if any, after another quiet period
+            server.load.stall_probe = None
+
     def _event(self, kind: str, server: ServerState, **fields) -> None:
         if self.events is not None:
-            self.events.record(kind, server.endpoint.name, **fields)
+            self.events.record(kind, server.name, **fields)
+
+    # --- sharing the fleet with the run's other shards ------------------------------------------------------
 
     def _reshare(self) -> None:
         """Ask how the shards share the fleet and resize every server's cap to this shard's part within
         the room the other shards leave (``FleetShare.cap``)."""
-        if self.sharing is None:
-            return
         try:
             share = self.sharing()
         except Exception as exc:  # keep the last known share: a failed count must not stop generation
             self.log.warning("shard %d: could not count the shards sharing the fleet (%s); keeping 1/%d",
                              self.shard_id, exc, self.shards_sharing)
             return
-        caps = {server.endpoint.name: share.cap(server.endpoint.name, server.endpoint.max_in_flight)
-                for server in self.servers}
+        caps = {server.name: share.cap(server.name, server.endpoint.max_in_flight) for server in self.servers}
         changed = share.active != self.shards_sharing
         self.shards_sharing = share.active
         for server in self.servers:
-            if caps[server.endpoint.name] != server.cap:
-                server.cap = caps[server.endpoint.name]
-                server.cap_changed.set()
-                server.cap_changed = asyncio.Event()
+            server.load.resize(caps[server.name])
         if changed:
             self.log.info("shard %d: %d shard(s) share the fleet; in-flight caps now %s", self.shard_id,
-                          share.active, ", ".join(f"{s.endpoint.name}={s.cap}" for s in self.servers))
+                          share.active, ", ".join(f"{s.name}={s.load.cap}" for s in self.servers))
 
     def share_state(self) -> tuple[dict[str, int], bool]:
         """What this shard publishes to the others: requests in flight per server, and whether it is
         draining (no fresh prompts left to send)."""
-        return {s.endpoint.name: s.in_flight for s in self.servers}, self.queue.fresh_exhausted
+        return {s.name: s.load.in_flight for s in self.servers}, self.queue.fresh_exhausted
 
-    async def _probe_stalled(self, server: ServerState) -> None:
-        """A silent server: busy (its /health answers) or hung (it does not, so abandon its requests)."""
-        try:
-            silent_s = time.monotonic() - server.last_answer
-            why = await self._health(server)
-            if why is None or server.down_since is not None:
-                return
-            self._mark_down(server, f"stalled: no answer for {silent_s:.0f} s with {server.in_flight} "
-                                    f"request(s) in flight, and {why}", hung=True)
-        finally:
-            server.last_answer = time.monotonic()  # next probe, if any, after another quiet period
-            server.stall_probe = None
-
-    async def _trial(self, server: ServerState) -> str | None:
-        """One real request before the server's workers resume; None when it did not fail."""
-        item = self.queue.take()
-        return None if item is None else await self._attempt(server, item)
+    # --- the monitor: periodic work, stalled servers, every server down -------------------------------------
 
     async def _monitor(self) -> None:
+        periodic = [Periodic(HEALTH_POLL_S, self._sync_health),
+                    Periodic(self.sharing_interval_s, self._reshare),
+                    Periodic(MARK_INTERVAL_S, lambda: self.store.save_mark(*self.queue.low_water())),
+                    Periodic(self.progress_interval_s, self._log_progress)]
+        now = time.monotonic()
+        for timer in periodic:
+            timer.start(now)
         tick = min(MONITOR_TICK_S, self.progress_interval_s)
-        next_report = time.monotonic() + self.progress_interval_s
-        next_mark = time.monotonic() + MARK_INTERVAL_S
-        next_share = time.monotonic() + self.sharing_interval_s
-        next_health = time.monotonic() + HEALTH_POLL_S
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
-            if now >= next_health:
-                next_health = now + HEALTH_POLL_S
-                self._sync_health()
-            if self.sharing is not None and now >= next_share:
-                next_share = now + self.sharing_interval_s
-                self._reshare()
-            if now >= next_mark:
-                next_mark = now + MARK_INTERVAL_S
-                self.store.save_mark(*self.queue.low_water())
-            for server in self.servers:
-                if (server.down_since is None and server.in_flight and server.stall_probe is None
-                        and now - server.last_answer >= self.settings.stall_check_s):
-                    server.stall_probe = self._spawn(self._probe_stalled(server))
-            if all(server.down_since is not None for server in self.servers):
-                since = max(server.down_since for server in self.servers)
+            for timer in periodic:
+                timer.run_if_due(now)
+            self._probe_silent_servers(now)
+            if all(server.health.is_down for server in self.servers):
+                since = max(server.health.down.since for server in self.servers)
                 if now - since >= self.settings.all_down_timeout_s:
                     return self._stop(self._all_down_error(now - since))
-            if now >= next_report:
-                next_report = now + self.progress_interval_s
-                self.log.info("shard %d: %s", self.shard_id, self.progress_line())
+
+    def _probe_silent_servers(self, now: float) -> None:
+        """Probe each up server that answered nothing for ``stall_check_s`` with requests in flight."""
+        for server in self.servers:
+            load = server.load
+            if (not server.health.is_down and load.in_flight and load.stall_probe is None
+                    and now - load.last_answer >= self.settings.stall_check_s):
+                load.stall_probe = self._spawn(self._probe_stalled(server))
+
+    def _log_progress(self) -> None:
+        self.log.info("shard %d: %s", self.shard_id, self.progress_line())
 
     def progress_line(self) -> str:
-        return self.progress.line({s.endpoint.name: s.in_flight for s in self.servers},
-                                  {s.endpoint.name for s in self.servers if s.down_since is not None})
+        return self.progress.line({s.name: s.load.in_flight for s in self.servers},
+                                  {s.name for s in self.servers if s.health.is_down})
 
     def _all_down_error(self, down_s: float) -> AllServersDown:
-        lines = "\n".join(f"  {s.endpoint.name}: down since {s.marked_down[-1]['at']} ({s.marked_down[-1]['reason']})"
-                          for s in self.servers)
+        lines = "\n".join(f"  {s.name}: down since {s.health.marked_down[-1]['at']} "
+                          f"({s.health.marked_down[-1]['reason']})" for s in self.servers)
         return AllServersDown(
             f"every server has been down for {down_s:.0f} s; progress is saved "
             f"({self.progress.skipped + self.progress.done} done, {self.progress.remaining} left):\n{lines}",

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from fleetgen.errors import ConfigError
-from fleetgen.generate.dispatch import Dispatcher, FleetLinks, ShardRecords, ShardWork
+from fleetgen.generate.dispatch import Dispatcher, FleetLinks, ShardRecords, ShardWork, alone
 from fleetgen.generate.queue import WorkQueue
 from fleetgen.generate.health import SharedHealth
 from fleetgen.generate.liveness import HEARTBEAT_INTERVAL_S, FleetShare, ShardHeartbeat, fleet_share
@@ -143,11 +143,12 @@ def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.Path
 
 
 def _shared_by_heartbeats(running_in_airflow: Callable[[], int] | None, layout: RunLayout,
-                          heartbeat: ShardHeartbeat) -> Callable[[], FleetShare] | None:
+                          heartbeat: ShardHeartbeat) -> Callable[[], FleetShare]:
     """The shards' own heartbeats decide the share (a dead try stops counting at once, a draining one
-    hands its part over as it drains); Airflow's count of running tries, when given, bounds it."""
+    hands its part over as it drains); Airflow's count of running tries, when given, bounds it. Outside
+    Airflow the shard runs alone."""
     if running_in_airflow is None:
-        return None
+        return alone
     return lambda: fleet_share(layout, heartbeat, running_in_airflow=running_in_airflow())
 
 

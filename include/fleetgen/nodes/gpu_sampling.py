@@ -3,9 +3,10 @@
 A generating shard starts one thread per node (``GpuSampling``); each runs ``nvidia-smi`` in a loop on
 the node inside ONE remote shell (``remote.sampling_loop_command``) and appends a row per GPU per
 sample to ``gpu/shard-NNNNN.jsonl``: ``{"t", "node", "gpu", "util", "power_w", "mem_mib"}``
-(docs/output-formats.md §3.8). With several shards running, a lease file per node in the run folder
-(``gpu/<node>.lease``, renewed at every sample) lets only one of them sample that node; another takes
-over when the holder finishes or stops renewing. Sampling never fails generation: a lost session is
+(docs/output-formats.md §3.8). With several shards running, a claim file per node in the run folder
+(``gpu/<node>.sampler``, renewed at every sample) lets only one of them sample that node; another takes
+over when the holder finishes or stops renewing. (A claim kept by renewing it, unlike a shard's output
+lease, which the kernel holds for the writing process: generate/lease.py.) Sampling never fails generation: a lost session is
 logged and reopened after one interval.
 """
 
@@ -67,8 +68,8 @@ def parse_sample_lines(lines: Iterable[str], *, node: str) -> Iterator[dict]:
         yield {"t": round(at, 3), "node": node, "gpu": gpu, "util": util, "power_w": power, "mem_mib": memory}
 
 
-class NodeLease:
-    """``gpu/<node>.lease``: which shard samples a node now. Created exclusively; stale after ``stale_s``
+class SamplerClaim:
+    """``gpu/<node>.sampler``: which shard samples a node now. Created exclusively; stale after ``stale_s``
     without renewal (the holder died), then taken over."""
 
     def __init__(self, path: Path, owner: str, stale_s: float) -> None:
@@ -109,12 +110,12 @@ class NodeSampler(threading.Thread):
     """Samples one node while ``stop`` is not set (see the module doc)."""
 
     def __init__(self, *, node: str, open_stream: Callable[[str], LineStream], out: JsonlAppender,
-                 lease: NodeLease, interval_s: float, log: logging.Logger) -> None:
+                 claim: SamplerClaim, interval_s: float, log: logging.Logger) -> None:
         super().__init__(name=f"gpu-sampler-{node}", daemon=True)
         self.node = node
         self.open_stream = open_stream
         self.out = out
-        self.lease = lease
+        self.claim = claim
         self.interval_s = interval_s
         self.log = log
         self.stopping = threading.Event()
@@ -126,7 +127,7 @@ class NodeSampler(threading.Thread):
         command = remote.sampling_loop_command(SAMPLE_QUERY, interval_s=self.interval_s, max_seconds=MAX_LOOP_SECONDS)
         warned = False
         while not self.stopping.is_set():
-            if not self.lease.acquire():
+            if not self.claim.acquire():
                 self.stopping.wait(self.interval_s)  # another shard samples this node
                 continue
             try:
@@ -137,7 +138,7 @@ class NodeSampler(threading.Thread):
                                      self.node, type(exc).__name__, exc, self.interval_s)
                     warned = True
             finally:
-                self.lease.release()
+                self.claim.release()
             self.stopping.wait(self.interval_s)
 
     def _sample(self, command: str) -> None:
@@ -150,7 +151,7 @@ class NodeSampler(threading.Thread):
             for row in parse_sample_lines(stream, node=self.node):
                 self.out.append(row)
                 self.rows += 1
-                self.lease.renew()
+                self.claim.renew()
                 if self.stopping.is_set():
                     return
         finally:
@@ -174,7 +175,7 @@ class GpuSampling:
         owner = f"shard {shard_id} pid {os.getpid()} at {time.time():.3f}"
         self.samplers = [
             NodeSampler(node=node, open_stream=lambda command, node=node: open_stream(node, command), out=self.out,
-                        lease=NodeLease(layout.kind_dir("gpu") / f"{node}.lease", owner, stale_s=3 * interval_s + 10),
+                        claim=SamplerClaim(layout.gpu_sampler_claim(node), owner, stale_s=3 * interval_s + 10),
                         interval_s=interval_s, log=log)
             for node in nodes]
 

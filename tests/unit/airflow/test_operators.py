@@ -335,7 +335,7 @@ def test_a_memory_failure_stops_the_server_and_relaunches_it_smaller_on_the_same
     monkeypatch.setattr(lifecycle, "stop_ports", stop)
     monkeypatch.setattr(lifecycle, "launch_server", launch)
     monkeypatch.setattr(lifecycle, "api_key", lambda fleet: f"key of {fleet.server.api_key_conn_id}")
-    operator = WaitReadyOperator(task_id="wait_ready", server={}, fleet=FLEET)
+    operator = WaitReadyOperator(task_id="wait_ready", server={}, fleet=FLEET, timeout_s=600)
     with pytest.raises(TaskDeferred) as deferred:
         operator.execute_complete({}, _event("fatal", attempt=1, launched=_launched(_plan(1)), kind="oom_kv",
                                              fatal_line="RuntimeError: Not enough memory for KV cache"))
@@ -354,7 +354,7 @@ def test_execute_defers_the_first_launch_as_attempt_zero():
     from airflow.sdk.exceptions import TaskDeferred
 
     launched = _launched(_plan(0))
-    operator = WaitReadyOperator(task_id="wait_ready", server=launched, fleet=FLEET)
+    operator = WaitReadyOperator(task_id="wait_ready", server=launched, fleet=FLEET, timeout_s=600)
     with pytest.raises(TaskDeferred) as deferred:
         operator.execute({})
     assert deferred.value.method_name == "execute_complete"
@@ -371,18 +371,23 @@ def test_the_trigger_gets_the_launch_and_the_templated_settings_as_numbers():
                               "port": 30000, "gpu_ids": [0]}
     assert (trigger.ssh_conn_id, trigger.log_path, trigger.pid) == ("ssh_node1", "/tmp/fleetgen/sglang-30000.log",
                                                                      4242)
-    assert (trigger.timeout_s, trigger.poll_s, trigger.api_key_conn_id) == (900.0, 2.5, "sglang_api")
-    assert (trigger.reconnect_attempts, trigger.reconnect_budget_s, trigger.command_timeout_s) == (3, 60.0, 7.0)
+    assert (trigger.watch.timeout_s, trigger.watch.poll_s, trigger.api_key_conn_id) == (900.0, 2.5, "sglang_api")
+    assert (trigger.watch.reconnect_attempts, trigger.watch.reconnect_budget_s,
+            trigger.watch.command_timeout_s) == (3, 60.0, 7.0)
     assert trigger.context == {"launched": launched, "attempt": 2}
 
 
-def test_the_operator_defaults_are_the_reconnect_modules():
+def test_the_operator_defaults_are_the_reconnect_modules_and_the_runs_ready_timeout(monkeypatch):
+    from fleetgen.airflow import context as airflow_context
+    from fleetgen.airflow.run_config import RunConfig
     from fleetgen.nodes import reconnect
 
+    params = {spec.name: spec.default_value() for spec in RunConfig.settings()} | {"ready_timeout_s": 1234}
+    monkeypatch.setattr(airflow_context, "run_context", lambda: ({}, RunConfig.from_params(params), None))
     launched = _launched(_plan(0))
     trigger = WaitReadyOperator(task_id="wait_ready", server=launched, fleet=FLEET)._trigger(launched, 0)
-    assert (trigger.timeout_s, trigger.poll_s) == (1800.0, 1.0)
-    assert (trigger.reconnect_attempts, trigger.reconnect_budget_s, trigger.command_timeout_s) == (
+    assert (trigger.watch.timeout_s, trigger.watch.poll_s) == (1234.0, 1.0)
+    assert (trigger.watch.reconnect_attempts, trigger.watch.reconnect_budget_s, trigger.watch.command_timeout_s) == (
         reconnect.DEFAULT_RECONNECT_ATTEMPTS, reconnect.DEFAULT_RECONNECT_BUDGET_S, reconnect.DEFAULT_COMMAND_TIMEOUT_S)
 
 
@@ -397,7 +402,7 @@ def task_log(caplog):
 def test_the_wait_starts_by_naming_the_server_and_its_log(task_log):
     from airflow.sdk.exceptions import TaskDeferred
 
-    operator = WaitReadyOperator(task_id="wait_ready", server=_launched(_plan(0)), fleet=FLEET)
+    operator = WaitReadyOperator(task_id="wait_ready", server=_launched(_plan(0)), fleet=FLEET, timeout_s=600)
     with pytest.raises(TaskDeferred):
         operator.execute({})
     assert task_log.messages == ["Waiting for gpu-node-1:30000 (GPU [0], pid 4242) to become ready; watching "

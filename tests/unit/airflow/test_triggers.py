@@ -7,7 +7,7 @@ and a server ready over HTTP ends the wait even while its node's SSH is away."""
 
 import asyncio
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 
 import asyncssh
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from fleetgen.airflow import triggers
-from fleetgen.airflow.triggers import LOG_TAIL_LINES, ConnectionSetupError, ReadinessTrigger
+from fleetgen.airflow.triggers import LOG_TAIL_LINES, ConnectionSetupError, ReadinessTrigger, WatchSettings
 from fleetgen.errors import FailureKind
 from fleetgen.nodes import remote
 from fleetgen.nodes.host_keys import describe, describe_public_line
@@ -149,8 +149,13 @@ def clients(monkeypatch) -> Clients:
 
 
 def _trigger(clock: Clock, node: Node, **kwargs) -> ReadinessTrigger:
-    options = {"timeout_s": 600, "poll_s": 1.0, "resume_settle_s": 0.0, "started_at": clock.now, **kwargs}
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/tmp/s.log", pid=4242, **options)
+    """A trigger on ``node``; keyword arguments named like a WatchSettings field go into its watch settings."""
+    watched = {item.name for item in fields(WatchSettings)}
+    watch = {"timeout_s": 600, "poll_s": 1.0, "resume_settle_s": 0.0,
+             **{name: value for name, value in kwargs.items() if name in watched}}
+    others = {"started_at": clock.now, **{name: value for name, value in kwargs.items() if name not in watched}}
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/tmp/s.log", pid=4242, watch=watch,
+                               **others)
     trigger._connect = node.connect
     trigger._log = Log()
     return trigger
@@ -335,8 +340,8 @@ def _connect_with(monkeypatch, outcome, command_timeout_s=5.0):
 
     FakeHook.made, FakeHook.outcome = [], outcome
     monkeypatch.setattr(ssh, "SSHHookAsync", FakeHook)
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, timeout_s=600,
-                               command_timeout_s=command_timeout_s)
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, 
+                               watch={"timeout_s": 600, "command_timeout_s": command_timeout_s})
     return asyncio.run(trigger._connect())
 
 
@@ -387,7 +392,7 @@ def _host_key_fakes(monkeypatch, *, configured, presented, port=None, read_error
 
 
 def _host_key_event(**kwargs) -> dict:
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, timeout_s=600,
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, watch={"timeout_s": 600},
                                context={"launched": {}, "attempt": 0})
     return asyncio.run(trigger._host_key_event(asyncssh.HostKeyNotVerifiable("Host key is not trusted"))).payload
 
@@ -424,8 +429,8 @@ def test_a_key_read_that_hangs_gives_up_within_the_command_timeout(monkeypatch):
         await asyncio.Event().wait()
 
     monkeypatch.setattr(asyncssh, "get_server_host_key", hangs)
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, timeout_s=600,
-                               command_timeout_s=0.05)
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, 
+                               watch={"timeout_s": 600, "command_timeout_s": 0.05})
     event = asyncio.run(trigger._host_key_event(asyncssh.HostKeyNotVerifiable("not trusted"))).payload
     assert event["status"] == "host_key_mismatch" and event["received"].startswith("(could not be read again")
 
@@ -434,7 +439,7 @@ def test_a_key_read_that_hangs_gives_up_within_the_command_timeout(monkeypatch):
 
 def _poll(step: Step, *, http_ready: bool = False, **kwargs):
     node = Node(step)
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/tmp/s.log", pid=4242, timeout_s=600,
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/tmp/s.log", pid=4242, watch={"timeout_s": 600},
                                **kwargs)
 
     async def probe(http):
@@ -493,7 +498,7 @@ def test_the_watch_output_as_bytes_is_decoded_even_when_broken():
 
 
 def test_a_watch_without_output_is_no_verdict_on_the_server():
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, timeout_s=600)
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, watch={"timeout_s": 600})
 
     class Silent:
         async def run(self, command, check=False):
@@ -504,8 +509,8 @@ def test_a_watch_without_output_is_no_verdict_on_the_server():
 
 
 def test_a_wedged_watch_command_times_out():
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, timeout_s=600,
-                               command_timeout_s=0.05)
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, 
+                               watch={"timeout_s": 600, "command_timeout_s": 0.05})
 
     class Wedged:
         async def run(self, command, check=False):
@@ -594,7 +599,7 @@ def _probe(routes: dict, context: dict | None = None):
             return httpx.Response(status, text=body)
         return httpx.Response(status, json=body)
 
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, timeout_s=600,
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, watch={"timeout_s": 600},
                                context=context)
 
     async def probe():
@@ -650,7 +655,7 @@ def test_another_launch_on_the_port_is_warned_once_naming_the_first_three_differ
             "--context-length", "8192"]
     foreign = {**SERVER_INFO, "model_path": "/models/old", "port": 30001, "mem_fraction_static": 0.8,
                "context_length": 4096}
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, timeout_s=600,
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x", pid=1, watch={"timeout_s": 600},
                                context={"launched": {"args": args}})
     trigger._log = Log()
     assert not trigger._is_this_launch(foreign) and not trigger._is_this_launch(foreign)
@@ -663,23 +668,32 @@ def test_another_launch_on_the_port_is_warned_once_naming_the_first_three_differ
 # --- what the trigger carries -----------------------------------------------------------------------------------
 
 def test_every_setting_survives_serialisation_as_json():
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/tmp/s.log", pid="4242", timeout_s="900",
-                               poll_s=2, api_key_conn_id="sglang_api", started_at=1234.5,
-                               context={"launched": {"name": "node0:30000"}, "attempt": 3}, reconnect_attempts="4",
-                               reconnect_budget_s=120, command_timeout_s=7, resume_settle_s=3)
+    watch = {"timeout_s": "900", "poll_s": 2, "reconnect_attempts": "4", "reconnect_budget_s": 120,
+             "command_timeout_s": 7, "resume_settle_s": 3}
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/tmp/s.log", pid="4242", watch=watch,
+                               api_key_conn_id="sglang_api", started_at=1234.5,
+                               context={"launched": {"name": "node0:30000"}, "attempt": 3})
     classpath, kwargs = trigger.serialize()
     assert classpath == "fleetgen.airflow.triggers.ReadinessTrigger"
     assert kwargs == {"server": SERVER, "ssh_conn_id": "node0", "log_path": "/tmp/s.log", "pid": 4242,
-                      "timeout_s": 900.0, "poll_s": 2.0, "api_key_conn_id": "sglang_api", "started_at": 1234.5,
-                      "context": {"launched": {"name": "node0:30000"}, "attempt": 3}, "reconnect_attempts": 4,
-                      "reconnect_budget_s": 120.0, "command_timeout_s": 7.0, "resume_settle_s": 3.0}
+                      "watch": {"timeout_s": 900.0, "poll_s": 2.0, "reconnect_attempts": 4,
+                                "reconnect_budget_s": 120.0, "command_timeout_s": 7.0, "resume_settle_s": 3.0},
+                      "api_key_conn_id": "sglang_api", "started_at": 1234.5,
+                      "context": {"launched": {"name": "node0:30000"}, "attempt": 3}}
     assert json.loads(json.dumps(kwargs)) == kwargs
     assert ReadinessTrigger(**kwargs).serialize() == (classpath, kwargs)
+    assert type(trigger.watch.reconnect_attempts) is int and type(trigger.watch.poll_s) is float
+
+
+def test_an_unknown_watch_setting_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"unknown watch settings \['poll'\]"):
+        ReadinessTrigger(server=SERVER, ssh_conn_id="n", log_path="/x", pid=1, watch={"poll": 1})
 
 
 def test_a_trigger_started_at_zero_keeps_zero(clock):
-    assert ReadinessTrigger(server=SERVER, ssh_conn_id="n", log_path="/x", pid=1, timeout_s=1,
+    assert ReadinessTrigger(server=SERVER, ssh_conn_id="n", log_path="/x", pid=1, watch={"timeout_s": 1},
                             started_at=0.0).started_at == 0.0
-    unset = ReadinessTrigger(server=SERVER, ssh_conn_id="n", log_path="/x", pid=1, timeout_s=1)
-    assert unset.started_at == clock.now and unset.context == {} and unset.poll_s == 1.0
+    unset = ReadinessTrigger(server=SERVER, ssh_conn_id="n", log_path="/x", pid=1)
+    assert unset.started_at == clock.now and unset.context == {} and unset.watch == WatchSettings()
+    assert unset.watch.poll_s == 1.0 and unset.watch.timeout_s == 1800.0
     assert unset.api_key_conn_id is None and asyncio.run(unset._api_headers()) == {}

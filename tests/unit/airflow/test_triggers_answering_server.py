@@ -27,7 +27,7 @@ class FakeHTTP:
 
 
 def _probe(server_info: dict, context: dict):
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x.log", pid=7, timeout_s=600,
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x.log", pid=7, watch={"timeout_s": 600},
                                context=context)
     return trigger, asyncio.run(trigger._probe_http(FakeHTTP(server_info)))
 
@@ -39,7 +39,7 @@ def test_a_server_running_this_launch_is_ready():
 
 def test_another_server_on_the_port_is_not_taken_for_this_launch():
     warnings = []
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x.log", pid=7, timeout_s=600,
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x.log", pid=7, watch={"timeout_s": 600},
                                context={"launched": {"args": ARGS}})
     trigger._log = SimpleNamespace(warning=lambda message, *args: warnings.append(message % args))
     foreign = _info(model_path="/models/last-week", mem_fraction_static=0.8)

@@ -29,8 +29,8 @@ class FakeClock:
 
 
 def _trigger_ready_after(monkeypatch, clock: FakeClock, polls_until_ready: int, **kwargs) -> ReadinessTrigger:
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x.log", pid=7, timeout_s=600,
-                               poll_s=1.0, **kwargs)
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x.log", pid=7,
+                               watch={"timeout_s": 600, "poll_s": 1.0, **kwargs})
     polls = []
 
     async def poll(ssh, http):
@@ -79,11 +79,13 @@ def test_part_of_the_hold_already_spent_polling_is_not_waited_again(monkeypatch)
 
 
 def test_the_hold_defaults_on_and_survives_serialisation():
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x.log", pid=7, timeout_s=600)
-    assert trigger.resume_settle_s == DEFAULT_RESUME_SETTLE_S >= 10
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x.log", pid=7,
+                               watch={"timeout_s": 600})
+    assert trigger.watch.resume_settle_s == DEFAULT_RESUME_SETTLE_S >= 10
     _, kwargs = trigger.serialize()
-    assert ReadinessTrigger(**{**kwargs, "resume_settle_s": 2.5}).serialize()[1]["resume_settle_s"] == 2.5
-    assert ReadinessTrigger(**kwargs).resume_settle_s == DEFAULT_RESUME_SETTLE_S
+    settled = ReadinessTrigger(**{**kwargs, "watch": {**kwargs["watch"], "resume_settle_s": 2.5}})
+    assert settled.serialize()[1]["watch"]["resume_settle_s"] == 2.5
+    assert ReadinessTrigger(**kwargs).watch.resume_settle_s == DEFAULT_RESUME_SETTLE_S
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, DEFAULT_RESUME_SETTLE_S), ("0", 0.0), (0, 0.0), ("7.5", 7.5)])
@@ -91,5 +93,6 @@ def test_the_operator_passes_the_deployments_setting_or_the_default(given, expec
     launched = {**SERVER, "ssh_conn_id": "node0", "log_path": "/x.log", "pid": 7}
     fleet = {"nodes": [{"name": "node0", "ssh_conn_id": "node0", "address": "127.0.0.1", "gpus": [0]}],
              "model": {"path": "/models/m"}, "server": {}}
-    operator = WaitReadyOperator(task_id="wait_ready", server=launched, fleet=fleet, resume_settle_s=given)
-    assert operator._trigger(launched, 0).resume_settle_s == expected
+    operator = WaitReadyOperator(task_id="wait_ready", server=launched, fleet=fleet, timeout_s=600,
+                                 resume_settle_s=given)
+    assert operator._trigger(launched, 0).watch.resume_settle_s == expected

@@ -24,7 +24,7 @@ class FakeSSH:
 
 
 def _ready_event(outputs, ready_at_poll: int) -> dict:
-    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x.log", pid=7, timeout_s=600)
+    trigger = ReadinessTrigger(server=SERVER, ssh_conn_id="node0", log_path="/x.log", pid=7, watch={"timeout_s": 600})
     ssh, polls = FakeSSH(outputs), []
 
     async def probe(http):

@@ -7,7 +7,7 @@ import pytest
 
 from generate_fakes import completion_body
 
-from fleetgen.generate.chat import BadResponse, error_message, parse_chat_response, request_body
+from fleetgen.generate.chat import BadResponse, Verdict, error_message, parse_chat_response, request_body, verdict_for_status
 from fleetgen.generate.settings import GenerationSettings
 from fleetgen.prompts.lines import Prompt
 
@@ -212,3 +212,12 @@ def test_a_long_error_is_cut_at_500_characters(wrap):
 
 def test_a_long_raw_error_is_cut_at_500_bytes():
     assert error_message(b"e" * 499 + b"fg") == "e" * 499 + "f"
+
+
+@pytest.mark.parametrize(("status", "verdict"), [
+    (200, Verdict.ANSWERED), (401, Verdict.BAD_KEY), (403, Verdict.BAD_KEY), (404, Verdict.NO_ROUTE),
+    (408, Verdict.RETRY), (429, Verdict.RETRY), (400, Verdict.CLIENT_ERROR), (413, Verdict.CLIENT_ERROR),
+    (499, Verdict.CLIENT_ERROR), (500, Verdict.SERVER_FAILED), (503, Verdict.SERVER_FAILED),
+    (399, Verdict.SERVER_FAILED), (201, Verdict.SERVER_FAILED), (302, Verdict.SERVER_FAILED)])
+def test_each_status_has_one_verdict_and_only_200_is_an_answer(status, verdict):
+    assert verdict_for_status(status) is verdict

@@ -461,3 +461,14 @@ async def test_every_server_down_names_each_with_its_reason(tmp_path):
     assert "  s0:1: down since " in message and "(http_502: HTTP 502: bad gateway)" in message
     assert "  s1:1: down since " in message and caught.value.shard == 0
     assert caught.value.hint == "check the servers' logs and GPUs; a retry of this task resumes where it stopped"
+
+
+def test_periodic_work_runs_once_per_interval_from_its_start():
+    from fleetgen.generate.dispatch import Periodic
+
+    runs = []
+    timer = Periodic(2.0, lambda: runs.append(True))
+    timer.start(100.0)
+    for now in (100.0, 101.9, 102.0, 103.0, 103.9, 104.0, 104.1):
+        timer.run_if_due(now)
+    assert len(runs) == 2 and timer.next_at == 106.0

@@ -12,7 +12,7 @@ import time
 
 from fleetgen.generate.watch import JsonlAppender
 from fleetgen.nodes import remote
-from fleetgen.nodes.gpu_sampling import (MAX_LOOP_SECONDS, SAMPLE_QUERY, GpuSampling, NodeLease, NodeSampler,
+from fleetgen.nodes.gpu_sampling import (MAX_LOOP_SECONDS, SAMPLE_QUERY, GpuSampling, SamplerClaim, NodeSampler,
                                          parse_sample_lines)
 from fleetgen.outputs import RunLayout
 from sglang_sim.node import create_node
@@ -95,11 +95,11 @@ def test_one_session_per_node_across_shards_and_a_takeover_when_the_holder_ends(
     with first:
         wait_until(lambda: gpu_rows(0) >= 4)
         with second:
-            time.sleep(0.3)  # several of the second shard's lease checks
-            assert len(LocalStream.opened) == 1  # the second shard waits on the lease
+            time.sleep(0.3)  # several of the second shard's claim checks
+            assert len(LocalStream.opened) == 1  # the second shard waits on the claim
         # second ended first: it never sampled
     assert len(LocalStream.opened) == 1 and gpu_rows(1) == 0
-    assert not (layout.kind_dir("gpu") / "gpu-node.lease").exists()  # released on exit
+    assert not (layout.kind_dir("gpu") / "gpu-node.sampler").exists()  # released on exit
 
     third = GpuSampling(nodes=["gpu-node"], open_stream=open_stream, layout=layout, shard_id=2, interval_s=0.05,
                         log=log)
@@ -108,14 +108,14 @@ def test_one_session_per_node_across_shards_and_a_takeover_when_the_holder_ends(
     assert len(LocalStream.opened) == 2
 
 
-def test_a_stale_lease_is_taken_over(tmp_path):
-    path = tmp_path / "gpu" / "n.lease"
-    holder = NodeLease(path, "shard 0", stale_s=0.2)
-    other = NodeLease(path, "shard 1", stale_s=0.2)
+def test_a_stale_claim_is_taken_over(tmp_path):
+    path = tmp_path / "gpu" / "n.sampler"
+    holder = SamplerClaim(path, "shard 0", stale_s=0.2)
+    other = SamplerClaim(path, "shard 1", stale_s=0.2)
     assert holder.acquire() and not other.acquire()
     time.sleep(0.3)
     assert other.acquire() and path.read_text() == "shard 1"
-    holder.release()  # not its lease any more: left alone
+    holder.release()  # not its claim any more: left alone
     assert path.exists()
 
 
@@ -149,7 +149,7 @@ def read_rows(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_every_gpu_of_every_node_is_sampled_into_the_shards_file_one_session_and_lease_per_node(tmp_path):
+def test_every_gpu_of_every_node_is_sampled_into_the_shards_file_one_session_and_claim_per_node(tmp_path):
     layout = RunLayout(tmp_path / "run")
     sessions = {"n0": samples(10.0, "0, 91, 700.5, 150000", "1, 0, 90, 512"),
                 "n1": samples(11.0, "0, 50, 400, 1000", "1, 60, 410, 2000", "2, 70, 420, 3000")}
@@ -161,13 +161,13 @@ def test_every_gpu_of_every_node_is_sampled_into_the_shards_file_one_session_and
 
     sampling = GpuSampling(nodes=["n0", "n1"], open_stream=open_stream, layout=layout, shard_id=3, interval_s=0.5,
                            log=log)
-    assert [sampler.lease.path for sampler in sampling.samplers] == [layout.kind_dir("gpu") / "n0.lease",
-                                                                    layout.kind_dir("gpu") / "n1.lease"]
-    assert all(sampler.lease.stale_s == 3 * 0.5 + 10 for sampler in sampling.samplers)
+    assert [sampler.claim.path for sampler in sampling.samplers] == [layout.kind_dir("gpu") / "n0.sampler",
+                                                                    layout.kind_dir("gpu") / "n1.sampler"]
+    assert all(sampler.claim.stale_s == 3 * 0.5 + 10 for sampler in sampling.samplers)
     with sampling:
         wait_until(lambda: [sampler.rows for sampler in sampling.samplers] == [2, 3], timeout_s=SHORT_WAIT_S)
-        owners = {path.name: path.read_text() for path in layout.kind_dir("gpu").glob("*.lease")}
-        assert set(owners) == {"n0.lease", "n1.lease"}
+        owners = {path.name: path.read_text() for path in layout.kind_dir("gpu").glob("*.sampler")}
+        assert set(owners) == {"n0.sampler", "n1.sampler"}
         assert all(owner.startswith(f"shard 3 pid {os.getpid()} at ") for owner in owners.values())
     expected_command = remote.sampling_loop_command(SAMPLE_QUERY, interval_s=0.5, max_seconds=MAX_LOOP_SECONDS)
     assert sorted(opened) == [("n0", expected_command), ("n1", expected_command)]
@@ -176,7 +176,7 @@ def test_every_gpu_of_every_node_is_sampled_into_the_shards_file_one_session_and
         ("n0", 0, 91.0, 700.5, 150000.0, 10.0), ("n0", 1, 0.0, 90.0, 512.0, 10.0),
         ("n1", 0, 50.0, 400.0, 1000.0, 11.0), ("n1", 1, 60.0, 410.0, 2000.0, 11.0),
         ("n1", 2, 70.0, 420.0, 3000.0, 11.0)]
-    assert list(layout.kind_dir("gpu").glob("*.lease")) == []  # both released on exit
+    assert list(layout.kind_dir("gpu").glob("*.sampler")) == []  # both released on exit
     assert not any(sampler.is_alive() for sampler in sampling.samplers)
 
 
@@ -197,8 +197,8 @@ class FlakyOpener:
 
 def _sampler(tmp_path, open_stream, *, interval_s=0.01, owner="shard 0"):
     out = JsonlAppender(tmp_path / "gpu" / "shard-00000.jsonl")
-    lease = NodeLease(tmp_path / "gpu" / "n.lease", owner, stale_s=60)
-    return NodeSampler(node="n", open_stream=open_stream, out=out, lease=lease, interval_s=interval_s,
+    claim = SamplerClaim(tmp_path / "gpu" / "n.sampler", owner, stale_s=60)
+    return NodeSampler(node="n", open_stream=open_stream, out=out, claim=claim, interval_s=interval_s,
                        log=log), out
 
 
@@ -219,38 +219,38 @@ def test_a_lost_session_is_reopened_after_one_warning_and_sampling_goes_on(tmp_p
                         "every 0 s"]
     assert read_rows(tmp_path / "gpu" / "shard-00000.jsonl") == [
         {"t": 5.0, "node": "n", "gpu": 0, "util": 1.0, "power_w": 2.0, "mem_mib": 3.0}]
-    assert not (tmp_path / "gpu" / "n.lease").exists()
+    assert not (tmp_path / "gpu" / "n.sampler").exists()
 
 
-def test_a_failed_session_gives_the_lease_back_so_another_shard_may_sample(tmp_path):
-    lease_path = tmp_path / "gpu" / "n.lease"
-    seen_lease = []
+def test_a_failed_session_gives_the_claim_back_so_another_shard_may_sample(tmp_path):
+    claim_path = tmp_path / "gpu" / "n.sampler"
+    seen_claim = []
 
     def open_stream(command):
-        seen_lease.append(lease_path.read_text())
+        seen_claim.append(claim_path.read_text())
         raise OSError("no route to host")
 
     sampler, out = _sampler(tmp_path, open_stream, interval_s=0.05)
     sampler.start()
     try:
-        wait_until(lambda: len(seen_lease) >= 2, timeout_s=SHORT_WAIT_S)
-        # Between tries the lease is free: another shard could take it.
-        wait_until(lambda: not lease_path.exists(), timeout_s=SHORT_WAIT_S)
+        wait_until(lambda: len(seen_claim) >= 2, timeout_s=SHORT_WAIT_S)
+        # Between tries the claim is free: another shard could take it.
+        wait_until(lambda: not claim_path.exists(), timeout_s=SHORT_WAIT_S)
     finally:
         sampler.stop()
         sampler.join(timeout=SHORT_WAIT_S)
         out.close()
-    assert seen_lease[0] == "shard 0"
+    assert seen_claim[0] == "shard 0"
 
 
-def test_a_node_another_shard_samples_is_not_opened_until_its_lease_is_free(tmp_path):
-    holder = NodeLease(tmp_path / "gpu" / "n.lease", "shard 9", stale_s=60)
+def test_a_node_another_shard_samples_is_not_opened_until_its_claim_is_free(tmp_path):
+    holder = SamplerClaim(tmp_path / "gpu" / "n.sampler", "shard 9", stale_s=60)
     assert holder.acquire()
     opener = FlakyOpener(failures=0, lines=samples(1.0, "0, 1, 2, 3"))
     sampler, out = _sampler(tmp_path, opener)
     sampler.start()
     try:
-        time.sleep(0.1)  # several lease checks at 0.01 s
+        time.sleep(0.1)  # several claim checks at 0.01 s
         assert opener.opened == 0 and sampler.rows == 0
         holder.release()
         wait_until(lambda: sampler.rows == 1, timeout_s=SHORT_WAIT_S)
@@ -274,11 +274,11 @@ def test_stopping_closes_an_open_session_at_once(tmp_path):
     assert stream.closed.is_set() and not sampler.is_alive() and time.monotonic() - started < 5
 
 
-def test_each_row_renews_the_lease(tmp_path):
-    lease_path = tmp_path / "gpu" / "n.lease"
+def test_each_row_renews_the_claim(tmp_path):
+    claim_path = tmp_path / "gpu" / "n.sampler"
     renewed = []
 
-    class RenewSpy(NodeLease):
+    class RenewSpy(SamplerClaim):
         def renew(self):
             renewed.append(self.path.stat().st_mtime)
             super().renew()
@@ -286,7 +286,7 @@ def test_each_row_renews_the_lease(tmp_path):
     out = JsonlAppender(tmp_path / "gpu" / "shard-00000.jsonl")
     sampler = NodeSampler(node="n", open_stream=lambda command: ScriptedStream(samples(1.0, "0, 1, 2, 3",
                                                                                        "1, 1, 2, 3")),
-                          out=out, lease=RenewSpy(lease_path, "shard 0", stale_s=60), interval_s=0.01, log=log)
+                          out=out, claim=RenewSpy(claim_path, "shard 0", stale_s=60), interval_s=0.01, log=log)
     sampler.start()
     try:
         wait_until(lambda: sampler.rows == 2, timeout_s=SHORT_WAIT_S)
@@ -297,10 +297,10 @@ def test_each_row_renews_the_lease(tmp_path):
     assert len(renewed) == 2
 
 
-def test_renewing_keeps_a_lease_from_going_stale(tmp_path):
-    path = tmp_path / "gpu" / "n.lease"
-    holder = NodeLease(path, "shard 0", stale_s=30)
-    other = NodeLease(path, "shard 1", stale_s=30)
+def test_renewing_keeps_a_claim_from_going_stale(tmp_path):
+    path = tmp_path / "gpu" / "n.sampler"
+    holder = SamplerClaim(path, "shard 0", stale_s=30)
+    other = SamplerClaim(path, "shard 1", stale_s=30)
     assert holder.acquire() and path.read_text() == "shard 0"
     os.utime(path, (time.time() - 60, time.time() - 60))  # not renewed for a minute
     holder.renew()
@@ -309,12 +309,12 @@ def test_renewing_keeps_a_lease_from_going_stale(tmp_path):
     assert other.acquire() and path.read_text() == "shard 1"
 
 
-def test_releasing_a_lease_that_is_gone_is_harmless(tmp_path):
-    lease = NodeLease(tmp_path / "gpu" / "n.lease", "shard 0", stale_s=30)
-    lease.release()
-    assert lease.acquire() and lease.acquire() is False  # held, even by the same owner: one session per node
-    lease.release()
-    assert not lease.path.exists()
+def test_releasing_a_claim_that_is_gone_is_harmless(tmp_path):
+    claim = SamplerClaim(tmp_path / "gpu" / "n.sampler", "shard 0", stale_s=30)
+    claim.release()
+    assert claim.acquire() and claim.acquire() is False  # held, even by the same owner: one session per node
+    claim.release()
+    assert not claim.path.exists()
 
 
 def test_rows_carry_the_latest_time_mark_and_skip_what_is_not_a_sample():
@@ -351,12 +351,12 @@ def test_a_shards_samplers_are_named_daemon_threads_that_warn_in_the_shards_log(
     assert "GPU sampling on n0 interrupted (OSError: n0 is unreachable)" in caplog.records[0].getMessage()
 
 
-def test_the_first_lease_of_a_run_creates_the_gpu_folder(tmp_path):
-    lease = NodeLease(tmp_path / "run" / "gpu" / "n.lease", "shard 0", stale_s=30)
-    assert lease.acquire() and lease.path.read_text() == "shard 0"
+def test_the_first_claim_of_a_run_creates_the_gpu_folder(tmp_path):
+    claim = SamplerClaim(tmp_path / "run" / "gpu" / "n.sampler", "shard 0", stale_s=30)
+    assert claim.acquire() and claim.path.read_text() == "shard 0"
     umask = os.umask(0)
     os.umask(umask)
-    assert lease.path.stat().st_mode & 0o777 == 0o644 & ~umask  # readable by whoever looks, writable by us
+    assert claim.path.stat().st_mode & 0o777 == 0o644 & ~umask  # readable by whoever looks, writable by us
 
 
 def test_stopping_after_a_session_ended_is_harmless(tmp_path):
