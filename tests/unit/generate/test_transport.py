@@ -274,21 +274,24 @@ async def test_a_body_until_close_is_complete_at_eof_and_the_connection_not_reus
 
 async def test_eof_inside_the_headers_is_a_protocol_error():
     waiter, connection, wire = exchange(b"HTTP/1.1 200 OK\r\ncontent-le", eof=True)
-    with pytest.raises(httpx.RemoteProtocolError, match="connection closed inside the response headers"):
+    with pytest.raises(httpx.RemoteProtocolError) as caught:
         waiter.result()
+    assert str(caught.value) == "connection closed inside the response headers"
     assert connection.closed and wire.closed
 
 
 async def test_eof_before_the_whole_body_is_a_protocol_error():
     waiter, _, _ = exchange(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nshort", eof=True)
-    with pytest.raises(httpx.RemoteProtocolError, match="connection closed before the response body was complete"):
+    with pytest.raises(httpx.RemoteProtocolError) as caught:
         waiter.result()
+    assert str(caught.value) == "connection closed before the response body was complete"
 
 
 async def test_eof_inside_a_chunked_body_is_a_protocol_error():
     waiter, _, _ = exchange(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel", eof=True)
-    with pytest.raises(httpx.RemoteProtocolError, match="connection closed inside a chunked response"):
+    with pytest.raises(httpx.RemoteProtocolError) as caught:
         waiter.result()
+    assert str(caught.value) == "connection closed inside a chunked response"
 
 
 async def test_eof_before_any_byte_waits_for_the_connection_to_be_lost():
@@ -369,8 +372,9 @@ async def test_a_request_on_a_closed_connection_fails_at_once_without_writing(ma
     connection, wire = connected()
     setattr(connection, mark, True)
     waiter = connection.start(asyncio.get_running_loop(), b"GET / HTTP/1.1\r\n\r\n")
-    with pytest.raises(httpx.RemoteProtocolError, match="Server disconnected without sending a response"):
+    with pytest.raises(httpx.RemoteProtocolError) as caught:
         waiter.result()
+    assert str(caught.value) == "Server disconnected without sending a response."
     assert wire.written == []
 
 
@@ -683,3 +687,23 @@ async def test_only_a_chunked_transfer_encoding_makes_a_body_chunked():
     waiter, _, _ = exchange(b"HTTP/1.1 200 OK\r\nx-note: chunked\r\ntransfer-encoding: identity\r\n"
                             b"content-length: 2\r\n\r\nok")
     assert waiter.result()[2] == b"ok"
+
+
+async def test_a_response_starting_with_a_blank_line_has_an_empty_malformed_status_line():
+    waiter, connection, _ = exchange(b"\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+    with pytest.raises(httpx.RemoteProtocolError) as caught:
+        waiter.result()
+    assert str(caught.value) == "malformed status line b''"
+    assert connection.closed
+
+
+@pytest.mark.parametrize("later_header", [b"x-note: chunked", b"transfer-encoding: identity"])
+async def test_a_header_after_the_content_length_that_is_not_a_chunked_transfer_encoding_keeps_it(later_header):
+    waiter, _, _ = exchange(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n" + later_header + b"\r\n\r\nok")
+    assert waiter.result()[2:] == (b"ok", True)
+
+
+async def test_closing_a_connection_before_it_is_connected_only_marks_it_closed():
+    connection = _Connection()
+    connection.close()
+    assert connection.closed
