@@ -285,6 +285,7 @@ def test_throughput_per_server_adds_up_to_the_fleet_and_splits_over_its_gpus(tmp
     assert summary["length_share"] == 0.25 and summary["finish_reasons"] == {"stop": 3, "length": 1}
     assert summary["totals"] == {"completions": 4, "prompt_tokens": 10 + 11 + 12 + 13, "completion_tokens": 1200}
     assert summary["prompt_tokens"]["max"] == 13 and summary["prompt_tokens"]["mean"] == 11.5
+    assert summary["prompt_tokens"]["p99"] == pytest.approx(12.97)
 
 
 def test_measured_wall_time_is_the_headline_and_the_span_figure_stays(tmp_path):
@@ -325,6 +326,8 @@ def test_an_empty_stats_table_has_no_figures(tmp_path):
     assert summary["completion_tokens"]["mean"] is None and summary["completion_tokens"]["histogram"]["counts"] == []
     assert summary["prompt_tokens"] == {"mean": None, "p99": None, "max": None} and summary["length_share"] is None
     assert summary["timing"]["first_start"] is None and summary["timing"]["generation_seconds"] == 0.0
+    assert summary["timing"]["last_finish"] is None
+    assert all(summary["completion_tokens"][stat] is None for stat in ("min", "p50", "p90", "p99", "max"))
 
 
 def test_a_single_instant_completion_has_no_rate(tmp_path):
@@ -332,6 +335,9 @@ def test_a_single_instant_completion_has_no_rate(tmp_path):
     assert summary["throughput"]["tokens_per_s_generation"] is None
     assert summary["per_server"]["a"]["tokens_per_s"] is None and summary["per_server"]["a"]["tokens_per_s_active"] is None
     assert summary["per_gpu"] == {}
+    placed = summarize_stats(stats_of(tmp_path, [row(0, "a", 5.0, 100, latency=0.0)]),
+                             server_gpus={"a": {"host": "n", "gpu_ids": [0, 1]}})
+    assert placed["per_gpu"]["n:gpu1"] == {"server": "a", "completion_tokens": 50.0, "tokens_per_s": None}
 
 
 def test_readiness_says_where_a_server_runs_over_the_plan():
@@ -351,6 +357,8 @@ def test_the_tuning_rows_pair_the_plan_with_what_each_server_reported():
     rows = _tuning(plan[:2] + plan[2:], readiness[1:] + [extra])
     assert [row["server"] for row in rows] == sorted(SERVERS) + ["z:1"]
     first = next(row for row in rows if row["server"] == SERVERS[0])
+    assert (first["host"], first["port"], first["gpu_ids"]) == ("node-a", 30000, [0])
+    assert first["flags"] == {"--max-mamba-cache-size": 200, "--mem-fraction-static": 0.93}
     assert first["effective"] == dict.fromkeys(("max_running_requests", "max_mamba_cache_size",
                                                  "max_total_num_tokens"))
     assert first["matches"] == dict.fromkeys(first["effective"]) and first["version"] is None
@@ -365,6 +373,7 @@ def test_the_tuning_rows_pair_the_plan_with_what_each_server_reported():
     unplanned = rows[-1]
     assert unplanned["expected"] == dict.fromkeys(unplanned["expected"]) and unplanned["flags"] == {}
     assert unplanned["effective"]["max_running_requests"] == 16 and unplanned["host"] == "z"
+    assert (unplanned["port"], unplanned["gpu_ids"], unplanned["version"]) == (1, [0], "0.5.23")
     assert unplanned["matches"]["max_running_requests"] is None
 
 
@@ -399,6 +408,7 @@ def test_shard_results_of_a_run_with_shard_zero_and_missing_figures():
     assert shards["items"][0] == {"shard_id": 0, "done": 5, "failed": 1, "prompt_tokens": None,
                                   "completion_tokens": None, "seconds": 2.5}
     assert _shards(None) is None and _shards([])["seconds_max"] == 0.0
+    assert _shards([{"seconds": 1.23456}, {"seconds": 2.0}])["seconds_total"] == 3.235
     assert len(_shards([{"shard_id": n} for n in range(600)])["items"]) == 500
 
 
@@ -453,12 +463,14 @@ def test_the_comparison_of_the_length_share_and_of_reports_without_tuning():
     assert comparison["caps"] == {} and comparison["previous_report"] is None
 
 
-def test_a_previous_report_of_another_schema_or_not_an_object_is_not_compared(tmp_path):
+def test_a_previous_report_of_another_schema_or_not_an_object_is_not_compared(tmp_path, caplog):
     assert _load_previous(None) == (None, None)
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"schema": 0}))
-    assert _load_previous(old) == (None, {"available": False, "previous_report": str(old),
-                                          "reason": "schema 0, expected 1"})
+    with caplog.at_level("WARNING", logger="fleetgen.report.build"):
+        assert _load_previous(old) == (None, {"available": False, "previous_report": str(old),
+                                              "reason": "schema 0, expected 1"})
+    assert caplog.messages == [f"previous report {old} not usable, no comparison: schema 0, expected 1"]
     listed = tmp_path / "list.json"
     listed.write_text("[]")
     assert _load_previous(listed)[1]["available"] is False
@@ -475,6 +487,11 @@ def test_dead_tries_are_taken_out_of_the_span_once_when_they_overlap():
     assert report["throughput"]["tokens_per_s_net_of_dead_time"] == round(6000 / 70, 2)
     _net_of_dead_tries(report, [{"dead_since_s": 0.0, "resumed_s": 300.0}])
     assert report["throughput"]["tokens_per_s_net_of_dead_time"] is None and report["timing"]["lost_tries"] == 1
+    report["timing"].update(last_finish=200.5, generation_seconds=100.5)  # half a second was live
+    _net_of_dead_tries(report, [{"dead_since_s": 100.0, "resumed_s": 200.0}])
+    assert report["throughput"]["tokens_per_s_net_of_dead_time"] == 12000.0
+    _net_of_dead_tries(report, [{"dead_since_s": 110.0, "resumed_s": 120.12345}])
+    assert report["timing"]["dead_seconds"] == 10.123
 
 
 def test_a_built_report_leaves_reused_completions_out_of_tonights_figures(tmp_path, no_plots):
@@ -612,3 +629,86 @@ def test_the_report_is_drawn_into_its_folder_written_indented_and_logged(tmp_pat
     assert json.loads(text)["plots"] == {"per_server": "p.png"}
     assert f"report {out / 'report' / 'report.json'}: 15.0 completion tokens/s (first_start_to_last_finish), " \
            "2 completions" in caplog.messages
+
+
+def test_figures_keep_the_precision_the_report_shows_and_servers_are_listed_by_name(tmp_path):
+    # "b" answers first; figures with many decimals show whether each keeps its own precision
+    rows = [row(0, "b", 1.0, 200, latency=1.0), row(1, "a", 1.5, 100, latency=1.0),
+            row(2, "a", 2.2345, 50, latency=1.2346, finish_reason="length"), row(3, "a", 1.5, 10, latency=0.5),
+            row(4, "b", 2.5, 7, latency=0.5), row(5, "b", 3.3456, 16, latency=0.5)]
+    stats = stats_of(tmp_path, rows)
+    summary = summarize_stats(stats, server_gpus={"b": {"host": "n", "gpu_ids": [0, 1, 2]}})
+    assert summary["timing"]["generation_seconds"] == 3.346
+    assert summary["throughput"] == {"tokens_per_s": 114.48, "tokens_per_s_generation": 114.48,
+                                     "tokens_per_s_wall": None, "completions_per_s": 1.793}
+    assert summary["length_share"] == 0.166667
+    assert list(summary["per_server"]) == ["a", "b"]
+    a, b = summary["per_server"]["a"], summary["per_server"]["b"]
+    assert (a["tokens_per_s"], a["active_seconds"], a["tokens_per_s_active"]) == (47.82, 1.734, 92.25)
+    assert (a["mean_latency_s"], a["p95_latency_s"], a["length_share"]) == (0.912, 1.211, 0.333333)
+    assert (b["tokens_per_s"], b["active_seconds"], b["tokens_per_s_active"]) == (66.65, 3.346, 66.65)
+    assert summary["per_gpu"]["n:gpu2"] == {"server": "b", "completion_tokens": 223 / 3, "tokens_per_s": 22.22}
+    walled = summarize_stats(stats, wall_seconds=7.0)["throughput"]
+    assert walled == {"tokens_per_s": 54.71, "tokens_per_s_generation": 114.48, "tokens_per_s_wall": 54.71,
+                      "completions_per_s": 0.857}
+
+
+def test_a_run_shorter_than_a_second_still_has_its_rates(tmp_path):
+    rows = [row(0, "a", 0.5, 100, latency=0.25), row(1, "a", 0.75, 50, latency=0.25)]
+    summary = summarize_stats(stats_of(tmp_path, rows))
+    assert summary["timing"]["generation_seconds"] == 0.5
+    assert summary["throughput"]["tokens_per_s"] == 300.0 and summary["throughput"]["tokens_per_s_generation"] == 300.0
+    assert summary["per_server"]["a"]["tokens_per_s"] == 300.0
+    assert (summary["per_server"]["a"]["active_seconds"], summary["per_server"]["a"]["tokens_per_s_active"]) == (
+        0.5, 300.0)
+
+
+def test_a_row_without_a_latency_started_when_it_finished(tmp_path):
+    rows = [row(0, "a", 10.0, 100, latency=None), row(1, "a", 20.0, 100, latency=5.0)]
+    summary = summarize_stats(stats_of(tmp_path, rows))
+    assert summary["timing"]["first_start"] == T0 + 10.0 and summary["timing"]["generation_seconds"] == 10.0
+    assert summary["per_server"]["a"]["active_seconds"] == 10.0 and summary["throughput"]["tokens_per_s"] == 20.0
+
+
+def test_servers_without_known_gpus_do_not_hide_the_per_gpu_figures_of_the_others(tmp_path):
+    rows = [row(0, "a-unplanned:1", 10.0, 100, latency=10.0), row(1, "n1:30000", 20.0, 300)]
+    gpus = {"n1:30000": {"host": "n1", "gpu_ids": [0]}}
+    summary = summarize_stats(stats_of(tmp_path, rows), server_gpus=gpus)
+    assert summary["per_gpu"] == {"n1:gpu0": {"server": "n1:30000", "completion_tokens": 300.0, "tokens_per_s": 15.0}}
+
+
+def test_a_histogram_of_empty_completions_spans_one_token(tmp_path):
+    summary = summarize_stats(stats_of(tmp_path, [row(n, "a", 1.0 + n, 0) for n in range(3)]))
+    histogram = summary["completion_tokens"]["histogram"]
+    assert histogram["edges"][0] == 0.0 and histogram["edges"][-1] == 1.0 and histogram["counts"][0] == 3
+    assert histogram["max_tokens"] is None
+
+
+def test_every_server_has_a_value_in_every_timeline_bucket_in_tenths_of_a_token_per_second(tmp_path):
+    # a 1500 s span -> 15 s buckets: 10 tokens in the first are 0.7 tokens/s, 1000 in the last 66.7
+    rows = [row(0, "a", 1.0, 10, latency=1.0), row(1, "b", 1500.0, 1000)]
+    timeline = summarize_stats(stats_of(tmp_path, rows))["timeline"]
+    assert timeline["bucket_seconds"] == 15.0 and len(timeline["overall"]) == 100
+    assert timeline["overall"][0] == 0.7 and timeline["overall"][-1] == 66.7
+    assert [len(series) for series in timeline["per_server"].values()] == [100, 100]
+    assert timeline["per_server"]["a"][0] == 0.7 and timeline["per_server"]["b"][-1] == 66.7
+
+
+def test_readiness_named_by_server_or_by_host_and_port_pairs_with_the_plan():
+    plan, readiness = plan_and_readiness(16)
+    by_server = {key: value for key, value in readiness[0].items() if key not in ("host", "port")}
+    by_host_and_port = {key: value for key, value in readiness[1].items() if key != "server"}
+    rows = _tuning(plan[:2], [by_server, by_host_and_port])
+    assert [row["server"] for row in rows] == list(SERVERS[:2])
+    assert all(row["effective"]["max_running_requests"] == 16 for row in rows)
+    assert all(row["matches"]["max_running_requests"] is False for row in rows)
+
+
+def test_a_bare_plan_entry_and_a_bare_readiness_entry_still_make_whole_tuning_rows():
+    planned, unplanned = _tuning([{"host": "n1", "port": 30000}], [{"server": "z:1"}])
+    assert planned == {"server": "n1:30000", "host": "n1", "port": 30000, "gpu_ids": [], "flags": {},
+                       "expected": dict.fromkeys(build_module.CAP_KEYS),
+                       "effective": dict.fromkeys(build_module.CAP_KEYS), "version": None, "readback": None,
+                       "workload": None, "matches": dict.fromkeys(build_module.CAP_KEYS)}
+    assert (unplanned["server"], unplanned["host"], unplanned["port"], unplanned["gpu_ids"]) == ("z:1", None, None, [])
+    assert unplanned["flags"] == {} and unplanned["expected"] == dict.fromkeys(build_module.CAP_KEYS)
