@@ -247,6 +247,8 @@ def test_tokens_and_context_fall_back_to_the_ranks():
     ({"internal_states": [_state(4)], "max_total_num_tokens": "lots"}, "max_total_num_tokens is not a number: 'lots'"),
     ({"internal_states": [_state(4, max_total_num_tokens=5)], "context_length": "long"},
      "context_length is not a number: 'long'"),
+    ({"internal_states": [_state(4, max_total_num_tokens=5, memory_usage={"token_capacity_swa": "wide"})]},
+     "internal_states[0].memory_usage.token_capacity_swa is not a number: 'wide'"),
     ({"internal_states": [_state(4)]}, "has no max_total_num_tokens"),
     ({"internal_states": [_state(4, max_total_num_tokens=5), _state(4)]}, "has no max_total_num_tokens"),
 ])
@@ -336,3 +338,14 @@ def test_an_alias_flag_is_compared_with_the_field_it_sets(flag, field):
     assert launch_differences({field: 2, "version": "v"}, {flag: "2"}, expected_version="v") == []
     assert launch_differences({field: 4, "version": "v"}, {flag: "2"}, expected_version="v") == [
         f"{flag}: running 4, tonight '2'"]
+
+
+def test_the_sliding_window_pool_is_read_from_each_ranks_memory_usage():
+    info = {"max_total_num_tokens": 1000,
+            "internal_states": [_state(8, memory_usage={"token_capacity_swa": "4096", "token_capacity": 1000}),
+                                _state(8, memory_usage="not reported"), _state(8, memory_usage={})]}
+    limits = readiness.parse_server_info(info, server="n:1")
+    assert [rank.swa_max_total_num_tokens for rank in limits.ranks] == [4096, None, None]
+    plain = {"max_running_requests": 8, "max_total_num_tokens": None, "max_mamba_cache_size": None}
+    assert [rank.to_dict() for rank in limits.ranks] == [{**plain, "swa_max_total_num_tokens": 4096}, plain, plain]
+    assert readiness.ServerInfo.from_dict(limits.to_dict(), server="n:1") == limits

@@ -1,7 +1,9 @@
 """Command builders: quoting (property-based, through a real bash), launch/stop shapes, sections."""
 
+import hashlib
 import json
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -480,3 +482,82 @@ def test_the_package_version_comes_from_the_distribution_without_importing_it(tm
     (site / "plainpkg" / "__init__.py").write_text("__version__ = '0.5.23'\n")
     result = _bash(f"PYTHONPATH={site} " + remote.package_version_command(sys.executable, "plainpkg.server"))
     assert (result.returncode, result.stdout.strip()) == (0, "0.5.23"), result.stderr
+
+
+@pytest.mark.parametrize(("args", "size"), [
+    ([], 1),
+    (["--tp-size", "2", "--dp-size", "4"], 4),
+    (["--tp-size", "2", "--data-parallel-size=3"], 3),
+    (["--dp-size=4", "--mem-fraction-static", "0.8", "--dp-size", "2"], 2),
+    (["--dp-size", "0"], 1),
+    (["--dp-size", "many"], 1),
+    (["--dp-size=-2"], 1),
+    (["--dp-size", "4", "--dp-size"], 1),
+])
+def test_the_data_parallel_size_is_the_last_positive_dp_flag_of_the_arguments(args, size):
+    """argparse keeps the last ``--dp-size``; a missing, zero or non-numeric value, or a flag that ends the
+    arguments with no value after it, means one replica."""
+    assert remote.dp_size_of_args(args) == size
+
+
+def _safetensors(header: dict, tensors: bytes) -> bytes:
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + tensors
+
+
+def test_the_model_identity_command_passes_the_program_its_folders_and_spec_as_single_words(tmp_path):
+    python, model = str(tmp_path / "bin dir" / "py'thon"), str(tmp_path / "my $model")
+    command = remote.model_identity_command(
+        python, model, tokenizer_root="~/tok x", small_files=("config.json", "a b.json"),
+        tokenizer_files=("tokenizer.json",), template_file="~/t.jinja", full=True, samples=3, sample_bytes=16)
+    # a leading ~/ of the tokenizer folder stays expandable on the node
+    assert """ "$HOME"/'tok x' """ in command
+    words = shlex.split(command)
+    assert words[:5] == [python, "-c", remote._MODEL_IDENTITY_PROGRAM, model, "$HOME/tok x"] and len(words) == 6
+    assert json.loads(words[5]) == {"small_files": ["config.json", "a b.json"], "tokenizer_files": ["tokenizer.json"],
+                                    "template_file": "~/t.jinja", "full": True, "samples": 3, "sample_bytes": 16}
+    assert json.loads(shlex.split(remote.model_identity_command(
+        "python", model, tokenizer_root=model, small_files=[], tokenizer_files=[], template_file="", full=0,
+        samples="2", sample_bytes="8"))[-1]) == {"small_files": [], "tokenizer_files": [], "template_file": "",
+                                                 "full": False, "samples": 2, "sample_bytes": 8}
+
+
+def test_the_model_identity_command_prints_the_digests_of_the_model_tokenizer_and_template(tmp_path):
+    def sha(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
+    def json_sha(value) -> str:
+        return sha(json.dumps(value, sort_keys=True).encode())
+
+    model, tokenizers = tmp_path / "model 'a'", tmp_path / "tok $dir"
+    model.mkdir()
+    tokenizers.mkdir()
+    (model / "config.json").write_bytes(b'{"layers": 2}')
+    (model / "model.safetensors.index.json").write_bytes(b'{"weight_map": {}}')
+    tensors = bytes(range(200))
+    weights = _safetensors({"w": {"dtype": "U8", "shape": [200], "data_offsets": [0, 200]}}, tensors)
+    (model / "model.safetensors").write_bytes(weights)
+    (tokenizers / "tokenizer.json").write_bytes(b'{"vocab": 3}')
+    (tokenizers / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}", "eos": "</s>"}))
+    (tmp_path / "chat.jinja").write_bytes(b"{{ messages }}")
+    command = remote.model_identity_command(
+        sys.executable, str(model), tokenizer_root=str(tokenizers), small_files=("config.json", "absent.json"),
+        tokenizer_files=("tokenizer.json", "tokenizer_config.json"), template_file=str(tmp_path / "chat.jinja"),
+        full=True, samples=2, sample_bytes=10)
+    result = _bash(command)
+    assert result.returncode == 0, result.stderr
+    header_end = len(weights) - len(tensors)
+    sampled = sha(weights[:header_end] + tensors[0:10] + tensors[100:110])
+    assert json.loads(result.stdout) == {
+        "files": {"config.json": sha(b'{"layers": 2}'), "model.safetensors.index.json": sha(b'{"weight_map": {}}')},
+        "tokenizer": {"files": {"tokenizer.json": sha(b'{"vocab": 3}'), "tokenizer_config.json": json_sha({"eos": "</s>"})},
+                      "chat_template": json_sha("{{ x }}")},
+        "weights": {"model.safetensors": {"bytes": len(weights), "sampled_sha256": sampled, "sha256": sha(weights)}},
+        "unreadable": {}, "template_file": sha(b"{{ messages }}")}
+    # without full, the weights are identified by their size, header and samples alone
+    quick = _bash(remote.model_identity_command(
+        sys.executable, str(model), tokenizer_root=str(tokenizers), small_files=(), tokenizer_files=(),
+        template_file="", full=False, samples=1, sample_bytes=4))
+    assert json.loads(quick.stdout)["weights"] == {
+        "model.safetensors": {"bytes": len(weights), "sampled_sha256": sha(weights[:header_end] + tensors[:4])}}
+    assert json.loads(quick.stdout)["template_file"] is None
