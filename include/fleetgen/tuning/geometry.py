@@ -146,7 +146,8 @@ def model_geometry(config: dict, *, config_path: str = "config.json") -> ModelGe
                                "that the tuner does not model", path=config_path,
                                hint="plan this model by hand with explicit SGLang flags")
     swa = {}
-    if architecture in HYBRID_SWA_ARCHITECTURES or text.get("is_hybrid_swa") or config.get("is_hybrid_swa"):
+    # is_hybrid_swa_model reads the opt-in flag from hf_text_config only, the outer config of a wrapped model not.
+    if architecture in HYBRID_SWA_ARCHITECTURES or text.get("is_hybrid_swa"):
         swa = _hybrid_swa_fields(get, need, architecture, config_path)
         if get("linear_num_value_heads") is not None or get("kv_lora_rank") is not None or any(
                 get(key) is not None for key in ("hybrid_override_pattern", "mamba_d_ssm", "mamba_n_heads")):

@@ -189,3 +189,121 @@ def test_unknown_stateful_keys_are_named_in_the_error():
         model_geometry({"architectures": ["FooForCausalLM"], "num_hidden_layers": 2, "mamba_x": 1, "ssm_y": 2})
     assert str(failure.value).startswith(
         "[config.json] FooForCausalLM: unknown layout with recurrent/sparse state keys mamba_x, ssm_y; the tuner ")
+
+
+# gpt-oss-20b's shape; SGLang's gpt-oss model reports its window as sliding_window - 1 (models/gpt_oss.py).
+GPT_OSS = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_hidden_layers": 24,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "hidden_size": 2880,
+           "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12,
+           "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+
+
+def test_only_gpt_oss_runs_an_mxfp4_checkpoint_in_bfloat16():
+    """model_overrides/gpt_oss.py forces bfloat16 on GptOssForCausalLM's MXFP4 checkpoints only; another
+    architecture quantized to MXFP4 keeps the dtype its config.json names (and so does its KV cache)."""
+    mxfp4 = {"quant_method": "mxfp4"}
+    assert model_geometry(_dense(torch_dtype="float16", quantization_config=mxfp4)).model_dtype == "float16"
+    assert model_geometry(dict(GPT_OSS, torch_dtype="float32", quantization_config=mxfp4)).model_dtype == "bfloat16"
+    assert model_geometry(dict(GPT_OSS, torch_dtype="float32")).model_dtype == "float32"
+
+
+def test_model_type_is_empty_when_the_config_names_none():
+    assert model_geometry(_dense()).model_type == ""
+    assert model_geometry({"model_type": "qwen3_vl", "text_config": _dense(model_type="qwen3_vl_text")}).model_type \
+        == "qwen3_vl"
+    assert model_geometry({"text_config": _dense(model_type="qwen3")}).model_type == "qwen3"
+
+
+def test_sliding_layers_are_the_sliding_attention_entries_of_layer_types():
+    """get_hybrid_layer_ids (SWA_SINK_ARCHS): the SWA pool holds the layers layer_types marks sliding."""
+    three_to_one = dict(GPT_OSS, layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 6)
+    geometry = model_geometry(three_to_one)
+    assert (geometry.num_layers, geometry.attention_layers, geometry.swa_layers) == (24, 24, 18)
+    assert (geometry.swa_kv_heads, geometry.swa_head_dim, geometry.swa_v_head_dim) == (8, 64, 64)
+    assert geometry.sliding_window_size == 127 and geometry.is_hybrid_swa and not geometry.hybrid_swa_unmodeled
+
+
+def test_swa_kv_shape_keys_override_the_full_attention_shape():
+    """ModelConfig.get_swa_num_kv_heads / swa_head_dim / swa_v_head_dim: an SWA model may give its sliding layers
+    their own KV heads and head dims; swa_v_head_dim falls back to swa_head_dim, not to v_head_dim."""
+    own = model_geometry(dict(GPT_OSS, swa_num_key_value_heads=4, swa_head_dim=128, swa_v_head_dim=96))
+    assert (own.swa_kv_heads, own.swa_head_dim, own.swa_v_head_dim) == (4, 128, 96)
+    assert (own.kv_heads, own.head_dim, own.v_head_dim) == (8, 64, 64)
+    k_only = model_geometry(dict(GPT_OSS, swa_head_dim=128, v_head_dim=32))
+    assert (k_only.swa_kv_heads, k_only.swa_head_dim, k_only.swa_v_head_dim) == (8, 128, 128)
+
+
+@pytest.mark.parametrize("missing", ["sliding_window", "layer_types"])
+def test_a_layer_types_swa_config_without_its_window_or_layer_types_is_an_error(missing):
+    config = {key: value for key, value in GPT_OSS.items() if key != missing}
+    with pytest.raises(ModelConfigError) as failure:
+        model_geometry(config, config_path="/m/gpt-oss/config.json")
+    assert (failure.value.message, failure.value.path, failure.value.hint) == (
+        "GptOssForCausalLM: a sliding-window config needs layer_types and sliding_window",
+        "/m/gpt-oss/config.json", None)
+
+
+def test_a_sliding_window_config_without_attention_heads_names_the_missing_key():
+    config = {key: value for key, value in GPT_OSS.items() if key != "num_attention_heads"}
+    with pytest.raises(ModelConfigError) as failure:
+        model_geometry(config)
+    assert failure.value.message == ("GptOssForCausalLM: a hybrid sliding-window config needs num_hidden_layers, "
+                                     "num_attention_heads; missing: num_attention_heads")
+
+
+# Llama-4-Scout-17B-16E-Instruct's shape (its text_config carries the language model's keys).
+LLAMA4_SCOUT = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+                "torch_dtype": "bfloat16",
+                "text_config": {"model_type": "llama4_text", "num_hidden_layers": 48, "num_attention_heads": 40,
+                                "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 5120,
+                                "attention_chunk_size": 8192, "max_position_embeddings": 10485760,
+                                "torch_dtype": "bfloat16"},
+                "vision_config": {"num_hidden_layers": 34, "hidden_size": 1408}}
+
+
+@pytest.mark.parametrize("layers, full", [(48, 12), (47, 11), (46, 11)])
+def test_llama4_keeps_every_fourth_layer_full_and_chunks_the_rest(layers, full):
+    """get_hybrid_layer_ids: layer i of Llama 4 is full attention iff (i + 1) % 4 == 0, every other layer keeps
+    an attention_chunk_size window (load_model_utils.resolve_sliding_window_size)."""
+    config = {**LLAMA4_SCOUT, "text_config": {**LLAMA4_SCOUT["text_config"], "num_hidden_layers": layers}}
+    geometry = model_geometry(config)
+    assert (geometry.num_layers, geometry.attention_layers, geometry.swa_layers) == (layers, layers, layers - full)
+    assert (geometry.swa_kv_heads, geometry.swa_head_dim, geometry.swa_v_head_dim) == (8, 128, 128)
+    assert geometry.sliding_window_size == 8192 and not geometry.hybrid_swa_unmodeled
+
+
+def test_llama4_without_attention_chunk_size_reports_no_window():
+    text = {key: value for key, value in LLAMA4_SCOUT["text_config"].items() if key != "attention_chunk_size"}
+    geometry = model_geometry({**LLAMA4_SCOUT, "text_config": text})
+    assert geometry.swa_layers == 36 and geometry.sliding_window_size is None
+
+
+def test_is_hybrid_swa_is_read_from_the_text_config_only():
+    """is_hybrid_swa_model: a model outside SGLang's list opts into the SWA pool with is_hybrid_swa on its text
+    config (hf_text_config); the outer config of a wrapped model is not read."""
+    flat = model_geometry(_dense(is_hybrid_swa=True))
+    assert flat.hybrid_swa_unmodeled and flat.layout == "dense"
+    inner = model_geometry({"architectures": ["SomeForConditionalGeneration"], "text_config": _dense(is_hybrid_swa=True)})
+    assert inner.hybrid_swa_unmodeled
+    outer = model_geometry({"architectures": ["SomeForConditionalGeneration"], "is_hybrid_swa": True,
+                            "text_config": _dense()})
+    assert not outer.hybrid_swa_unmodeled and not outer.is_hybrid_swa
+
+
+@pytest.mark.parametrize("name, drop, layout", [
+    ("qwen3-next-80b-a3b.json", None, "hybrid_gdn"),          # linear_num_value_heads
+    ("deepseek-v3-style.json", None, "mla"),                  # kv_lora_rank
+    ("nemotron-h-8b-style.json", None, "nemotron_h"),         # hybrid_override_pattern
+    ("falcon-h1-7b-style.json", "mamba_d_ssm", "falcon_h1"),  # mamba_n_heads (width from mamba_expand)
+])
+def test_an_swa_pool_beside_mla_or_recurrent_state_is_not_modelled(name, drop, layout):
+    """Only a dense model's split between the full and the SWA pool is modelled: an MLA or recurrent layout that
+    opts into the SWA pool keeps its own layout and is marked for the profile to refuse."""
+    config = {key: value for key, value in _config(name).items() if key != drop}
+    if "hybrid_override_pattern" in config:  # Nemotron-H's config.json also counts its layers
+        config["num_hidden_layers"] = len(config["hybrid_override_pattern"])
+    plain = model_geometry(config)
+    opted_in = model_geometry(dict(config, is_hybrid_swa=True))
+    assert (plain.layout, plain.hybrid_swa_unmodeled) == (layout, False)
+    assert (opted_in.layout, opted_in.hybrid_swa_unmodeled) == (layout, True)
+    assert dict(opted_in.to_dict(), hybrid_swa_unmodeled=False) == plain.to_dict()

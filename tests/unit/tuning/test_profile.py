@@ -520,3 +520,50 @@ def test_a_stored_profile_without_notes_reads_back(seed_profile):
     data = seed_profile.to_dict()
     del data["notes"]
     assert MemoryProfile.from_dict(data).notes == ()
+
+
+def test_swa_pool_refusals_name_the_config_and_what_to_change(cases):
+    path = "/m/gpt-oss/config.json"
+    gemma4 = {**cases.load_config("llama-3.1-8b-style.json"), "architectures": ["Gemma4ForCausalLM"],
+              "layer_types": ["sliding_attention", "full_attention"] * 16}
+    _assert_error(_error(profile_model, gemma4, 10**9, LaunchOptions(), config_path="/m/gemma4/config.json"),
+                  message="Gemma4ForCausalLM: SGLang keeps a separate sliding-window KV pool for this architecture "
+                          "with a layer split the tuner does not model", path="/m/gemma4/config.json",
+                  hint="add --disable-hybrid-swa-memory to the extra SGLang args (every layer then keeps full KV), "
+                       "or plan this model by hand")
+    _assert_error(_error(profile_model, GPT_OSS_20B, 10**9, LaunchOptions(disable_radix_cache=True), config_path=path),
+                  message="GptOssForCausalLM: with the radix cache off SGLang sizes the SWA pool from the request cap "
+                          "(pool_configurator.SWARequestCapPoolConfigurator), which the tuner does not model",
+                  path=path, hint="drop --disable-radix-cache, or add --disable-hybrid-swa-memory")
+    eagle3 = LaunchOptions.from_args(["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d"])
+    _assert_error(_error(profile_model, GPT_OSS_20B, 10**9, eagle3, config_path=path,
+                         draft_config={"num_hidden_layers": 1}),
+                  message="GptOssForCausalLM: speculative decoding splits its draft layers between SGLang's full and "
+                          "SWA pools in a way the tuner does not model",
+                  path=path, hint="drop speculative decoding, or add --disable-hybrid-swa-memory")
+
+
+def test_swa_pool_keeps_one_kv_head_per_rank_and_whole_bytes():
+    """get_swa_num_kv_heads: max(1, heads // tp) per rank; the per-token bytes are integers in the plan's JSON."""
+    tp8 = profile_model(GPT_OSS_20B, 10**9, LaunchOptions(tp_size=8))
+    assert tp8.swa_kv_bytes_per_token == 12 * 1 * 128 * 2
+    tp2 = profile_model(GPT_OSS_20B, 10**9, LaunchOptions(tp_size=2))
+    assert json.dumps(tp2.to_dict()["swa_kv_bytes_per_token"]) == str(12 * 4 * 128 * 2)
+
+
+def test_swa_full_tokens_ratio_flag_is_kept():
+    profile = profile_model(GPT_OSS_20B, 10**9, LaunchOptions.from_args(["--swa-full-tokens-ratio", "0.5"]))
+    assert (profile.swa_full_tokens_ratio, profile.sliding_window_size) == (0.5, 127)
+
+
+def test_without_an_swa_pool_the_profile_reports_no_window():
+    """With --disable-hybrid-swa-memory SGLang builds no SWA pool, so no admission floor depends on the window."""
+    profile = profile_model(GPT_OSS_20B, 10**9, LaunchOptions(disable_hybrid_swa_memory=True))
+    assert (profile.swa_full_tokens_ratio, profile.sliding_window_size) == (None, None)
+
+
+def test_quantization_flag_on_an_unquantized_checkpoint_is_refused_naming_the_config(cases):
+    config = cases.load_config("llama-3.1-8b-style.json")
+    error = _error(profile_model, config, 16 * 10**9, LaunchOptions(quantization="fp8"),
+                   config_path="/m/llama/config.json")
+    assert error.path == "/m/llama/config.json" and error.message.startswith("--quantization fp8 quantizes an")

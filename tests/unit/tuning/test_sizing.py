@@ -454,3 +454,38 @@ def test_a_single_draft_token_still_reserves_speculative_state(qwen3_next_config
     sizing = size_pools(profile, pre_load_free_bytes=100 * GIB, mem_fraction_static=0.9, max_running_requests=48,
                         max_mamba_cache_size=100, context_length=8192)
     assert (sizing.spec_requests, sizing.spec_bytes) == (20, 21 * p)
+
+
+def _gpt_oss_sizing(pre=80 * GIB, **kwargs):
+    profile = profile_model(GPT_OSS, 13 * 10**9, LaunchOptions())
+    return size_pools(profile, pre_load_free_bytes=pre, mem_fraction_static=0.9, max_running_requests=64,
+                      max_mamba_cache_size=None, context_length=8192, **kwargs)
+
+
+def test_swa_full_tokens_are_the_float_floor_division_sglang_makes():
+    """HybridSWAPoolConfigurator.calculate_pool_sizes: int(budget // cell) with the float cell 24,576 + 0.8 x 24,576.
+    A budget of exactly 1,453,755 real-valued cells floors one token lower, because the float cell is a hair
+    above 44,236.8; a true division would round up to the whole count."""
+    sizing = _gpt_oss_sizing(pre=85_899_410_205)
+    assert sizing.kv_budget_bytes == 64_309_469_184 == 1_453_755 * 442_368 // 10
+    assert (sizing.max_total_num_tokens, sizing.swa_max_total_num_tokens) == (1_453_754, int(1_453_754 * 0.8))
+
+
+def test_max_total_tokens_caps_the_full_pool_then_page_floors_both_pools():
+    """KVCacheConfigurator._apply_token_constraints caps the full pool at --max-total-tokens and
+    calculate_pool_sizes_from_max_tokens page-aligns it; the SWA pool follows at the ratio."""
+    sizing = _gpt_oss_sizing(page_size=64, max_total_tokens=10_000)
+    assert (sizing.max_total_num_tokens, sizing.swa_max_total_num_tokens) == (9_984, 7_936)
+    assert type(sizing.max_total_num_tokens) is int and sizing.kv_bytes == 9_984 * 24_576
+    assert sizing.swa_kv_bytes == 7_936 * 24_576
+
+
+def test_swa_pool_of_exactly_window_plus_page_tokens_cannot_admit_a_request():
+    """validate_swa_pool_size fails when sliding_window_size + page_size >= SWA tokens: gpt-oss's window is 127,
+    so at page size 1 an SWA pool of 128 tokens (a full pool of 160 at 0.8) fails and one of 129 serves."""
+    at_floor = _gpt_oss_sizing(max_total_tokens=160)
+    assert (at_floor.failure, at_floor.message) == (
+        "swa_pool", "SWA pool (128 tokens) cannot hold even one request: the prefill admission floor is "
+        "sliding_window_size (127) + page_size (1). Increase --swa-full-tokens-ratio or the total KV budget.")
+    above = _gpt_oss_sizing(max_total_tokens=162)
+    assert above.ok and (above.max_total_num_tokens, above.swa_max_total_num_tokens) == (162, 129)
