@@ -199,11 +199,51 @@ def test_a_hand_edited_mark_is_ignored_with_a_warning_and_the_shard_read_whole(t
     store, _ = ShardStore.open(tmp_path / "out", shards[1])
     store.save_mark(1, shards[1]["start"] + 5 if offset == "mid-line" else shards[1]["end"] + 10)
     store.close()
-    store, _ = ShardStore.open(tmp_path / "out", shards[1], log=logging.getLogger("t"))
-    try:
-        with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING):
+        store, _ = ShardStore.open(tmp_path / "out", shards[1], log=logging.getLogger("t"))
+        try:
             pending = [prompt.id for _, _, _, prompt in store.pending_prompts(shards[1])]
-    finally:
-        store.close()
-    assert pending == ["q4", "q5"]  # q3 is finished and skipped by id
-    assert "reading the whole shard" in caplog.text and str(store.mark_path) in caplog.text
+            again = [prompt.id for _, _, _, prompt in store.pending_prompts(shards[1])]
+        finally:
+            store.close()
+    assert pending == again == ["q4", "q5"]  # q3 is finished and skipped by id
+    assert store.mark is None and store.resume_point(shards[1]) == (0, shards[1]["start"])
+    if offset == "mid-line":  # fits the output on disk, so it is checked against the prompts file when read
+        expected = (f"shard 1: ignoring {store.mark_path}: byte {shards[1]['start'] + 5} is not the start of a line "
+                    "of the prompts file; reading the whole shard (finished prompts are skipped by id)")
+    else:  # beyond the planned range: dropped as soon as the shard opens
+        expected = f"shard 1: {store.mark_path} does not match the output on disk; reading the whole shard"
+    assert [record.getMessage() for record in caplog.records] == [expected]  # once, not again on the second read
+
+
+def test_a_mark_at_the_very_end_of_the_shard_is_kept(tmp_path, caplog):
+    path, shards = _half_done_second_shard(tmp_path)
+    store, _ = ShardStore.open(tmp_path / "out", shards[1])
+    for prompt_id in ("q4", "q5"):
+        _record(store, prompt_id)
+    store.save_mark(3, shards[1]["end"])  # every prompt finished: the mark is the end of the planned range
+    store.close()
+    with caplog.at_level(logging.WARNING):
+        store, _ = ShardStore.open(tmp_path / "out", shards[1], log=logging.getLogger("t"))
+        try:
+            pending = list(store.pending_prompts(shards[1]))
+        finally:
+            store.close()
+    assert pending == [] and store.resume_point(shards[1]) == (3, shards[1]["end"]) and caplog.records == []
+
+
+def test_a_store_made_without_opening_holds_no_lease_and_reads_the_shard_from_its_start(tmp_path):
+    """How a tool lays out a shard's files without running it (bench/resume.py): no lease, no log."""
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(_prompt_line(f"q{n}") for n in range(3)))
+    [shard] = plan_shards(path, shard_size=3, scan=scan_prompts(path))
+    (tmp_path / "out" / "shards").mkdir(parents=True)
+    store = ShardStore(tmp_path / "out", shard)
+    assert store.resume_point(shard) == (0, 0)
+    assert [prompt.id for _, _, _, prompt in store.pending_prompts(shard)] == ["q0", "q1", "q2"]
+    store.save_mark(1, 3)  # not a line start: dropped when the prompts are read, with no log to say so
+    assert [prompt.id for _, _, _, prompt in store.pending_prompts(shard)] == ["q0", "q1", "q2"]
+    store.save_mark(1, len(_prompt_line("q0")))
+    store.close()
+    assert json.loads(store.mark_path.read_text()) == {"valid_before": 1, "offset": len(_prompt_line("q0"))}
+    ShardStore.open(tmp_path / "out", shard, lease_wait_s=0.05)[0].close()  # nothing holds the shard

@@ -180,3 +180,37 @@ def test_a_torn_reuse_row_is_cut_and_reported_under_its_file(tmp_path):
     store, report = ShardStore.open(tmp_path, shard)
     store.close()
     assert report.torn_bytes == {"reuse": 23} and store.reuse_path.read_bytes() == b""
+
+
+def _failing_plan_write(monkeypatch, plan_name, error):
+    """Path.write_bytes raises ``error`` for the shard's plan (or any temporary file named after it)."""
+    write_bytes = Path.write_bytes
+
+    def failing(self, data):
+        if self.name.startswith(plan_name):
+            raise error(self)
+        return write_bytes(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", failing)
+
+
+def test_a_plan_that_cannot_be_created_names_its_temporary_file(tmp_path, monkeypatch):
+    _failing_plan_write(monkeypatch, "shard-00003.json",
+                        lambda path: PermissionError(errno.EACCES, "Permission denied", str(path)))
+    with pytest.raises(OutputUnwritable) as caught:
+        ShardStore.open(tmp_path, SHARD)
+    monkeypatch.undo()
+    assert caught.value.errno == errno.EACCES and caught.value.shard == 3
+    assert caught.value.path == str(tmp_path / "shards" / "shard-00003.json.partial")
+    assert not (tmp_path / "shards" / "shard-00003.json").exists()
+
+
+def test_a_write_error_without_a_file_name_while_opening_names_the_completions_folder(tmp_path, monkeypatch):
+    _failing_plan_write(monkeypatch, "shard-00003.json",
+                        lambda path: OSError(errno.EIO, "Input/output error"))  # write() names no file
+    with pytest.raises(OutputError) as caught:
+        ShardStore.open(tmp_path, SHARD)
+    monkeypatch.undo()
+    assert (type(caught.value), caught.value.errno, caught.value.shard) == (OutputError, errno.EIO, 3)
+    assert caught.value.path == str(tmp_path / "completions")
+    ShardStore.open(tmp_path, SHARD, lease_wait_s=0.05)[0].close()  # the failed open let the shard go
