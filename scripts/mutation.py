@@ -1,6 +1,6 @@
 """Mutation testing of the critical modules: mutmut over each module against its own fast tests.
 
-Usage: python scripts/mutation.py [--modules a,b | --all] [--workers N] [--summary-only]
+Usage: python scripts/mutation.py [--modules a,b | --all] [--workers N] [--summary-only] [--prune-reasons]
 
 Without --modules or --all only the modules whose inputs changed are run: each result in
 mutation/summary.json carries the SHA-256 of the module's source and its mapped tests when measured, so
@@ -46,6 +46,22 @@ def load_modules() -> dict[str, dict]:
 def load_reasons() -> dict[str, str]:
     path = MUTATION_DIR / "reasons.toml"
     return tomllib.loads(path.read_text()).get("reasons", {}) if path.exists() else {}
+
+
+def unused_reasons(results: dict) -> list[str]:
+    """Reasons kept for mutants of measured modules that are no longer alive (killed since, or renamed)."""
+    alive = {survivor["mutant"] for result in results.values() for survivor in result["survivors"]}
+    modules = tuple(result["source"].removesuffix(".py").replace("/", ".") + "." for result in results.values())
+    return sorted(key for key in load_reasons() if key.startswith(modules) and key not in alive)
+
+
+def prune_reasons(keys: list[str]) -> None:
+    """Drop those reasons' lines from reasons.toml (one line per reason; comments and order kept)."""
+    drop = set(keys)
+    path = MUTATION_DIR / "reasons.toml"
+    kept = [line for line in path.read_text().splitlines(keepends=True)
+            if not (line.startswith('"') and line.split('"', 2)[1] in drop)]
+    path.write_text("".join(kept))
 
 
 def inputs_digest(module: dict) -> str:
@@ -195,6 +211,9 @@ def write_summary(results: dict, full_run: dict | None = None) -> bool:
         md.append(f"| {name} | {r['source']} | {r['mutants']} | {r['killed']} | {r['alive']} | {score} "
                   f"| {r.get('seconds', '')} |")
     md += ["", f"Total: {killed}/{total} killed" + (f" ({killed / total:.1%})." if total else "."), ""]
+    unused = unused_reasons(results)
+    if unused:
+        md += [f"{len(unused)} reason(s) in reasons.toml name mutants no longer alive (`--prune-reasons` drops them).", ""]
     if full_run:
         md += [f"Last full run (`--all`): {full_run['seconds'] / 60:.0f} min with {full_run['workers']} "
                f"worker(s), finished {full_run['finished']}.", ""]
@@ -220,6 +239,8 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="run every module")
     parser.add_argument("--workers", type=int, default=int(os.environ.get("MUTATION_WORKERS", "2")))
     parser.add_argument("--summary-only", action="store_true", help="rebuild the summary from the last runs")
+    parser.add_argument("--prune-reasons", action="store_true",
+                        help="drop the reasons of mutants no longer alive in the measured modules")
     args = parser.parse_args()
     modules = load_modules()
     chosen = (list(modules) if args.all or args.modules == "all"
@@ -239,7 +260,11 @@ def main() -> int:
     if not args.summary_only and set(chosen) == set(modules):
         full_run = {"seconds": round(time.monotonic() - started), "workers": args.workers,
                     "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    return 0 if write_summary(summarize(load_modules()), full_run) else 1
+    results = summarize(load_modules())
+    if args.prune_reasons:
+        prune_reasons(unused_reasons(results))
+        results = summarize(load_modules())
+    return 0 if write_summary(results, full_run) else 1
 
 
 if __name__ == "__main__":

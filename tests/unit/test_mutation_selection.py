@@ -96,3 +96,16 @@ def test_every_product_module_is_in_the_mutation_map_with_test_files_that_exist(
     assert sorted(mapped - product) == []
     missing = [test for module in modules.values() for test in module["tests"] if not (root / test).is_file()]
     assert missing == []
+
+
+def test_reasons_of_mutants_no_longer_alive_are_listed_and_pruned_keeping_the_others(mutation):
+    (mutation.MUTATION_DIR / "reasons.toml").write_text(
+        '# why\n[reasons]\n"pkg.a.x_f__mutmut_1" = "equivalent: alive"\n"pkg.a.x_f__mutmut_2" = "killed since"\n'
+        '"pkg.ab.x_g__mutmut_1" = "another module, not measured"\n')
+    results = {"a": _result(alive=1, survivors=[{"mutant": "pkg.a.x_f__mutmut_1", "status": "survived",
+                                                   "change": "", "reason": ""}])}
+    assert mutation.unused_reasons(results) == ["pkg.a.x_f__mutmut_2"]
+    mutation.prune_reasons(mutation.unused_reasons(results))
+    assert (mutation.MUTATION_DIR / "reasons.toml").read_text() == (
+        '# why\n[reasons]\n"pkg.a.x_f__mutmut_1" = "equivalent: alive"\n'
+        '"pkg.ab.x_g__mutmut_1" = "another module, not measured"\n')
