@@ -426,8 +426,9 @@ def iter_shard_positions(input_path: str | os.PathLike, start: int, count: int, 
             if skip_ids is not None and prompt.id.encode() in skip_ids:
                 continue
             yield first_index + seen - 1, line_start, offset, prompt
-        if identity is not None and _identity(handle) != identity:
-            check_blocks(handle, path, blocks, shard=shard)  # written to meanwhile: still the planned bytes?
+        if identity is not None and _identity(handle) != identity:  # written to meanwhile: still the planned bytes?
+            with open(handle.fileno(), "rb", closefd=False) as fresh:  # the same file, not the bytes buffered
+                check_blocks(fresh, path, blocks, shard=shard)
     if seen < count:
         raise PromptsError(f"the shard range from byte {start} holds {seen} valid prompts, {count} were planned",
                            path=path, shard=shard, hint=_CHANGED if blocks is None else _RESTORE)
