@@ -41,7 +41,7 @@ from fleetgen.generate import jsonio
 from fleetgen.generate.chat import (CHAT_PATH, HEALTH_PATH, BadResponse, Verdict, error_message, parse_chat_response,
                                     request_body, verdict_for_status)
 from fleetgen.generate.health import DOWN, UP, HealthEntry, SharedHealth
-from fleetgen.generate.liveness import FleetShare
+from fleetgen.generate.liveness import FleetShare, alone
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.queue import QueuedPrompt, WorkQueue
 from fleetgen.generate.records import completion_record, error_record, stats_record, utc_now
@@ -55,11 +55,6 @@ MONITOR_TICK_S = 0.25
 MARK_INTERVAL_S = 1.0
 HEALTH_POLL_S = 0.5  # how often the shared server-health file is looked at (one stat when unchanged)
 STALLED = "fleetgen: server stalled"  # cancel message for requests abandoned on a hung server
-
-
-def alone() -> FleetShare:
-    """The share of a shard that runs by itself: every server's whole limit."""
-    return FleetShare(active=1)
 
 
 @dataclass

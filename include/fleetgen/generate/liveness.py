@@ -123,6 +123,11 @@ class FleetShare:
         return max(0, min(fair, fleet_limit - self.others_in_flight.get(server, 0)))
 
 
+def alone() -> FleetShare:
+    """The share of a shard that runs by itself: every server's whole limit."""
+    return FleetShare(active=1)
+
+
 def _live_heartbeats(layout: RunLayout, now: float, stale_after_s: float) -> list[dict]:
     beats = []
     for path in layout.heartbeat_files():

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 
 from fleetgen.errors import ConfigError
-from fleetgen.generate.dispatch import Dispatcher, FleetLinks, ShardRecords, ShardWork, alone
+from fleetgen.generate.dispatch import Dispatcher, FleetLinks, ShardRecords, ShardWork
 from fleetgen.generate.queue import WorkQueue
 from fleetgen.generate.health import SharedHealth
-from fleetgen.generate.liveness import HEARTBEAT_INTERVAL_S, FleetShare, ShardHeartbeat, fleet_share
+from fleetgen.generate.liveness import HEARTBEAT_INTERVAL_S, FleetShare, ShardHeartbeat, alone, fleet_share
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.reuse import ReuseSource, copy_reused
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
