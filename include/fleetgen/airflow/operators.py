@@ -157,21 +157,19 @@ class WaitReadyOperator(BaseOperator):
         output. A calibration that cannot be computed or stored is a warning, never a failed server."""
         from fleetgen.airflow.context import run_context
         from fleetgen.outputs import calibration_file
-        from fleetgen.tuning.calibration import CalibrationStore, calibrate, model_key
+        from fleetgen.tuning.calibration import CalibrationStore, record_readback
 
         fleet = fleet_from_json(self.fleet)
         try:
-            calibration = calibrate(plan, limits, "\n".join(log_lines), gpu_name=str(plan.inputs["gpus"][0]["name"]),
-                                    model=model_key(fleet.model.path))
             _, config, layout = run_context()
-            CalibrationStore(calibration_file(config.inputs.output_root)).record(calibration)
-            CalibrationStore(layout.calibration).record(calibration, server=launched["name"])
+            recorded = record_readback(plan, limits, "\n".join(log_lines), model_path=fleet.model.path,
+                                       shared=CalibrationStore(calibration_file(config.inputs.output_root)),
+                                       run=CalibrationStore(layout.calibration), server=launched["name"])
         except (FleetgenError, OSError, KeyError, ValueError) as exc:
             log.warning("no calibration for %s: %s", launched["name"], exc)
             return None
-        log.info("readback of %s: %s", launched["name"], calibration.report_line())
-        return {**calibration.to_dict(), "correction_bytes": calibration.correction_bytes,
-                "report_line": calibration.report_line()}
+        log.info("readback of %s: %s", launched["name"], recorded["report_line"])
+        return recorded
 
     def _relaunch_smaller(self, launched: dict, smaller, fatal_line: str) -> None:
         from fleetgen.airflow.lifecycle import api_key, launch_server, stop_ports

@@ -17,6 +17,7 @@ never retried (docs/security-and-ssh.md §3, §4).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, fields
@@ -26,6 +27,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from fleetgen.airflow.readiness_event import ReadinessEvent, ReadinessStatus
 from fleetgen.errors import FailureKind
+from fleetgen.json_types import is_json_number
 from fleetgen.nodes import readiness, remote
 from fleetgen.nodes.host_keys import describe, describe_public_line
 from fleetgen.nodes.reconnect import (DEFAULT_COMMAND_TIMEOUT_S, DEFAULT_RECONNECT_ATTEMPTS,
@@ -60,9 +62,12 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
 @dataclass(frozen=True)
 class WatchSettings:
     """How long and how often the trigger watches one server, and how it rides out SSH drops. Travels as
-    JSON in the trigger's kwargs (``to_json``/``from_json``)."""
+    JSON in the trigger's kwargs (``to_json``/``from_json``).
 
-    timeout_s: float = 1800.0  # the whole wait, from the launch
+    ``timeout_s`` has no default: it is the run's ``ready_timeout_s`` (``fleetgen.airflow.run_config``),
+    passed by the operator."""
+
+    timeout_s: float  # the whole wait, from the launch
     poll_s: float = 1.0
     reconnect_attempts: int = DEFAULT_RECONNECT_ATTEMPTS
     reconnect_budget_s: float = DEFAULT_RECONNECT_BUDGET_S
@@ -70,16 +75,37 @@ class WatchSettings:
     resume_settle_s: float = DEFAULT_RESUME_SETTLE_S
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> "WatchSettings":
+    def from_json(cls, data: Mapping[str, Any]) -> "WatchSettings":
+        """Checked settings from JSON or rendered template values: numbers, or strings of numbers (a
+        templated field or an environment variable renders as text); never ``true``, never negative."""
         known = {item.name: item.type for item in fields(cls)}
-        unknown = sorted(set(data or {}) - set(known))
+        unknown = sorted(set(data) - set(known))
         if unknown:
             raise ValueError(f"unknown watch settings {unknown}; known: {sorted(known)}")
-        return cls(**{name: int(value) if known[name] == "int" else float(value)
-                      for name, value in (data or {}).items()})
+        if "timeout_s" not in data:
+            raise ValueError("watch settings need timeout_s (the run's ready_timeout_s)")
+        return cls(**{name: _watch_number(name, value, integer=known[name] == "int")
+                      for name, value in data.items()})
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _watch_number(name: str, value: Any, *, integer: bool) -> int | float:
+    text = value if isinstance(value, str) else None
+    if text is None and not is_json_number(value):
+        raise ValueError(f"watch setting {name}={value!r} is not a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"watch setting {name}={text!r} is not a number") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"watch setting {name}={value!r} must be a finite number >= 0")
+    if integer:
+        if not number.is_integer():
+            raise ValueError(f"watch setting {name}={value!r} must be a whole number")
+        return int(number)
+    return number
 
 
 class ReadinessTrigger(BaseTrigger):
@@ -87,7 +113,7 @@ class ReadinessTrigger(BaseTrigger):
     log shows a fatal line, its process is gone or ``watch.timeout_s`` has passed since ``started_at``."""
 
     def __init__(self, *, server: dict, ssh_conn_id: str, log_path: str, pid: int,
-                 watch: Mapping[str, Any] | None = None, api_key_conn_id: str | None = None,
+                 watch: Mapping[str, Any], api_key_conn_id: str | None = None,
                  started_at: float | None = None, context: dict | None = None) -> None:
         super().__init__()
         self.server = server

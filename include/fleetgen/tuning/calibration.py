@@ -222,6 +222,19 @@ def calibrate(plan: ServerPlan, info: ServerInfo, log_text: str, *, gpu_name: st
                        mismatches=mismatches, logged_pre_load_bytes=logged, unmeasured=unmeasured)
 
 
+def record_readback(plan: ServerPlan, info: ServerInfo, log_text: str, *, model_path: str,
+                    shared: "CalibrationStore", run: "CalibrationStore", server: str) -> dict:
+    """Calibrate one server's readback and record it twice: in ``shared``, where the next plan of the same key
+    starts from, and in the run's own ``run`` under the server's name. Returns what the server's readiness
+    output carries (the calibration, its correction and its report line)."""
+    calibration = calibrate(plan, info, log_text, gpu_name=str(plan.inputs["gpus"][0]["name"]),
+                            model=model_key(model_path))
+    shared.record(calibration)
+    run.record(calibration, server=server)
+    return {**calibration.to_dict(), "correction_bytes": calibration.correction_bytes,
+            "report_line": calibration.report_line()}
+
+
 class CalibrationStore:
     """Corrections per (GPU name, SGLang version, model, tp), in one JSON file the next run reads."""
 

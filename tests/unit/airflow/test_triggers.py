@@ -20,6 +20,7 @@ from fleetgen.errors import FailureKind
 from fleetgen.nodes import remote
 from fleetgen.nodes.host_keys import describe, describe_public_line
 from fleetgen.nodes.remote import ALIVE_MARK
+from fleetgen.nodes.reconnect import DEFAULT_RECONNECT_ATTEMPTS
 
 SERVER = {"node": "node0", "name": "node0:30000", "url": "http://10.0.0.7:30000", "port": 30000, "gpu_ids": [0]}
 LOAD_LINE = "[2026-12-01 14:51:26] Load weight begin. avail mem=21.60 GB"
@@ -693,7 +694,31 @@ def test_an_unknown_watch_setting_is_refused_naming_it():
 def test_a_trigger_started_at_zero_keeps_zero(clock):
     assert ReadinessTrigger(server=SERVER, ssh_conn_id="n", log_path="/x", pid=1, watch={"timeout_s": 1},
                             started_at=0.0).started_at == 0.0
-    unset = ReadinessTrigger(server=SERVER, ssh_conn_id="n", log_path="/x", pid=1)
-    assert unset.started_at == clock.now and unset.context == {} and unset.watch == WatchSettings()
-    assert unset.watch.poll_s == 1.0 and unset.watch.timeout_s == 1800.0
+    unset = ReadinessTrigger(server=SERVER, ssh_conn_id="n", log_path="/x", pid=1, watch={"timeout_s": 5})
+    assert unset.started_at == clock.now and unset.context == {} and unset.watch == WatchSettings(timeout_s=5.0)
+    assert unset.watch.poll_s == 1.0 and unset.watch.reconnect_attempts == DEFAULT_RECONNECT_ATTEMPTS
     assert unset.api_key_conn_id is None and asyncio.run(unset._api_headers()) == {}
+
+
+def test_the_wait_has_no_timeout_of_its_own():
+    with pytest.raises(ValueError, match=r"need timeout_s \(the run's ready_timeout_s\)"):
+        WatchSettings.from_json({"poll_s": 1})
+
+
+@pytest.mark.parametrize(("setting", "value", "message"), [
+    ("reconnect_attempts", True, r"reconnect_attempts=True is not a number"),
+    ("poll_s", None, r"poll_s=None is not a number"),
+    ("poll_s", "soon", r"poll_s='soon' is not a number"),
+    ("command_timeout_s", -1, r"command_timeout_s=-1 must be a finite number >= 0"),
+    ("reconnect_budget_s", "nan", r"reconnect_budget_s='nan' must be a finite number >= 0"),
+    ("reconnect_attempts", "2.5", r"reconnect_attempts='2.5' must be a whole number"),
+])
+def test_a_watch_setting_that_is_not_a_count_or_seconds_is_refused_naming_it(setting, value, message):
+    with pytest.raises(ValueError, match=message):
+        WatchSettings.from_json({"timeout_s": 60, setting: value})
+
+
+def test_rendered_text_and_zero_are_taken_as_numbers():
+    settings = WatchSettings.from_json({"timeout_s": "90", "reconnect_attempts": "3.0", "resume_settle_s": 0})
+    assert settings == WatchSettings(timeout_s=90.0, reconnect_attempts=3, resume_settle_s=0.0)
+    assert type(settings.reconnect_attempts) is int

@@ -4,6 +4,7 @@ The readbacks themselves, sized against the simulated node, are in tests/unit/cr
 """
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -205,3 +206,23 @@ def test_the_latest_reads_a_tp_size_written_as_text_and_an_entry_without_a_time(
     assert store.latest("G", "m", 2)["correction_bytes"] == 2
     assert store.latest("G", "m", "2")["correction_bytes"] == 2
     assert store.latest("G", "m", 0)["correction_bytes"] == 3
+
+
+def test_a_readback_is_recorded_for_the_next_plan_and_under_the_servers_name(tmp_path, clock, monkeypatch):
+    seen = {}
+
+    def calibrate(plan, info, log_text, *, gpu_name, model):
+        seen.update(log_text=log_text, gpu_name=gpu_name, model=model)
+        return _calibration(gpu_name=gpu_name, model=model, applied_correction_bytes=MIB)
+
+    monkeypatch.setattr(calibration_module, "calibrate", calibrate)
+    plan = SimpleNamespace(inputs={"gpus": [{"name": "NVIDIA B200"}, {"name": "NVIDIA H100"}]})
+    shared, run = CalibrationStore(tmp_path / "shared.json"), CalibrationStore(tmp_path / "run" / "calibration.json")
+    recorded = calibration_module.record_readback(plan, SimpleNamespace(), "Load weight begin", server="node1:30000",
+                                                  model_path="/models/qwen3.6-27b/", shared=shared, run=run)
+    assert seen == {"log_text": "Load weight begin", "gpu_name": "NVIDIA B200", "model": "qwen3.6-27b"}
+    key = "NVIDIA B200|0.5.23|qwen3.6-27b|tp1"
+    assert list(shared.load()) == [key] and list(run.load()) == ["node1:30000"]
+    assert recorded["correction_bytes"] == shared.load()[key]["correction_bytes"] == 2_001 * MIB
+    assert recorded["report_line"] == _calibration(applied_correction_bytes=MIB).report_line()
+    assert recorded["mismatches"] == [] and recorded["gpu_name"] == "NVIDIA B200"
