@@ -45,7 +45,7 @@ def test_each_down_period_counts_and_a_hung_one_says_so():
 
 def test_a_transition_from_the_wrong_state_is_refused_and_changes_nothing():
     health = ServerHealth()
-    with pytest.raises(RuntimeError, match="marked up while up"):
+    with pytest.raises(RuntimeError, match="^marked up while up$"):
         health.mark_up(now=1.0, at="t")
     health.mark_down("first", hung=False, now=1.0, at="t1")
     with pytest.raises(RuntimeError, match=r"already down \(first\): second"):

@@ -293,6 +293,24 @@ def test_torn_lines_are_skipped_and_every_file_is_read(tmp_path):
     assert read_rows([]).empty
 
 
+def test_a_torn_line_a_resumed_shard_appended_after_is_skipped_and_the_rest_read(tmp_path):
+    resumed = tmp_path / "a.jsonl"
+    resumed.write_text('{"x": 1}\n{"x": \n{"x": 2}\n')
+    assert read_rows([resumed])["x"].tolist() == [1, 2]
+
+
+def test_means_and_the_fleet_figure_are_given_to_four_decimals(tmp_path):
+    rows = [sample("a", T0 + t, running, 3, queue=queue) for t, running, queue in ((0, 1, 0), (1, 1, 0), (2, 1, 1))]
+    result = occupancy(series_layout(tmp_path, "metrics", {0: rows}), span=None, down_seconds={})
+    assert result["per_server"]["a"]["queue_mean"] == 0.3333 and result["fleet_occupancy"] == 0.3333
+
+
+def test_a_low_server_never_down_is_not_called_down_however_short_the_span(tmp_path):
+    rows = [sample("a", T0 + t, 1, 40, queue=0) for t in (0, 2)]
+    result = occupancy(series_layout(tmp_path, "metrics", {0: rows}), span=None, down_seconds={})
+    assert result["per_server"]["a"]["low"].startswith("the client kept too few requests there")
+
+
 def event(kind: str, server: str, shard: int, t: float, **more) -> dict:
     return {"at": f"at{t:g}", "t": T0 + t, "shard": shard, "event": kind, "server": server, **more}
 
