@@ -72,6 +72,19 @@ def test_a_full_run_records_its_wall_time_and_an_incremental_run_keeps_it(mutati
     assert json.loads((mutation.MUTATION_DIR / "summary.json").read_text())["full_run"] == full_run
 
 
+def test_a_survivor_without_a_reason_fails_the_run_and_is_counted(mutation):
+    explained = {"mutant": "pkg.a.x_f__mutmut_1", "status": "survived", "change": "", "reason": "equivalent"}
+    assert mutation.write_summary({"a": _result(alive=1, score=0.95, survivors=[explained])})
+    unexplained = {**explained, "mutant": "pkg.a.x_f__mutmut_2", "reason": ""}
+    assert not mutation.write_summary({"a": _result(alive=2, score=0.95, survivors=[explained, unexplained])})
+    assert "Survivors without a reason: 1." in (mutation.MUTATION_DIR / "summary.md").read_text()
+
+
+def test_a_module_with_nothing_to_mutate_meets_the_goal_and_says_why(mutation):
+    assert mutation.write_summary({"a": _result(mutants=0, killed=0, score=None)})
+    assert "| n/a (nothing mutmut mutates: constants only) |" in (mutation.MUTATION_DIR / "summary.md").read_text()
+
+
 def test_a_module_result_carries_the_seconds_its_run_took(mutation, tmp_path, monkeypatch):
     monkeypatch.setattr(mutation, "WORK_DIR", tmp_path / "work")
     meta = tmp_path / "work" / "a" / "mutants" / "src" / "pkg" / "a.py.meta"
