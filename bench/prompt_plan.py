@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fleetgen.prompts.scan import iter_shard_positions, plan_shards, read_planned_prompts, scan_prompts
+from fleetgen.prompts.planned import iter_shard_positions, read_planned_prompts
+from fleetgen.prompts.scan import plan_shards, scan_prompts
 
 FILLER = ("Please be precise and show your reasoning before the final answer. Assume the reader knows "
           "undergraduate mathematics but nothing specific about the field. ") * 6

@@ -42,7 +42,8 @@ from devstack.local_fleet import LocalSimFleet  # noqa: E402
 from fleetgen.generate import GenerationSettings, run_shard_async  # noqa: E402
 from fleetgen.generate.chat import CHAT_PATH, parse_chat_response, request_body  # noqa: E402
 from fleetgen.generate.transport import PooledTransport  # noqa: E402
-from fleetgen.prompts.scan import iter_shard, plan_shards, scan_prompts  # noqa: E402
+from fleetgen.prompts.planned import iter_shard
+from fleetgen.prompts.scan import plan_shards, scan_prompts  # noqa: E402
 from sglang_sim.synthetic import write_synthetic_prompts  # noqa: E402
 
 SERVERS = 7

@@ -18,7 +18,7 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
 
     *When it fails*: the message lists each failed expectation with its observed value and sample ids.
     """
-    from fleetgen.prompts.scan import read_planned_prompts
+    from fleetgen.prompts.planned import read_planned_prompts
     from fleetgen.validation.suite import validate_run
 
     context, config, layout = run_context()

@@ -43,7 +43,8 @@ from fleetgen.generate.records import stats_record
 from fleetgen.generate.settings import GenerationSettings
 from fleetgen.generate.reuse import line_checksum
 from fleetgen.outputs import RunLayout
-from fleetgen.prompts.scan import Prompt, fast_id, iter_shard_positions, resume_offset_problem
+from fleetgen.prompts.lines import Prompt, fast_id
+from fleetgen.prompts.planned import iter_shard_positions, resume_offset_problem
 
 TAIL_CHUNK = 1 << 20
 BLOCK = 1 << 22

@@ -6,7 +6,8 @@ A line is a JSON object: ``{"id": str, "messages": [...]}`` (chat, possibly mult
 
 :func:`parse_line` tells the two kinds of problem apart (see :mod:`fleetgen.prompts.scan` for what each
 leads to): *structural* (not a JSON object, no usable ``id``) and *per-prompt* (the id is good but
-the content is unusable). Reading the file as a whole (scans, shards) is :mod:`fleetgen.prompts.scan`.
+the content is unusable). Scanning the file as a whole is :mod:`fleetgen.prompts.scan`;
+reading a planned shard back is :mod:`fleetgen.prompts.planned`.
 """
 
 from __future__ import annotations

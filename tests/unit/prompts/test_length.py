@@ -5,7 +5,8 @@ import json
 import math
 
 from fleetgen.prompts.length import LengthLimit, length_limit
-from fleetgen.prompts.scan import iter_prompt_ids, iter_shard, plan_shards, scan_prompts
+from fleetgen.prompts.planned import iter_shard
+from fleetgen.prompts.scan import iter_prompt_ids, plan_shards, scan_prompts
 from fleetgen.tuning.geometry import context_length_of
 from fleetgen.tuning.planner import TunerBounds, Workload, plan_server
 from fleetgen.tuning.profile import LaunchOptions, profile_model
