@@ -272,7 +272,7 @@ def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: V
     """Validate a run's stats against ``thresholds``; return a small JSON-safe summary.
 
     ``own_max_tokens``: the prompts whose ``sampling.max_tokens`` replaces the run's, by id
-    (``fleetgen.prompts.scan.read_planned_prompts``); their completions are bounded by it.
+    (``fleetgen.prompts.planned.read_planned_prompts``); their completions are bounded by it.
 
     The summary is also written to ``<out>/validation/summary.json``. On failure (and
     ``raise_on_failure``) raises :class:`ValidationFailed` listing each failed expectation with its

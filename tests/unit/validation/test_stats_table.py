@@ -98,3 +98,17 @@ def test_no_stats_files_is_an_empty_table_and_a_warning(tmp_path, caplog):
         stats = load_stats(tmp_path)
     assert stats.empty and list(stats.columns) == list(STATS_COLUMNS)
     assert [record.getMessage() for record in caplog.records] == [f"no stats files under {tmp_path / 'stats'}"]
+
+
+def test_ids_that_differ_only_by_a_trailing_nul_stay_distinct(tmp_path):
+    rows = [good_row(0, id="z"), good_row(1, id="z\u0000"), good_row(2, id="\u0000")]
+    stats = load_stats(write_run(tmp_path / "run", rows, shards=1))
+    assert stats["id"].tolist() == ["z", "z\u0000", "\u0000"]
+
+
+def test_a_stats_shard_of_blank_lines_adds_no_rows(tmp_path):
+    out = write_run(tmp_path / "run", [good_row(index) for index in range(3)], shards=1)
+    (out / "stats" / "shard-00001.jsonl").write_text("\n\n")
+    stats = load_stats(out)
+    assert stats["id"].tolist() == ["p00000", "p00001", "p00002"]
+    assert stats["completion_tokens"].tolist() == [good_row(index)["completion_tokens"] for index in range(3)]

@@ -412,3 +412,47 @@ def test_the_line_by_line_path_keeps_lines_after_a_blank_one_and_names_everythin
     with pytest.raises(ValidationFailed) as not_object:
         load_stats(tmp_path)
     assert (not_object.value.path, not_object.value.line) == (str(path), 2)
+
+
+def test_each_expectation_names_the_column_it_checks(tmp_path):
+    summary = validate_run(write_run(tmp_path / "run", rows(20)), ids(20), THRESHOLDS, build_docs=False)
+    assert summary["success"] and all(item["success"] for item in summary["expectations"])
+    columns = {item["name"]: item["column"] for item in summary["expectations"]}
+    assert columns == {
+        **{f"{column}_not_null": column for column in STATS_COLUMNS if column not in OPTIONAL_STATS_COLUMNS},
+        "completion_tokens_in_range": suite.TOKEN_SHARE_COLUMN,
+        "mean_completion_tokens": "completion_tokens",
+        "finish_reason_allowed": "finish_reason",
+        "length_share": "finish_reason",
+        "reasoning_share": "reasoning_chars",
+        "empty_answer_share": "content_chars",
+        "no_missing_ids": "outcome",
+        "no_duplicate_ids": "completions",
+        "no_unknown_ids": "expected",
+        "error_share": "outcome",
+    }
+
+
+def test_the_summary_gives_the_validation_time_to_the_millisecond(tmp_path, monkeypatch):
+    clock = iter([1000.0, 1012.3456789])
+    monkeypatch.setattr(suite, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    out = write_run(tmp_path / "run", rows(20))
+    summary = validate_run(out, ids(20), THRESHOLDS, build_docs=False)
+    assert summary["seconds"] == 12.346
+    assert json.loads((out / "validation" / "summary.json").read_text())["seconds"] == 12.346
+
+
+def test_a_row_without_its_own_max_tokens_stays_bounded_by_the_runs(tmp_path):
+    data = rows()
+    data[3]["completion_tokens"] = 2 * MAX_TOKENS  # its prompt asked for up to 2x the run's budget
+    data[8]["completion_tokens"] = MAX_TOKENS + 1  # its prompt has no max_tokens of its own
+    summary = validate_run(write_run(tmp_path / "run", data), ids(), THRESHOLDS, build_docs=False,
+                           raise_on_failure=False, own_max_tokens={"p00003": 2 * MAX_TOKENS})
+    assert summary["failed_expectations"] == ["completion_tokens_in_range"]
+    assert (entry(summary, "completion_tokens_in_range")["observed"],
+            entry(summary, "completion_tokens_in_range")["sample_ids"]) == (1, ["p00008"])
+
+
+def test_without_prompts_of_their_own_max_tokens_the_bound_names_only_the_runs():
+    check = next(check for check in suite._checks(THRESHOLDS, ["id"]) if check.name == "completion_tokens_in_range")
+    assert check.bound == f"0 rows outside [1, {MAX_TOKENS}]"
