@@ -31,7 +31,6 @@ Example::
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 from dataclasses import dataclass
@@ -39,82 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from fleetgen.errors import ConfigError
+from fleetgen.nodes.addresses import BIND_HINT, http_url, ip_of, is_loopback, parse_host, url_host
 from fleetgen.nodes.remote import dp_size_of_args
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
-# A DNS name (RFC 1123 labels; '_' too, which /etc/hosts and some internal zones use).
-_HOST_LABEL_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
-_ADDRESS_HINT = "give the bare host the workers reach the node's servers at, e.g. 10.0.0.5, fd00::5 or gpu-node-1"
-_BIND_HINT = "give the address the servers listen on: 0.0.0.0 (every IPv4 address), :: (every IPv6 address)"
-
-
-def url_host(host: str) -> str:
-    """``host`` as the host part of a URL or ``host:port``: an IPv6 address goes in brackets (RFC 3986 §3.2.2)."""
-    return f"[{host}]" if ":" in host else host
-
-
-def http_url(host: str, port: int) -> str:
-    """The base URL of a server; every URL fleetgen builds for a fleet address comes from here."""
-    return f"http://{url_host(host)}:{int(port)}"
-
-
-def parse_host(value: str, where: str, source: str, *, hint: str = _ADDRESS_HINT) -> str:
-    """A host from the fleet file: an IPv4 or IPv6 address (brackets optional) or a DNS name.
-
-    Returned canonical (an IPv6 address compressed, without brackets), so that two spellings of one address
-    compare equal. Anything else (a port, a URL, a space, nothing) is refused here, before any server is
-    touched, instead of failing in URL parsing after the relaunch.
-    """
-    def refuse(problem: str, what_to_do: str = hint) -> ConfigError:
-        return ConfigError(f"'{where}' {value!r} {problem}", path=source, hint=what_to_do)
-
-    if not value.strip():
-        raise refuse("is empty")
-    if any(char.isspace() for char in value):
-        raise refuse("holds a space or other blank")
-    if "/" in value:
-        raise refuse("is a URL or holds a path", f"the fleet builds http://host:port itself: {hint}")
-    text = value
-    if text.startswith("["):
-        inner, closed, rest = text[1:].partition("]")
-        if closed and rest.startswith(":"):
-            raise refuse("holds a port", "give the port in nodes[].ports or base_port, not in the address")
-        if not closed or rest:
-            raise refuse("is not a bracketed IPv6 address")
-        text = inner
-    if "%" in text:
-        raise refuse("has an IPv6 zone (%interface), which a URL cannot carry portably",
-                     "use the node's global or unique-local IPv6 address, or its host name")
-    try:
-        return str(ipaddress.ip_address(text))
-    except ValueError:
-        pass
-    if ":" in text:
-        host, _, port = text.rpartition(":")
-        if port.isdigit() and ":" not in host:
-            raise refuse("holds a port", "give the port in nodes[].ports or base_port, not in the address")
-        raise refuse("is not a valid IPv6 address")
-    labels = text[:-1].split(".") if text.endswith(".") else text.split(".")
-    if all(label.isdigit() for label in labels):
-        raise refuse("is not a valid IPv4 address")
-    if len(text) > 253 or not all(_HOST_LABEL_RE.match(label) for label in labels):
-        raise refuse("is not a host name or IP address")
-    return text
-
-
-def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    try:
-        return ipaddress.ip_address(host)
-    except ValueError:
-        return None
-
-
-def _is_loopback(host: str) -> bool:
-    ip = _ip(host)
-    return ip.is_loopback if ip is not None else host.lower().rstrip(".") == "localhost"
-
-
 def _require(mapping: dict, key: str, where: str, kind: type | tuple[type, ...], source: str) -> Any:
     if key not in mapping:
         raise ConfigError(f"missing key '{where}.{key}'", path=source,
@@ -278,7 +206,7 @@ def _same_machine(first: NodeSpec, second: NodeSpec) -> str | None:
     the worker reaches other machines through it only by forwarded ports (SSH tunnels, the simulator)."""
     if first.ssh_conn_id == second.ssh_conn_id:
         return f"SSH connection '{first.ssh_conn_id}'"
-    if first.address.lower() == second.address.lower() and not _is_loopback(first.address):
+    if first.address.lower() == second.address.lower() and not is_loopback(first.address):
         return f"address {first.address}"
     return None
 
@@ -310,11 +238,11 @@ def _check_bind_family(server: ServerSpec, nodes: tuple[NodeSpec, ...], source: 
     """A server bound to an address of one family is unreachable at an address of the other. SGLang's HTTP
     server (uvicorn on uvloop) binds a literal host on one socket, and uvloop sets IPV6_V6ONLY on an IPv6
     one (uvloop/loop.pyx ``create_server``): ``--host ::`` serves IPv6 only, ``0.0.0.0`` IPv4 only."""
-    bind = _ip(server.bind_host)
+    bind = ip_of(server.bind_host)
     if bind is None:
         return
     for index, node in enumerate(nodes):
-        address = _ip(node.address)
+        address = ip_of(node.address)
         if address is not None and address.version != bind.version:
             wildcard = "::" if address.version == 6 else "0.0.0.0"
             raise ConfigError(
@@ -365,7 +293,7 @@ def _parse_server(doc: dict, source: str) -> ServerSpec:
         run_dir=_typed(doc.get("run_dir", defaults.run_dir), "server.run_dir", str, source),
         log_dir=_typed(doc.get("log_dir", defaults.log_dir), "server.log_dir", str, source),
         bind_host=parse_host(_typed(doc.get("bind_host", defaults.bind_host), "server.bind_host", str, source),
-                             "server.bind_host", source, hint=_BIND_HINT),
+                             "server.bind_host", source, hint=BIND_HINT),
         api_key_conn_id=api_key_conn_id,
         stop_grace_s=float(grace),
     )
