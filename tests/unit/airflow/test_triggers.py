@@ -701,7 +701,7 @@ def test_a_trigger_started_at_zero_keeps_zero(clock):
 
 
 def test_the_wait_has_no_timeout_of_its_own():
-    with pytest.raises(ValueError, match=r"need timeout_s \(the run's ready_timeout_s\)"):
+    with pytest.raises(ValueError, match=r"^watch settings need timeout_s \(the run's ready_timeout_s\)$"):
         WatchSettings.from_json({"poll_s": 1})
 
 

@@ -354,3 +354,9 @@ def span(since, resumed):
     ([span(0.0, 0.0)], 0.0, 100.0, 0.0), ([], 0.0, 100.0, 0.0)])
 def test_dead_seconds_count_each_second_of_the_span_once(lost, start, end, dead):
     assert dead_seconds(lost, start, end) == pytest.approx(dead)
+
+
+def test_a_shard_running_alone_may_use_every_servers_whole_limit():
+    share = liveness.alone()
+    assert share == FleetShare(active=1, others_in_flight={}, others_unpublished=0)
+    assert share.cap("a:1", 40) == 40 and share.cap("b:1", 7) == 7

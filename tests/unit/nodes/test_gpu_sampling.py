@@ -119,6 +119,33 @@ def test_a_stale_claim_is_taken_over(tmp_path):
     assert path.exists()
 
 
+def test_a_claim_exactly_stale_s_old_is_taken_over(tmp_path, monkeypatch):
+    from fleetgen.nodes import gpu_sampling
+
+    path = tmp_path / "gpu" / "n.sampler"
+    assert SamplerClaim(path, "shard 0", stale_s=30).acquire()
+    os.utime(path, (1_000.0, 1_000.0))
+    monkeypatch.setattr(gpu_sampling.time, "time", lambda: 1_029.5)
+    assert not SamplerClaim(path, "shard 1", stale_s=30).acquire()
+    monkeypatch.setattr(gpu_sampling.time, "time", lambda: 1_030.0)
+    assert SamplerClaim(path, "shard 1", stale_s=30).acquire() and path.read_text() == "shard 1"
+
+
+def test_a_claim_that_keeps_changing_hands_is_not_taken_after_two_tries(tmp_path, monkeypatch):
+    """Each try finds the file there and gone again before it can be read (other shards taking it over)."""
+    from fleetgen.nodes import gpu_sampling
+
+    tries = []
+
+    def taken(path, flags, mode=0o777):
+        tries.append(path)
+        raise FileExistsError(path)
+
+    monkeypatch.setattr(gpu_sampling.os, "open", taken)
+    claim = SamplerClaim(tmp_path / "gpu" / "n.sampler", "shard 0", stale_s=30)
+    assert claim.acquire() is False and len(tries) == 2
+
+
 # In-memory sessions: each node's loop output as scripted lines, then a session that stays open until closed.
 # Their waits are short: each step takes milliseconds, and a broken sampler must fail fast, not hang.
 SHORT_WAIT_S = 5.0
