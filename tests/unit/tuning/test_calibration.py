@@ -212,15 +212,17 @@ def test_a_readback_is_recorded_for_the_next_plan_and_under_the_servers_name(tmp
     seen = {}
 
     def calibrate(plan, info, log_text, *, gpu_name, model):
-        seen.update(log_text=log_text, gpu_name=gpu_name, model=model)
+        seen.update(plan=plan, info=info, log_text=log_text, gpu_name=gpu_name, model=model)
         return _calibration(gpu_name=gpu_name, model=model, applied_correction_bytes=MIB)
 
     monkeypatch.setattr(calibration_module, "calibrate", calibrate)
     plan = SimpleNamespace(inputs={"gpus": [{"name": "NVIDIA B200"}, {"name": "NVIDIA H100"}]})
     shared, run = CalibrationStore(tmp_path / "shared.json"), CalibrationStore(tmp_path / "run" / "calibration.json")
-    recorded = calibration_module.record_readback(plan, SimpleNamespace(), "Load weight begin", server="node1:30000",
+    info = SimpleNamespace()
+    recorded = calibration_module.record_readback(plan, info, "Load weight begin", server="node1:30000",
                                                   model_path="/models/qwen3.6-27b/", shared=shared, run=run)
-    assert seen == {"log_text": "Load weight begin", "gpu_name": "NVIDIA B200", "model": "qwen3.6-27b"}
+    assert seen == {"plan": plan, "info": info, "log_text": "Load weight begin", "gpu_name": "NVIDIA B200",
+                    "model": "qwen3.6-27b"}
     key = "NVIDIA B200|0.5.23|qwen3.6-27b|tp1"
     assert list(shared.load()) == [key] and list(run.load()) == ["node1:30000"]
     assert recorded["correction_bytes"] == shared.load()[key]["correction_bytes"] == 2_001 * MIB
