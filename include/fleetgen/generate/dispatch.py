@@ -325,7 +325,7 @@ class Dispatcher:
         elif self.health is not None:
             server.health.shared_at = self.health.publish(server.name, DOWN, reason, hung=hung)
         at = utc_now()
-        server.health.mark_down(reason, hung=hung, now=time.monotonic(), at=at)
+        server.health.mark_down(reason, now=time.monotonic(), at=at)
         self._event("down", server, reason=reason[:500])
         self.log.warning("shard %d: server %s marked down at %s (%s); its prompts go to the other servers; "
                          "re-checking %s%s", self.shard_id, server.name, at, reason,

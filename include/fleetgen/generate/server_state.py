@@ -28,7 +28,6 @@ class DownPeriod:
 
     since: float
     reason: str
-    hung: bool
 
 
 class ServerHealth:
@@ -51,11 +50,11 @@ class ServerHealth:
         """How many times the server was marked down (the re-check backoff grows with it)."""
         return len(self.marked_down)
 
-    def mark_down(self, reason: str, *, hung: bool, now: float, at: str) -> None:
+    def mark_down(self, reason: str, *, now: float, at: str) -> None:
         """Up -> down. ``now``: monotonic; ``at``: the wall-clock time the report shows."""
         if self.down is not None:
             raise RuntimeError(f"marked down while already down ({self.down.reason}): {reason}")
-        self.down = DownPeriod(since=now, reason=reason, hung=hung)
+        self.down = DownPeriod(since=now, reason=reason)
         self.up.clear()
         self.marked_down.append({"at": at, "reason": reason})
 

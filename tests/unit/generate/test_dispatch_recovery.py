@@ -611,3 +611,110 @@ async def test_a_server_answering_usage_as_strings_is_a_bad_response_and_its_pro
     [down] = summary["servers"]["s1:1"]["marked_down"]
     assert down["reason"].startswith("bad_response: usage.completion_tokens is not a token count ('12'): ")
     assert summary["servers"]["s1:1"]["completed"] == 0 and summary["servers"]["s1:1"]["retried"] >= 1
+
+
+async def test_a_server_this_shard_finds_hung_is_published_hung_for_the_other_shards(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 6)
+    fleet = FakeFleet(2, limit=1, delay_s={"s0:1": 0.01, "s1:1": 2.0})  # silent 40x the stall check
+    fleet.health["s1:1"] = lambda name: (_ for _ in ()).throw(httpx.ConnectTimeout("no answer"))
+    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(stall_check_s=0.05),
+                                    transport=fleet.transport(), progress_interval_s=0.01)
+    assert summary["done"] == 6
+    entry = SharedHealth(tmp_path / "out", who="shard 9", log=logging.getLogger("other")).changed_entries()["s1:1"]
+    assert (entry.state, entry.hung, entry.by) == (DOWN, True, "shard 0")
+    assert entry.reason.startswith("stalled: no answer for ")
+
+
+async def test_a_server_down_here_that_another_shard_also_finds_down_stays_down(tmp_path, monkeypatch):
+    monkeypatch.setattr(dispatch, "HEALTH_POLL_S", 0.005)
+    shard = write_prompts(tmp_path / "p.jsonl", 40)
+    other = SharedHealth(tmp_path / "out", who="shard 9", log=logging.getLogger("other"))
+    fleet = FakeFleet(2, limit=1, delay_s={"s0:1": 0.005, "s1:1": 0.001})
+    fleet.behaviour["s1:1"] = lambda pid, n: httpx.Response(502, text="bad gateway")
+    checks = Counter()
+
+    def health(name):  # re-checked only once this shard has it down; the other shard finds it down too
+        checks[name] += 1
+        if checks[name] == 1:
+            other.publish("s1:1", DOWN, "http_502: HTTP 502: bad gateway")
+        return httpx.Response(503)
+
+    fleet.health["s1:1"] = health
+    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                                    transport=fleet.transport(), progress_interval_s=0.005)
+    assert summary["done"] == 40 and checks["s1:1"] >= 1
+    server = summary["servers"]["s1:1"]
+    assert [d["reason"] for d in server["marked_down"]] == ["http_502: HTTP 502: bad gateway"]
+    assert server["recovered"] == [] and fleet.requests["s1:1"] == 1 and events_of(tmp_path / "out", "recovered") == []
+
+
+async def test_a_trial_request_abandoned_on_a_server_found_hung_is_logged_as_stalled(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(dispatch, "HEALTH_POLL_S", 0.005)
+    shard = write_prompts(tmp_path / "p.jsonl", 40)
+    other = SharedHealth(tmp_path / "out", who="shard 9", log=logging.getLogger("other"))
+    fleet = FakeFleet(2, limit=1, delay_s={"s0:1": 0.005, "s1:1": 0.001})
+    fleet.behaviour["s1:1"] = lambda pid, n: httpx.Response(502, text="bad gateway") if n == 1 else None
+    sent = Counter()
+
+    async def handle(request):
+        name = f"{request.url.host}:{request.url.port}"
+        if name == "s1:1" and request.url.path == "/v1/chat/completions":
+            sent[name] += 1
+            if sent[name] == 2:  # this shard's trial request: the other shard finds s1 back up meanwhile...
+                other.publish("s1:1", UP, "health and a trial request succeeded")
+                await asyncio.sleep(5)
+            if sent[name] == 3:  # ... and s1's worker, back at it, finds it hung there
+                other.publish("s1:1", DOWN, "stalled: no answer for 61 s", hung=True)
+                await asyncio.sleep(5)
+        return await fleet.handle(request)
+
+    with caplog.at_level("INFO"):
+        summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out",
+                                        fast_settings(recheck_initial_s=0.05), transport=httpx.MockTransport(handle),
+                                        progress_interval_s=0.005)
+    assert summary["done"] == 40 and summary["failed"] == 0
+    assert [d["reason"] for d in summary["servers"]["s1:1"]["marked_down"]] == [
+        "http_502: HTTP 502: bad gateway", "marked down by shard 9: stalled: no answer for 61 s"]
+    assert [m for m in messages(caplog) if "trial request failed" in m] == [
+        "shard 0: server s1:1 still down (trial request failed: stalled: abandoned: the server stopped answering); "
+        "next check in 0.1 s"]
+
+
+async def test_every_server_down_fails_the_shard_exactly_at_the_timeout(tmp_path, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(dispatch, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    shard = write_prompts(tmp_path / "p.jsonl", 5)
+    fleet = FakeFleet(1, limit=1)
+    fleet.behaviour["s0:1"] = lambda pid, n: (_ for _ in ()).throw(httpx.ConnectError("gone"))
+
+    def health(name):  # re-checked once down (at 1000.0 of the fake clock): the clock then reads the timeout
+        clock.now = 1000.25
+        return httpx.Response(503)
+
+    fleet.health["s0:1"] = health
+    with pytest.raises(AllServersDown) as caught:
+        await asyncio.wait_for(run_shard_async(shard, fleet.endpoints(), tmp_path / "out",
+                                               fast_settings(all_down_timeout_s=0.25), transport=fleet.transport(),
+                                               progress_interval_s=0.005), timeout=2)
+    assert caught.value.message.startswith("every server has been down for 0 s; progress is saved (0 done, 5 left)")
+
+
+async def test_a_server_silent_for_exactly_the_stall_check_is_probed(tmp_path, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(dispatch, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    shard = write_prompts(tmp_path / "p.jsonl", 6)
+    fleet = FakeFleet(2, limit=1, delay_s={"s0:1": 0.002, "s1:1": 1.0})
+
+    async def handle(request):
+        if request.url.host == "s1" and request.url.path == "/v1/chat/completions":
+            clock.now = 1002.0  # s1 has been silent since its request went out at 1000.0
+        return await fleet.handle(request)
+
+    fleet.health["s1:1"] = lambda name: (_ for _ in ()).throw(httpx.ConnectTimeout("no answer"))
+    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(stall_check_s=2.0),
+                                    transport=httpx.MockTransport(handle), progress_interval_s=0.005)
+    assert summary["done"] == 6
+    [down] = summary["servers"]["s1:1"]["marked_down"]
+    assert down["reason"] == ("stalled: no answer for 2 s with 1 request(s) in flight, and /health: ConnectTimeout: "
+                              "no answer")
+    assert summary["servers"]["s1:1"]["completed"] == 0

@@ -23,23 +23,23 @@ def test_a_new_server_is_up_with_no_history():
 
 def test_down_then_up_records_both_transitions_and_the_time_down():
     health = ServerHealth()
-    health.mark_down("timeout: ReadTimeout", hung=False, now=100.0, at="2026-12-03T01:00:00Z")
+    health.mark_down("timeout: ReadTimeout", now=100.0, at="2026-12-03T01:00:00Z")
     assert health.is_down and not health.up.is_set()
-    assert (health.down.since, health.down.reason, health.down.hung) == (100.0, "timeout: ReadTimeout", False)
+    assert (health.down.since, health.down.reason) == (100.0, "timeout: ReadTimeout")
     assert health.marked_down == [{"at": "2026-12-03T01:00:00Z", "reason": "timeout: ReadTimeout"}]
     assert health.mark_up(now=112.34, at="2026-12-03T01:00:12Z") == pytest.approx(12.34)
     assert not health.is_down and health.up.is_set() and health.down is None
     assert health.recovered == [{"at": "2026-12-03T01:00:12Z", "down_s": 12.3}]
 
 
-def test_each_down_period_counts_and_a_hung_one_says_so():
+def test_each_down_period_counts_and_the_current_one_is_the_last():
     health = ServerHealth()
     for number, now in enumerate((1.0, 5.0, 9.0), start=1):
-        health.mark_down(f"down {number}", hung=number == 3, now=now, at=f"t{number}")
+        health.mark_down(f"down {number}", now=now, at=f"t{number}")
         assert health.downs == number
         if number < 3:
             health.mark_up(now=now + 1, at="back")
-    assert health.down.hung and health.down.reason == "down 3"
+    assert health.down.reason == "down 3" and health.down.since == 9.0
     assert [entry["reason"] for entry in health.marked_down] == ["down 1", "down 2", "down 3"]
 
 
@@ -47,10 +47,10 @@ def test_a_transition_from_the_wrong_state_is_refused_and_changes_nothing():
     health = ServerHealth()
     with pytest.raises(RuntimeError, match="^marked up while up$"):
         health.mark_up(now=1.0, at="t")
-    health.mark_down("first", hung=False, now=1.0, at="t1")
+    health.mark_down("first", now=1.0, at="t1")
     with pytest.raises(RuntimeError, match=r"already down \(first\): second"):
-        health.mark_down("second", hung=True, now=2.0, at="t2")
-    assert (health.down.reason, health.down.hung, health.downs) == ("first", False, 1)
+        health.mark_down("second", now=2.0, at="t2")
+    assert (health.down.reason, health.down.since, health.downs) == ("first", 1.0, 1)
 
 
 async def test_the_first_request_in_flight_starts_the_silence_clock_and_later_ones_do_not():
@@ -95,7 +95,7 @@ def test_a_server_state_starts_at_its_limit_with_parsed_urls_and_summarizes_its_
     assert (str(server.chat_url), str(server.health_url)) == ("http://n0:30000/v1/chat/completions",
                                                               "http://n0:30000/health")
     server.tally.completed, server.tally.failed, server.tally.retried = 5, 1, 2
-    server.health.mark_down("http_503: busy", hung=False, now=0.0, at="t0")
+    server.health.mark_down("http_503: busy", now=0.0, at="t0")
     server.health.mark_up(now=3.0, at="t3")
     assert server.summary() == {"completed": 5, "failed": 1, "retried": 2,
                                 "marked_down": [{"at": "t0", "reason": "http_503: busy"}],
