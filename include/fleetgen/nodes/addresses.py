@@ -14,7 +14,7 @@ from fleetgen.errors import ConfigError
 
 # A DNS name (RFC 1123 labels; '_' too, which /etc/hosts and some internal zones use).
 _HOST_LABEL_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
-ADDRESS_HINT = "give the bare host the workers reach the node's servers at, e.g. 10.0.0.5, fd00::5 or gpu-node-1"
+_ADDRESS_HINT = "give the bare host the workers reach the node's servers at, e.g. 10.0.0.5, fd00::5 or gpu-node-1"
 BIND_HINT = "give the address the servers listen on: 0.0.0.0 (every IPv4 address), :: (every IPv6 address)"
 
 
@@ -28,7 +28,7 @@ def http_url(host: str, port: int) -> str:
     return f"http://{url_host(host)}:{int(port)}"
 
 
-def parse_host(value: str, where: str, source: str, *, hint: str = ADDRESS_HINT) -> str:
+def parse_host(value: str, where: str, source: str, *, hint: str = _ADDRESS_HINT) -> str:
     """A host from the fleet file: an IPv4 or IPv6 address (brackets optional) or a DNS name.
 
     Returned canonical (an IPv6 address compressed, without brackets), so that two spellings of one address
