@@ -156,9 +156,10 @@ def summarize(modules: dict[str, dict]) -> dict:
     out = {}
     for name, module in modules.items():
         verdicts = _verdicts(name, module)
-        if verdicts is None:
+        if verdicts is None:  # not measured here: the recorded result, with today's reasons
             if name in previous:
-                out[name] = previous[name]
+                out[name] = {**previous[name], "survivors": [{**survivor, "reason": reasons.get(survivor["mutant"], "")}
+                                                             for survivor in previous[name].get("survivors", [])]}
             continue
         killed = sum(code in KILLED_CODES for code in verdicts.values())
         skipped = sum(code in SKIPPED_CODES for code in verdicts.values())

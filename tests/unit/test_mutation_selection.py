@@ -80,6 +80,18 @@ def test_a_survivor_without_a_reason_fails_the_run_and_is_counted(mutation):
     assert "Survivors without a reason: 1." in (mutation.MUTATION_DIR / "summary.md").read_text()
 
 
+def test_a_result_measured_elsewhere_takes_the_reasons_recorded_since(mutation, monkeypatch, tmp_path):
+    monkeypatch.setattr(mutation, "WORK_DIR", tmp_path / "work")  # nothing measured in this checkout
+    survivors = [{"mutant": f"pkg.a.x_f__mutmut_{n}", "status": "survived", "change": "", "reason": old}
+                 for n, old in ((1, ""), (2, "a reason since removed"))]
+    (mutation.MUTATION_DIR / "summary.json").write_text(json.dumps(
+        {"modules": {"a": _result(alive=2, score=0.8, survivors=survivors)}}))
+    (mutation.MUTATION_DIR / "reasons.toml").write_text('[reasons]\n"pkg.a.x_f__mutmut_1" = "equivalent"\n')
+    result = mutation.summarize({"a": _modules()["a"]})["a"]
+    assert [survivor["reason"] for survivor in result["survivors"]] == ["equivalent", ""]
+    assert (result["alive"], result["score"]) == (2, 0.8)
+
+
 def test_a_module_with_nothing_to_mutate_meets_the_goal_and_says_why(mutation):
     assert mutation.write_summary({"a": _result(mutants=0, killed=0, score=None)})
     assert "| n/a (nothing mutmut mutates: constants only) |" in (mutation.MUTATION_DIR / "summary.md").read_text()
