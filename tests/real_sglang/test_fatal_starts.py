@@ -125,10 +125,12 @@ def test_a_pool_cap_below_one_page_is_oom_kv(tmp_path, tiny_models):
 def test_a_static_fraction_below_the_weights_is_oom_weights(tmp_path, tiny_models):
     """The KV budget is free memory minus ``pre_load * (1 - mem_fraction_static)``
     (sglang/srt/mem_cache/kv_cache_configurator.py::_profile_available_bytes), free memory being the host's on
-    CPU. A vocabulary of 4M tokens makes the random weights 1 GiB, far above this fraction of the free RAM: other
-    processes freeing memory between the baseline and the profile cannot make room for the pool."""
+    CPU. A vocabulary of 16M tokens makes the random weights 4 GiB, far above this fraction of the free RAM. The
+    host's free memory is the whole machine's: other tests' processes freeing memory while the weights load count
+    as room (1.3 GB was seen once beside three test workers, which hid weights of 1 GiB), so the weights are
+    several times what a neighbour frees."""
     lines = _failed_start(tmp_path, tiny_models["dense"], "--mem-fraction-static", "0.00001",
-                          "--json-model-override-args", '{"vocab_size": 4194304}', expected_exit=-9)
+                          "--json-model-override-args", '{"vocab_size": 16777216}', expected_exit=-9)
     fatal = _classified(lines, FailureKind.OOM_WEIGHTS, "Loaded weights leave no GPU memory for the KV cache under "
                                                         "--mem-fraction-static=1e-05.")
     assert fatal.line.startswith("ValueError: ")
