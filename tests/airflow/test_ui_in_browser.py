@@ -225,7 +225,8 @@ def test_the_report_link_opens_the_rendered_report_with_its_plots(page, airflow_
     assert "Simulated fleet" in page.inner_text("main")
     images = page.locator("main img")
     assert images.count() >= 3
-    widths = [image.evaluate("img => img.complete ? img.naturalWidth : 0") for image in images.all()]
+    # decode() settles once the image has loaded (0: it failed to): a plot still loading is waited for
+    widths = [image.evaluate("img => img.decode().then(() => img.naturalWidth, () => 0)") for image in images.all()]
     assert all(width > 100 for width in widths), widths
     shot(page, "08-report-rendered-with-plots")
 

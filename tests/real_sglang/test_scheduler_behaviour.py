@@ -157,7 +157,9 @@ def test_the_peak_kv_in_use_fills_the_pool(real_run):
     # the gauge is sampled between steps, by a poller a busy machine may delay past the peak: never above the
     # log's peak, and well into the pool
     assert POOL / 2 <= real_run.peak_used_tokens <= peak
-    assert real_run.peak_token_usage == pytest.approx(real_run.peak_used_tokens / POOL, abs=0.01)
+    # token_usage is rounded to two decimals (scheduler_components/pool_stats_observer.py) and its peak need not
+    # fall in the scrape that saw the token count's: 0.99 beside 512 of 512 was seen on the hybrid server
+    assert real_run.peak_token_usage == pytest.approx(real_run.peak_used_tokens / POOL, abs=0.02)
 
 
 def _product_observation(run: RealRun):
