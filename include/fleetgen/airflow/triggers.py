@@ -92,13 +92,12 @@ class WatchSettings:
 
 
 def _watch_number(name: str, value: Any, *, integer: bool) -> int | float:
-    text = value if isinstance(value, str) else None
-    if text is None and not is_json_number(value):
+    if not (isinstance(value, str) or is_json_number(value)):
         raise ValueError(f"watch setting {name}={value!r} is not a number")
     try:
         number = float(value)
-    except ValueError:
-        raise ValueError(f"watch setting {name}={text!r} is not a number") from None
+    except ValueError:  # text that is not a number
+        raise ValueError(f"watch setting {name}={value!r} is not a number") from None
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"watch setting {name}={value!r} must be a finite number >= 0")
     if integer:
