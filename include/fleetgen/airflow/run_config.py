@@ -49,6 +49,7 @@ class Setting:
     low_open: bool = False        # low itself is refused (top_p > 0)
     choices: tuple[str, ...] = ()
     optional: bool = False        # a text the form may leave empty (null)
+    env: str | None = None        # the deployment's environment variable its default comes from
 
     def default_value(self) -> Any:
         return self.default() if callable(self.default) else self.default
@@ -80,11 +81,22 @@ class Setting:
             raise self._refuse(f"must be {'a' if self.optional else 'a non-empty'} string", value)
         if self.choices and value not in self.choices:
             raise self._refuse(f"must be {self.allowed()}", value)
-        return Path(value.strip()).expanduser() if self.kind is Path else value.strip()
+        return self._path(value.strip()) if self.kind is Path else value.strip()
+
+    def _path(self, text: str) -> Path:
+        try:
+            return Path(text).expanduser()
+        except RuntimeError:  # ~user of a user this worker does not know (pathlib's "Could not determine home")
+            raise self._refuse(f"starts with {text.split('/', 1)[0]}, a user without a home directory on this "
+                               f"worker", text) from None
+
+    def where_to_set(self) -> str:
+        """Where a run's value of this parameter comes from, as a hint says it."""
+        deployment = f", or {self.env} of the deployment for scheduled runs" if self.env else ""
+        return f"set {self.name} in the trigger form or the run's conf{deployment}"
 
     def _refuse(self, what: str, value: Any) -> ConfigError:
-        return ConfigError(f"DAG parameter {self.name} {what}, got {value!r}",
-                           hint=f"set {self.name} in the trigger form or the run's conf")
+        return ConfigError(f"DAG parameter {self.name} {what}, got {value!r}", hint=self.where_to_set())
 
 
 def setting(kind: type, default: Any, title: str, section: str, description: str, *, name: str | None = None,
@@ -113,7 +125,7 @@ class Inputs(_Group):
     prompts_path: Path = setting(
         Path, lambda: os.environ.get(PROMPTS_PATH_VARIABLE, "~/fleetgen/prompts.jsonl"), "Prompts JSONL", INPUTS,
         f"Path on the workers of a JSONL of {{id, messages}} or {{id, prompt}}, one per line. Default: "
-        f"${PROMPTS_PATH_VARIABLE} of the deployment (scheduled runs use it).")
+        f"${PROMPTS_PATH_VARIABLE} of the deployment (scheduled runs use it).", env=PROMPTS_PATH_VARIABLE)
     output_root: Path = setting(
         Path, default_output_root, "Output root", INPUTS,
         "Each run writes to <output_root>/<run_id>/. Default: $FLEETGEN_OUTPUT_ROOT of the deployment.")
@@ -133,12 +145,21 @@ class Inputs(_Group):
         "the run succeeded or not.")
 
     def require_prompts_file(self) -> None:
-        """A run (a scheduled one above all) whose prompts file is missing stops in its first task, with
-        one line naming the setting, instead of failing later in scan_prompts."""
-        if not self.prompts_path.is_file():
-            raise ConfigError(f"prompts file {self.prompts_path} not found on this worker: set the DAG parameter "
-                              f"prompts_path in the trigger form, or {PROMPTS_PATH_VARIABLE} of the deployment "
-                              f"for scheduled runs")
+        """A run (a scheduled one above all) whose prompts file is missing, a folder or compressed stops in its
+        first task, with one line naming the setting, instead of failing later in scan_prompts."""
+        from fleetgen.prompts.scan import compression_of
+
+        path, where = self.prompts_path, (f"set the DAG parameter prompts_path in the trigger form, or "
+                                          f"{PROMPTS_PATH_VARIABLE} of the deployment for scheduled runs")
+        if path.is_dir():
+            raise ConfigError(f"prompts file {path} is a folder, not a JSONL file: {where} to the file itself")
+        if not path.is_file():
+            raise ConfigError(f"prompts file {path} not found on this worker: {where}")
+        compression = compression_of(path)
+        if compression is not None:
+            name, tool = compression
+            raise ConfigError(f"prompts file {path} is {name}-compressed and compressed input is not read: "
+                              f"decompress it (`{tool} {path}`), then {where} to the decompressed JSONL")
 
 
 @dataclass(frozen=True)

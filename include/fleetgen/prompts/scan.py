@@ -47,6 +47,10 @@ from fleetgen.prompts.lines import (ROLES, SAMPLING_OVERRIDES, Prompt, fast_id, 
                                   parse_line, shorten)
 
 CHANGED_SINCE_SCAN = "the prompts file changed after it was scanned; start a new run"
+# What a compressed file starts with, and the command that decompresses it beside the original: the scan reads
+# plain JSONL only (byte ranges of the file itself are the shards).
+COMPRESSED_MAGIC = {b"\x1f\x8b": ("gzip", "gunzip -k"), b"BZh": ("bzip2", "bunzip2 -k"),
+                    b"\xfd7zXZ\x00": ("xz", "unxz -k"), b"\x28\xb5\x2f\xfd": ("zstd", "unzstd")}
 INDEX_STRIDE = 1000  # one (valid prompts before, byte offset) pair per this many valid prompts
 DIGEST_HEX_CHARS = 32  # 128 bits of SHA-256 per block: plenty to tell an edit, half the XCom size
 
@@ -115,6 +119,17 @@ class PromptScan:
     def output_tokens_max(self, run_max_tokens: int) -> int:
         """The largest output budget any accepted prompt asks for: its own max_tokens or the run's."""
         return max(run_max_tokens, self.own_max_tokens_max or 0)
+
+
+def compression_of(path: str | os.PathLike) -> tuple[str, str] | None:
+    """``(format, command that decompresses it)`` when the file starts like a compressed one, else None (an
+    unreadable file too: the scan says why it cannot read it)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(max(len(magic) for magic in COMPRESSED_MAGIC))
+    except OSError:
+        return None
+    return next((found for magic, found in COMPRESSED_MAGIC.items() if head.startswith(magic)), None)
 
 
 def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | None = None,

@@ -315,10 +315,46 @@ def test_the_configuration_as_a_dict_holds_every_group_with_paths_as_text():
     assert set(as_dict) == {"inputs", "tuning", "generation", "validation"}
 
 
-def test_a_folder_is_not_a_prompts_file(tmp_path):
+def test_a_folder_is_not_a_prompts_file_and_is_named_a_folder(tmp_path):
     config = RunConfig.from_params({**PARAMS, "prompts_path": str(tmp_path)})
-    with pytest.raises(ConfigError, match=f"prompts file {tmp_path} not found on this worker"):
+    with pytest.raises(ConfigError) as caught:
         config.inputs.require_prompts_file()
+    assert str(caught.value) == (
+        f"prompts file {tmp_path} is a folder, not a JSONL file: set the DAG parameter prompts_path in the trigger "
+        f"form, or FLEETGEN_PROMPTS_PATH of the deployment for scheduled runs to the file itself")
+
+
+@pytest.mark.parametrize("compress, name, tool", [
+    ("gzip", "gzip", "gunzip -k"), ("bz2", "bzip2", "bunzip2 -k"), ("lzma", "xz", "unxz -k")])
+def test_a_compressed_prompts_file_is_refused_saying_how_to_decompress_it(tmp_path, compress, name, tool):
+    import importlib
+
+    path = tmp_path / "prompts.jsonl.gz"
+    path.write_bytes(importlib.import_module(compress).compress(b'{"id": "a", "prompt": "hi"}\n'))
+    config = RunConfig.from_params({**PARAMS, "prompts_path": str(path)})
+    with pytest.raises(ConfigError) as caught:
+        config.inputs.require_prompts_file()
+    assert str(caught.value) == (
+        f"prompts file {path} is {name}-compressed and compressed input is not read: decompress it "
+        f"(`{tool} {path}`), then set the DAG parameter prompts_path in the trigger form, or FLEETGEN_PROMPTS_PATH "
+        f"of the deployment for scheduled runs to the decompressed JSONL")
+
+
+def test_a_plain_prompts_file_named_gz_is_read_by_what_it_holds(tmp_path):
+    path = tmp_path / "prompts.gz"
+    path.write_text('{"id": "a", "prompt": "hi"}\n')
+    RunConfig.from_params({**PARAMS, "prompts_path": str(path)}).inputs.require_prompts_file()
+
+
+@pytest.mark.parametrize("name", ["prompts_path", "output_root"])
+def test_a_path_under_the_home_of_an_unknown_user_is_a_config_error_naming_the_parameter(name):
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_params({**PARAMS, name: "~nosuchuser-fleetgen/prompts.jsonl"})
+    assert str(caught.value).startswith(
+        f"DAG parameter {name} starts with ~nosuchuser-fleetgen, a user without a home directory on this worker, "
+        f"got '~nosuchuser-fleetgen/prompts.jsonl'\nWhat to check next: set {name} in the trigger form or the run's "
+        f"conf")
+    assert ("FLEETGEN_PROMPTS_PATH" in str(caught.value)) == (name == "prompts_path")
 
 
 def test_the_form_says_what_a_zero_means_where_zero_is_not_a_size():

@@ -418,3 +418,18 @@ def test_a_file_of_rejected_prompts_lists_the_first_reasons_and_counts_the_rest(
         with pytest.raises(PromptsError) as nothing:
             scan_prompts(empty, rejects_path=rejects)
         assert nothing.value.message == "no valid prompts (0 rejected, 0 lines)"
+
+
+@pytest.mark.parametrize("head, expected", [
+    (b"\x1f\x8b\x08\x00", ("gzip", "gunzip -k")), (b"BZh91AY", ("bzip2", "bunzip2 -k")),
+    (b"\xfd7zXZ\x00\x00", ("xz", "unxz -k")), (b"\x28\xb5\x2f\xfd\x00", ("zstd", "unzstd")),
+    (b'{"id": "a", "prompt": "hi"}\n', None), (b"\x1f", None), (b"", None)])
+def test_a_compressed_file_is_told_by_its_first_bytes(tmp_path, head, expected):
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(head)
+    assert scan_module.compression_of(path) == expected
+
+
+def test_a_file_that_cannot_be_opened_is_left_for_the_scan_to_name(tmp_path):
+    assert scan_module.compression_of(tmp_path / "absent.jsonl") is None
+    assert scan_module.compression_of(tmp_path) is None
