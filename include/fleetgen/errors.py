@@ -141,6 +141,11 @@ class HostUnreachable(RemoteError):
     """The SSH connection to a node could not be made."""
 
 
+class AuthenticationRefused(HostUnreachable):
+    """The node answered and refused the connection's login or key. Never retried: the same credentials are
+    refused on every try; a person must fix the Airflow connection or the node's authorized_keys."""
+
+
 class HostKeyMismatch(HostUnreachable):
     """The node presented another host key than the connection holds. Never retried: the same key
     comes back on every try, and connecting anyway would hand credentials to whoever answers."""

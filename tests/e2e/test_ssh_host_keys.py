@@ -62,3 +62,43 @@ def _ssh_keygen_fingerprint(public_line: str, path) -> str:
     path.write_text(public_line.strip() + "\n")
     listed = subprocess.run(["ssh-keygen", "-lf", str(path)], capture_output=True, text=True, check=True).stdout
     return listed.split()[1]
+
+
+def _connection_with_key(sim_env, key_file) -> str:
+    from sglang_sim.sshd import ensure_keys
+
+    return json.dumps({"conn_type": "ssh", "host": "127.0.0.1", "port": sim_env.ssh_ports[0], "login": sim_env.ssh_user,
+                       "extra": {"key_file": str(key_file), "host_key": ensure_keys(sim_env.key_dir).host_public_key,
+                                 "look_for_keys": False}})
+
+
+def test_a_missing_key_file_fails_for_good_naming_the_file_and_the_connection(sim_env, monkeypatch, tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+    from fleetgen.airflow.context import fail_fast
+    from fleetgen.airflow.node_shell import NodeShell
+    from fleetgen.errors import ConfigError
+
+    monkeypatch.setenv("AIRFLOW_CONN_NODE_NOKEY", _connection_with_key(sim_env, tmp_path / "absent_key"))
+    with pytest.raises(AirflowFailException) as failed:
+        fail_fast(lambda: NodeShell("node0", "node_nokey").run("true"))()
+    error = failed.value.__cause__
+    assert type(error) is ConfigError and error.path == str(tmp_path / "absent_key"), error
+    assert "connection 'node_nokey'" in error.message and "is the node up" not in str(error)
+
+
+def test_a_key_the_node_does_not_accept_fails_for_good_naming_the_connection(sim_env, monkeypatch, tmp_path):
+    import asyncssh
+
+    from airflow.sdk.exceptions import AirflowFailException
+    from fleetgen.airflow.context import fail_fast
+    from fleetgen.airflow.node_shell import NodeShell
+    from fleetgen.errors import AuthenticationRefused
+
+    stranger = tmp_path / "stranger_key"
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(stranger))
+    stranger.chmod(0o600)
+    monkeypatch.setenv("AIRFLOW_CONN_NODE_STRANGER", _connection_with_key(sim_env, stranger))
+    with pytest.raises(AirflowFailException) as failed:
+        fail_fast(lambda: NodeShell("node0", "node_stranger").run("true"))()
+    error = failed.value.__cause__
+    assert type(error) is AuthenticationRefused and "connection 'node_stranger'" in error.message, error

@@ -6,14 +6,15 @@ from __future__ import annotations
 import functools
 
 from fleetgen.airflow.run_config import RunConfig
-from fleetgen.errors import (ConfigError, HostKeyMismatch, ModelConfigError, OutputUnwritable, PlanError, ProbeError,
-                             PromptsError, ValidationFailed)
+from fleetgen.errors import (AuthenticationRefused, ConfigError, HostKeyMismatch, ModelConfigError, OutputUnwritable,
+                             PlanError, ProbeError, PromptsError, ValidationFailed)
 from fleetgen.outputs import RunLayout
 
 # Errors a retry cannot fix: bad input, a model we cannot size, a plan that cannot fit, failed data, a node
-# presenting another host key than its connection's, an output disk that is still full or not writable.
+# presenting another host key than its connection's or refusing its login or key (a missing key file is a
+# ConfigError), an output disk that is still full or not writable.
 DETERMINISTIC_ERRORS = (ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError, ValidationFailed,
-                        HostKeyMismatch, OutputUnwritable)
+                        HostKeyMismatch, AuthenticationRefused, OutputUnwritable)
 
 
 def fail_fast(function):

@@ -11,7 +11,7 @@ import logging
 import socket
 import time
 
-from fleetgen.errors import HostKeyMismatch, HostUnreachable, RemoteError
+from fleetgen.errors import AuthenticationRefused, ConfigError, HostKeyMismatch, HostUnreachable, RemoteError
 from fleetgen.nodes.host_keys import describe
 from fleetgen.nodes.remote import quote
 
@@ -25,6 +25,26 @@ def host_key_mismatch(node: str, ssh_conn_id: str, address: str, *, expected: st
                            hint="someone may be impersonating the node, or it was reinstalled: compare the received "
                                 "fingerprint with `ssh-keygen -lf` of the node's host key, then update the "
                                 "connection's host_key extra")
+
+
+def key_file_unreadable(node: str, ssh_conn_id: str, key_file: str, reason: str) -> ConfigError:
+    """The connection's key file cannot be read on this machine: its configuration, not the node."""
+    return ConfigError(f"the key file {key_file} of SSH connection '{ssh_conn_id}' cannot be read on this machine: "
+                       f"{reason}", host=node, path=key_file,
+                       hint=f"fix key_file in the extra of the Airflow connection '{ssh_conn_id}', or put the private "
+                            f"key there, readable by the user the workers and the triggerer run as")
+
+
+def authentication_refused(node: str, ssh_conn_id: str, reason: str) -> AuthenticationRefused:
+    return AuthenticationRefused(
+        f"the node refused the login of SSH connection '{ssh_conn_id}': {reason}", host=node,
+        hint=f"fix the login and key_file (or private_key) of the Airflow connection '{ssh_conn_id}', or add its "
+             f"public key to ~/.ssh/authorized_keys of that login on the node; retrying cannot help")
+
+
+def file_error(exc: OSError) -> str | None:
+    """The file an OSError is about (a key file that cannot be read), None for a network error."""
+    return exc.filename if isinstance(exc.filename, str) else None
 
 
 class NodeShell:
@@ -50,10 +70,15 @@ class NodeShell:
             raise host_key_mismatch(self.node, self.ssh_conn_id, exc.hostname,
                                     expected=describe(exc.expected_key.get_name(), exc.expected_key.asbytes()),
                                     received=describe(exc.key.get_name(), exc.key.asbytes())) from None
+        except paramiko.AuthenticationException as exc:
+            raise authentication_refused(self.node, self.ssh_conn_id, f"{exc}") from None
         except paramiko.SSHException as exc:
             raise HostUnreachable(f"SSH to node failed via connection '{self.ssh_conn_id}': {exc}", host=self.node,
                                   hint="check the connection's host key, login and key file") from None
         except (OSError, socket.timeout) as exc:
+            if file_error(exc):  # paramiko opens the key file after the TCP connect: not the network
+                raise key_file_unreadable(self.node, self.ssh_conn_id, file_error(exc), exc.strerror or f"{exc}") \
+                    from None
             raise HostUnreachable(f"cannot reach the node via connection '{self.ssh_conn_id}': "
                                   f"{exc.__class__.__name__}: {exc}", host=self.node,
                                   hint="is the node up and its SSH port open from this worker?") from None

@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from fleetgen.airflow.node_shell import host_key_mismatch
+from fleetgen.airflow.node_shell import authentication_refused, host_key_mismatch, key_file_unreadable
 from fleetgen.airflow.readiness_event import ReadinessEvent, ReadinessStatus
 from fleetgen.nodes import readiness
 from fleetgen.errors import FleetgenError, HostUnreachable, PlanError, ServerNotReady, ServerStartupError
@@ -99,6 +99,10 @@ class WaitReadyOperator(BaseOperator):
             mismatch = host_key_mismatch(node, launched["ssh_conn_id"], event.address,
                                          expected=event.expected, received=event.received)
             raise AirflowFailException(str(mismatch)) from mismatch
+        if event.status is ReadinessStatus.SSH_CREDENTIALS:
+            ssh_conn_id = launched["ssh_conn_id"]
+            raise (key_file_unreadable(node, ssh_conn_id, event.key_file, event.error) if event.key_file
+                   else authentication_refused(node, ssh_conn_id, event.error))
         if event.status is ReadinessStatus.UNREACHABLE:
             raise HostUnreachable(f"cannot watch {where}: {event.error}", host=node, server=name,
                                   hint="is the node up and its sshd running? The server may still be loading: "

@@ -21,6 +21,7 @@ class ReadinessStatus(str, Enum):
     TIMEOUT = "timeout"                      # not ready within ready_timeout_s
     UNREACHABLE = "unreachable"              # the node's SSH could not be (re)gained within the budget
     HOST_KEY_MISMATCH = "host_key_mismatch"  # the node presented another host key (never retried)
+    SSH_CREDENTIALS = "ssh_credentials"      # the key file cannot be read, or the node refused the login (never retried)
 
 
 # What the operator reads of the launch it deferred with, whatever the status.
@@ -33,6 +34,7 @@ _REQUIRED = {
     ReadinessStatus.TIMEOUT: (),
     ReadinessStatus.UNREACHABLE: ("error",),
     ReadinessStatus.HOST_KEY_MISMATCH: ("error", "address", "expected", "received"),
+    ReadinessStatus.SSH_CREDENTIALS: ("error",),  # with key_file when that file is what cannot be read
 }
 
 
@@ -53,6 +55,7 @@ class ReadinessEvent:
     expected: str | None = None
     received: str | None = None
     budget: dict | None = None       # the reconnect budget spent, on unreachable
+    key_file: str | None = None      # the connection's key file that cannot be read, on ssh_credentials
 
     def __post_init__(self) -> None:
         self._require([name for name in _REQUIRED[self.status] if getattr(self, name) is None])

@@ -10,8 +10,8 @@ One SSH connection serves the whole wait. When it drops (an sshd restart, a netw
 trigger reconnects within a budget (:mod:`fleetgen.nodes.reconnect`: attempts and seconds, each
 reconnect logged) and keeps polling HTTP meanwhile, so a server that becomes ready while its node's
 SSH is away is still seen ready. Each remote command has a timeout. Only a server that is really
-dead (its fatal line, its process gone) or a spent budget fails the wait. A host key mismatch is
-never retried (docs/security-and-ssh.md §3, §4).
+dead (its fatal line, its process gone) or a spent budget fails the wait. A host key mismatch, a key
+file that cannot be read and a login the node refuses are never retried (docs/security-and-ssh.md §3, §4).
 """
 
 from __future__ import annotations
@@ -57,6 +57,20 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
     import asyncssh
 
     return (OSError, asyncssh.Error, TimeoutError)
+
+
+def _credentials_problem(exc: BaseException) -> tuple[str | None, str] | None:
+    """``(key file or None, reason)`` when ``exc`` says the connection's credentials failed, not the network:
+    the key file cannot be read (the same on every try) or the node refused the login."""
+    import asyncssh
+
+    from fleetgen.airflow.node_shell import file_error
+
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return None, f"{exc}"
+    if isinstance(exc, OSError) and file_error(exc):
+        return file_error(exc), exc.strerror or f"{exc}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -185,7 +199,11 @@ class ReadinessTrigger(BaseTrigger):
                         event = self._event(ReadinessStatus.UNREACHABLE, error=str(exc), log_tail=self._log_lines)
                     except _connection_errors() as exc:
                         ssh = self._drop(ssh)
-                        event, pause = await self._after_ssh_failure(exc, budget, http)
+                        if (credentials := _credentials_problem(exc)) is not None:  # reconnecting cannot help
+                            event = self._event(ReadinessStatus.SSH_CREDENTIALS, key_file=credentials[0],
+                                                error=credentials[1], log_tail=self._log_lines)
+                        else:
+                            event, pause = await self._after_ssh_failure(exc, budget, http)
                     if event is None and time.time() - self.started_at > self.watch.timeout_s:
                         event = self._event(ReadinessStatus.TIMEOUT, log_tail=self._log_lines)
                     if event is not None:

@@ -9,9 +9,9 @@ from airflow.sdk.exceptions import AirflowFailException
 from fleetgen.airflow import context as task_context_module
 from fleetgen.airflow.context import DETERMINISTIC_ERRORS, fail_fast, mapped_values, run_context
 from fleetgen.airflow.run_config import RunConfig
-from fleetgen.errors import (ConfigError, FleetgenError, HostKeyMismatch, HostUnreachable, ModelConfigError,
-                             OutputError, OutputUnwritable, PlanError, ProbeError, PromptsError, RemoteError,
-                             ValidationFailed)
+from fleetgen.errors import (AuthenticationRefused, ConfigError, FleetgenError, HostKeyMismatch, HostUnreachable,
+                             ModelConfigError, OutputError, OutputUnwritable, PlanError, ProbeError, PromptsError,
+                             RemoteError, ValidationFailed)
 
 
 def _raising(error):
@@ -45,7 +45,7 @@ def test_any_other_error_is_left_to_airflows_retries(error):
 
 def test_the_deterministic_errors_are_exactly_those_a_retry_cannot_fix():
     assert set(DETERMINISTIC_ERRORS) == {ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError,
-                                         ValidationFailed, HostKeyMismatch, OutputUnwritable}
+                                         ValidationFailed, HostKeyMismatch, AuthenticationRefused, OutputUnwritable}
 
 
 def test_a_wrapped_task_keeps_its_name_docs_arguments_and_result():

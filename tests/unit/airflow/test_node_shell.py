@@ -160,13 +160,50 @@ def test_a_host_key_mismatch_is_its_own_error_with_both_fingerprints_not_an_unre
     assert error.__suppress_context__
 
 
-def test_an_ssh_refusal_names_the_connection(hooks):
+def test_an_ssh_protocol_failure_names_the_connection(hooks):
     _, clients = hooks
-    clients.append(paramiko.AuthenticationException("Authentication failed."))
-    with pytest.raises(HostUnreachable, match="SSH to node failed via connection 'ssh_n1': Authentication failed") as e:
+    clients.append(paramiko.SSHException("Error reading SSH protocol banner"))
+    with pytest.raises(HostUnreachable, match="SSH to node failed via connection 'ssh_n1': Error reading SSH") as e:
         NodeShell("n1", "ssh_n1").run("true")
     assert type(e.value) is HostUnreachable and e.value.host == "n1"
     assert e.value.hint == "check the connection's host key, login and key file"
+
+
+@pytest.mark.parametrize("refusal", [paramiko.AuthenticationException("Authentication failed."),
+                                     paramiko.PasswordRequiredException("Private key file is encrypted")])
+def test_a_refused_login_is_never_retried_and_names_the_connection_to_fix(hooks, refusal):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from fleetgen.airflow.context import fail_fast
+    from fleetgen.errors import AuthenticationRefused
+
+    _, clients = hooks
+    clients.append(refusal)
+    with pytest.raises(AirflowFailException) as failed:  # as every task callable: failed for good, no retry
+        fail_fast(lambda: NodeShell("n1", "ssh_n1").run("true"))()
+    error = failed.value.__cause__
+    assert type(error) is AuthenticationRefused and error.host == "n1"
+    assert error.message == f"the node refused the login of SSH connection 'ssh_n1': {refusal}"
+    assert error.hint == ("fix the login and key_file (or private_key) of the Airflow connection 'ssh_n1', or add its "
+                          "public key to ~/.ssh/authorized_keys of that login on the node; retrying cannot help")
+
+
+@pytest.mark.parametrize("failure", [FileNotFoundError(2, "No such file or directory", "/keys/id_ed25519"),
+                                     PermissionError(13, "Permission denied", "/keys/id_ed25519"),
+                                     IsADirectoryError(21, "Is a directory", "/keys/id_ed25519")])
+def test_a_key_file_that_cannot_be_read_is_configuration_naming_the_file_and_the_connection(hooks, failure):
+    from fleetgen.errors import ConfigError
+
+    _, clients = hooks
+    clients.append(failure)
+    with pytest.raises(ConfigError) as failed:
+        NodeShell("n1", "ssh_n1").run("true")
+    error = failed.value
+    assert (error.host, error.path) == ("n1", "/keys/id_ed25519")
+    assert error.message == (f"the key file /keys/id_ed25519 of SSH connection 'ssh_n1' cannot be read on this "
+                             f"machine: {failure.strerror}")
+    assert error.hint == ("fix key_file in the extra of the Airflow connection 'ssh_n1', or put the private key "
+                          "there, readable by the user the workers and the triggerer run as")
 
 
 @pytest.mark.parametrize("failure, shown", [(ConnectionRefusedError("refused"), "ConnectionRefusedError: refused"),

@@ -9,8 +9,8 @@ import pytest
 
 from fleetgen.airflow.operators import WaitReadyOperator
 from fleetgen.airflow.readiness_event import ReadinessEvent, ReadinessStatus
-from fleetgen.errors import (FailureKind, HostKeyMismatch, HostUnreachable, PlanError, ServerError, ServerNotReady,
-                             ServerStartupError)
+from fleetgen.errors import (AuthenticationRefused, ConfigError, FailureKind, HostKeyMismatch, HostUnreachable,
+                             PlanError, ServerError, ServerNotReady, ServerStartupError)
 from fleetgen.nodes.fleet import ServerSlot
 from fleetgen.tuning import (LaunchOptions, ServerPlan, TunerBounds, Workload, backoff, plan_server, profile_model,
                              render_budget_table)
@@ -238,6 +238,25 @@ def test_a_host_key_mismatch_fails_the_task_for_good_with_both_fingerprints():
     assert mismatch.host == "gpu-node-1"
 
 
+def test_a_key_file_the_triggerer_cannot_read_fails_as_configuration_naming_file_and_connection():
+    with pytest.raises(ConfigError) as failed:
+        _ready(_event("ssh_credentials", error="No such file or directory", key_file="/keys/id_ed25519"))
+    error = failed.value
+    assert (error.host, error.path) == ("gpu-node-1", "/keys/id_ed25519")
+    assert error.message == ("the key file /keys/id_ed25519 of SSH connection 'ssh_node1' cannot be read on this "
+                             "machine: No such file or directory")
+    assert "key_file in the extra of the Airflow connection 'ssh_node1'" in error.hint
+
+
+def test_a_refused_login_fails_naming_the_connection_to_fix_not_the_node_being_down():
+    with pytest.raises(AuthenticationRefused) as failed:
+        _ready(_event("ssh_credentials", error="Permission denied for user fleet on host 10.0.0.7"))
+    error = failed.value
+    assert error.message == ("the node refused the login of SSH connection 'ssh_node1': Permission denied for user "
+                             "fleet on host 10.0.0.7")
+    assert "the Airflow connection 'ssh_node1'" in error.hint and "is the node up" not in error.hint
+
+
 def test_an_unreachable_node_fails_naming_the_server_and_what_to_raise():
     with pytest.raises(HostUnreachable) as failed:
         _ready(_event("unreachable", error="lost SSH to gpu-node-1 ... last error: OSError: down"))
@@ -263,6 +282,8 @@ def test_a_timeout_fails_with_the_wait_and_the_logs_last_lines():
 @pytest.mark.parametrize("status, fields, failure", [
     ("host_key_mismatch", {"error": "e", "address": "a", "expected": "x", "received": "y"}, "AirflowFailException"),
     ("unreachable", {"error": "e"}, "HostUnreachable"),
+    ("ssh_credentials", {"error": "e"}, "AuthenticationRefused"),
+    ("ssh_credentials", {"error": "e", "key_file": "/k"}, "ConfigError"),
     ("timeout", {}, "ServerNotReady"),
     ("fatal", {"kind": "bad_args", "fatal_line": "error: argument --x"}, "ServerStartupError"),
 ])

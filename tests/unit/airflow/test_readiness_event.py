@@ -18,9 +18,10 @@ EXTRA = {
     "unreachable": {"error": "lost SSH to gpu-node-1", "budget": {"attempts": 8, "failures": 9}},
     "host_key_mismatch": {"error": "Host key is not trusted", "address": "10.0.0.7",
                           "expected": "ssh-ed25519 SHA256:aaa", "received": "ssh-ed25519 SHA256:bbb"},
+    "ssh_credentials": {"error": "No such file or directory", "key_file": "/keys/id_ed25519"},
 }
 REQUIRED = {"ready": ["server_info"], "fatal": ["kind", "fatal_line"], "timeout": [], "unreachable": ["error"],
-            "host_key_mismatch": ["error", "address", "expected", "received"]}
+            "host_key_mismatch": ["error", "address", "expected", "received"], "ssh_credentials": ["error"]}
 
 
 def _payload(event_status: str, **changes) -> dict:

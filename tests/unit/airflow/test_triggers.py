@@ -283,12 +283,23 @@ def test_a_host_key_mismatch_is_never_retried(clock, clients, monkeypatch):
     assert len(trigger._log.warnings) == 1 and not node.steps  # the drop before it was reconnected, once
 
 
-def test_an_authentication_failure_is_a_lost_connection_counted_by_the_budget(clock, clients):
-    denied = asyncssh.PermissionDenied("Permission denied")
-    event, trigger = _wait(clock, clients, Node(Step(error=denied), Step(error=denied)), reconnect_attempts=1)
-    assert event["status"] == "unreachable" and event["error"].endswith("last error: PermissionDenied: "
-                                                                        "Permission denied")
-    assert len(trigger._log.warnings) == 1
+def test_a_refused_login_is_never_retried(clock, clients):
+    denied = asyncssh.PermissionDenied("Permission denied for user fleet on host 10.0.0.7")
+    node = Node(_alive(lines=["booting"]), _drop(), Step(error=denied))
+    event, trigger = _wait(clock, clients, node, reconnect_attempts=8)
+    assert event["status"] == "ssh_credentials" and "key_file" not in event
+    assert event["error"] == "Permission denied for user fleet on host 10.0.0.7" and event["log_tail"] == ["booting"]
+    assert len(trigger._log.warnings) == 1 and not node.steps  # only the drop before it was reconnected
+
+
+@pytest.mark.parametrize("error", [FileNotFoundError(2, "No such file or directory", "/keys/id_ed25519"),
+                                   PermissionError(13, "Permission denied", "/keys/id_ed25519"),
+                                   IsADirectoryError(21, "Is a directory", "/keys/id_ed25519")])
+def test_a_key_file_that_cannot_be_read_is_never_retried_and_named(clock, clients, error):
+    event, trigger = _wait(clock, clients, Node(Step(error=error)), reconnect_attempts=8)
+    assert (event["status"], event["key_file"], event["error"]) == ("ssh_credentials", "/keys/id_ed25519",
+                                                                     error.strerror)
+    assert trigger._log.warnings == []
 
 
 @pytest.mark.parametrize("error", [ConnectionRefusedError(111, "Connection refused"), TimeoutError(),
