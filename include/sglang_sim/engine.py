@@ -56,18 +56,45 @@ MAX_PREFILL_TOKENS = 16384
 
 
 class SimClock:
+    """Simulated time: the loop's clock times ``time_scale``. ``pause`` stops it (requests still arrive and are
+    admitted, nothing decodes or finishes) until ``resume``, so a test can read a state the load would pass by."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop, time_scale: float) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.loop = loop
         self.scale = time_scale
         self.origin = loop.time()
+        self._paused_at: float | None = None
+        self._on_resume: list[Callable[[], None]] = []
+
+    @property
+    def paused(self) -> bool:
+        return self._paused_at is not None
 
     def now(self) -> float:
+        if self._paused_at is not None:
+            return self._paused_at
         return (self.loop.time() - self.origin) * self.scale
 
     def wall_at(self, sim_time: float) -> float:
         return self.origin + sim_time / self.scale
+
+    def pause(self) -> None:
+        if self._paused_at is None:
+            self._paused_at = self.now()
+
+    def resume(self) -> None:
+        """Simulated time goes on from where it stopped; every engine on this clock wakes up."""
+        if self._paused_at is None:
+            return
+        self.origin = self.loop.time() - self._paused_at / self.scale
+        self._paused_at = None
+        for wake in list(self._on_resume):
+            wake()
+
+    def on_resume(self, wake: Callable[[], None]) -> None:
+        self._on_resume.append(wake)
 
 
 @dataclass(frozen=True)
@@ -171,6 +198,7 @@ class BatchEngine:
         self.prefill_logger: Callable[["BatchEngine", int, int, int], None] | None = None
         self.dp_rank: int | None = None  # the DP rank this engine is, for its log lines' prefix
         self.mamba_slots_per_request: int | None = None  # hybrid models: Mamba slots a running request holds
+        clock.on_resume(self._update)
 
     # ---- public ----
     @property
@@ -290,7 +318,8 @@ class BatchEngine:
         skip a retraction that happened before a finish)."""
         target = self._progress
         slack = self.rate(max(1, len(self._running))) * COALESCE_WALL_S * self.clock.scale
-        while self._running and not self._frozen:
+        # a paused clock finishes nothing, not even what the coalescing slack would take early
+        while self._running and not self._frozen and not self.clock.paused:
             finish = self._running[0][0]
             exhausted = self._exhaustion_at(base)
             if exhausted is not None and exhausted <= target and exhausted < finish:
@@ -448,8 +477,8 @@ class BatchEngine:
         if self._timer:
             self._timer.cancel()
             self._timer = None
-        if not self._running or self._frozen:
-            return
+        if not self._running or self._frozen or self.clock.paused:
+            return  # a paused clock wakes the engine when it resumes
         batch = len(self._running)
         remaining = self._running[0][0] - self._progress
         exhaustion = self._exhaustion_at(self._progress)

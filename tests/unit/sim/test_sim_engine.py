@@ -14,10 +14,12 @@ FLAT = Timing(step_base_s=0.01, expert_stream_s=0.0, step_per_request_s=0.0, acc
 
 def test_capacity_queue_and_timing():
     async def scenario():
-        engine = BatchEngine(capacity=2, max_total_tokens=10**6, timing=FLAT,
-                             clock=SimClock(asyncio.get_running_loop(), 20.0))  # slow enough that a busy loop barely shifts it
+        clock = SimClock(asyncio.get_running_loop(), 20.0)  # slow enough that a busy loop barely shifts it
+        engine = BatchEngine(capacity=2, max_total_tokens=10**6, timing=FLAT, clock=clock)
+        clock.pause()  # the four arrive at one simulated moment, and the queue is read there
         futures = [engine.submit(10, 1000) for _ in range(4)]
         assert (engine.running, engine.waiting) == (2, 2)
+        clock.resume()
         assert engine.throughput() == pytest.approx(200.0)
         results = await asyncio.gather(*futures)
         return engine, results
@@ -58,6 +60,28 @@ def test_step_time_grows_with_batch_and_moe_touches_more_experts():
     assert moe.step_seconds(1) < moe.step_seconds(16) < moe.step_seconds(256) < 0.011
 
 
+def test_a_paused_clock_holds_every_request_where_it_is_until_resumed():
+    """At 10^6 x a request of 100 tokens lasts a microsecond of wall time: it can wait out the pause only if the
+    pause stops it (the wait passes on the event loop, so no wall time is asserted)."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        clock = SimClock(loop, 1e6)
+        engine = BatchEngine(capacity=2, max_total_tokens=10**6, timing=FLAT, clock=clock)
+        clock.pause()
+        futures = [engine.submit(10, 100) for _ in range(3)]
+        held_at = clock.now()
+        await asyncio.sleep(0.05)  # thousands of simulated seconds, were the clock running
+        held = (engine.running, engine.waiting, engine.used_tokens, clock.now() - held_at,
+                [future.done() for future in futures])
+        clock.resume()  # wakes the engine: no timer was armed while paused
+        results = await asyncio.wait_for(asyncio.gather(*futures), 60)
+        return held, results
+
+    held, results = asyncio.run(scenario())
+    assert held == (2, 1, 2 * (10 + 1), 0.0, [False] * 3)  # admitted, prefilled, not one decode step
+    assert [r.completion_tokens for r in results] == [100] * 3
+
+
 def test_hang_freezes_running_requests():
     async def scenario():
         engine = BatchEngine(capacity=2, max_total_tokens=10**6, timing=FLAT,
@@ -73,13 +97,16 @@ def test_hang_freezes_running_requests():
 # -- admission and retraction (docs/sglang-scheduler.md §3, §4) -----------------------------------------
 
 def _run(pool: int, jobs: list[tuple[int, int, int]], *, capacity: int = 8, page: int = 1, reserve: int = 1):
-    # 200x: a 15-simulated-second request lasts 75 ms, longer than a busy machine may pause between two submits
-    # (at 2000x the first one could finish before the fourth was submitted, and the admission count was off)
+    # the clock is paused while the jobs arrive: however long a busy machine stalls between two submits, none
+    # decodes or finishes before the last is admitted, and the first pass is read before any progress
     async def scenario():
+        clock = SimClock(asyncio.get_running_loop(), 200.0)
         engine = BatchEngine(capacity=capacity, max_total_tokens=pool, timing=FLAT, page_size=page,
-                             decode_reserve_tokens=reserve, clock=SimClock(asyncio.get_running_loop(), 200.0))
+                             decode_reserve_tokens=reserve, clock=clock)
+        clock.pause()
         futures = [engine.submit(*job) for job in jobs]
         first_pass = engine.running
+        clock.resume()
         return engine, first_pass, await asyncio.gather(*futures)
 
     return asyncio.run(scenario())

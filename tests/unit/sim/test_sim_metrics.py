@@ -19,18 +19,31 @@ SGLANG_METRICS = (Path(__file__).resolve().parents[3] / ".sglang-venv" / "lib" /
 CHAT = {"messages": [{"role": "user", "content": "Why is the sky blue?"}], "max_tokens": 4096}
 
 
+# a cap on waiting for the chats to reach the scheduler; under a paused clock that state cannot pass
+ARRIVAL_CAP_S = 120.0
+
+
 def _scrape_while_busy(service, requests: int) -> tuple[str, str]:
-    """/metrics while ``requests`` chats run, then once they are done."""
+    """/metrics once ``requests`` chats reached the scheduler, its clock paused so that none can finish (or
+    even decode) before the scrape, then once they are all done."""
     async def main():
-        service.start_engines(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        service.start_engines(loop)
         service.ready = True
+        clock = service.engines[0].clock
         transport = httpx.ASGITransport(app=build_app(service))
         async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
+            clock.pause()
             chats = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT)) for _ in range(requests)]
-            await asyncio.sleep(0)
-            while sum(e.running + e.waiting for e in service.engines) < requests:
+            deadline = loop.time() + ARRIVAL_CAP_S
+            while (seen := [(e.running, e.waiting) for e in service.engines]) and \
+                    sum(running + waiting for running, waiting in seen) < requests:
+                failed = [chat for chat in chats if chat.done()]
+                assert not failed, f"a chat ended while the clock was paused: {failed[0].result()}"
+                assert loop.time() < deadline, f"{requests} chats sent, (running, waiting) per engine: {seen}"
                 await asyncio.sleep(0.001)
             busy = (await client.get("/metrics")).text
+            clock.resume()
             await asyncio.gather(*chats)
             return busy, (await client.get("/metrics")).text
 
