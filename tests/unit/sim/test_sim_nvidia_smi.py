@@ -110,7 +110,11 @@ def test_utilization_and_power_follow_the_servers_load(node, tools):
         for batch in (1, service.plan.max_running_requests):
             engine = service.engines[0]
             jobs = [engine.submit(10, 100_000) for _ in range(batch - engine.running)]
+            # the prefill's end lasts (the jobs decode far longer than any wait); capped, failing with what it saw
+            deadline = asyncio.get_running_loop().time() + 60
             while engine.prefilling():
+                assert asyncio.get_running_loop().time() < deadline, \
+                    f"still prefilling {batch} requests: {engine.running} running, {engine.waiting} waiting"
                 await asyncio.sleep(0.0005)
             loads[batch] = current_load(service)
         for job in jobs:

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -37,7 +38,12 @@ def _smi(node, *args):
     return out.stdout
 
 
-def _wait_healthy(proc, url, timeout=30.0):
+# caps on waits that end with their event: a simulated server's start (imports and pool sizing, in a fresh
+# interpreter on a busy machine) and a request reaching its decode
+START_CAP_S = 120.0
+
+
+def _wait_healthy(proc, url, timeout=START_CAP_S):
     try:
         wait_healthy(proc, url, timeout)
     except RuntimeError as error:
@@ -151,8 +157,13 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(tools, tmp_path, model
                 f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                     "max_tokens": 1000})))
             chat.start()
-            while client.get(f"{url}/v1/loads").json()["loads"][0]["num_running_reqs"] == 0:
-                pass
+            # running is a passing state: the wait ends when the request runs, fails at once if it ended unseen
+            deadline = time.monotonic() + START_CAP_S
+            while (running := client.get(f"{url}/v1/loads").json()["loads"][0]["num_running_reqs"]) == 0:
+                assert chat.is_alive(), f"the request ended before /v1/loads showed it running: {replies}"
+                assert time.monotonic() < deadline, f"the request was not running after {START_CAP_S:.0f} s"
+                time.sleep(0.005)
+            assert running == 1
             proc.send_signal(signal.SIGTERM)
             health = client.get(f"{url}/health").status_code
             chat.join(60)
