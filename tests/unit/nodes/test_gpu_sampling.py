@@ -257,17 +257,21 @@ def test_a_failed_session_gives_the_claim_back_so_another_shard_may_sample(tmp_p
         seen_claim.append(claim_path.read_text())
         raise OSError("no route to host")
 
-    sampler, out = _sampler(tmp_path, open_stream, interval_s=0.05)
+    # The next try is an interval away, longer than the test: the free claim after the failed try is a state
+    # that lasts until the sampler stops (with a short interval it was free only between tries, a window a
+    # busy machine's poll could miss).
+    sampler, out = _sampler(tmp_path, open_stream, interval_s=600)
     sampler.start()
     try:
-        wait_until(lambda: len(seen_claim) >= 2, timeout_s=SHORT_WAIT_S)
-        # Between tries the claim is free: another shard could take it.
-        wait_until(lambda: not claim_path.exists(), timeout_s=SHORT_WAIT_S)
+        wait_until(lambda: seen_claim and not claim_path.exists(), timeout_s=SHORT_WAIT_S)
+        other = SamplerClaim(claim_path, "shard 1", stale_s=60)
+        assert other.acquire()  # another shard takes it
     finally:
         sampler.stop()
         sampler.join(timeout=SHORT_WAIT_S)
         out.close()
-    assert seen_claim[0] == "shard 0"
+    assert seen_claim == ["shard 0"] and not sampler.is_alive()
+    assert claim_path.read_text() == "shard 1"  # the stopped sampler left the other's claim alone
 
 
 def test_a_node_another_shard_samples_is_not_opened_until_its_claim_is_free(tmp_path):
