@@ -66,7 +66,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
+	for script in bench/[!_]*.py; do $(BIN)/python $$script || exit 1; done
 
 # Mutation testing of the critical modules (mutation/modules.toml), not part of `make test`. By default only
 # the modules whose source or mapped tests changed since their recorded result; MODULES=remote,store picks

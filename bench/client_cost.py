@@ -1,14 +1,15 @@
 """Client CPU per completed request: run_shard against servers that answer instantly.
 
 A separate process (pinned to the other core) serves 7 ports on loopback and answers every
-chat request at once with the same ~10 KB completion (reasoning ~8.3 KB, answer ~1.5 KB). This
+chat request at once with the same ~10 KB completion (reasoning ~8.3 KB, answer ~1.5 KB), and
+every /metrics scrape with the gauges a shard samples. This
 process, pinned to one core, runs ``run_shard`` over 20,000 synthetic prompts with 50 in flight
 per server, so everything a real shard does per request is counted: building the body, HTTP,
 parsing the response, writing the completion and stats lines (the checkpoint). The figure is this
 process's user+system CPU time for the whole ``run_shard`` call divided by the completions. For
 comparison it then runs a smaller shard through httpx's default connection pool.
 
-Usage: python bench/client_cost.py [--prompts 20000] [--compare 3000]
+Usage: python bench/client_cost.py [--prompts 20000] [--compare 3000] [--smoke]
 Last line: client_cost us_per_request=<x.x>
 """
 
@@ -27,12 +28,14 @@ from pathlib import Path
 
 import httpx
 
+from _common import parse_args
 from fleetgen.generate import GenerationSettings, ServerEndpoint, run_shard
 from fleetgen.prompts.scan import plan_shards
 from sglang_sim.synthetic import write_synthetic_prompts
 
 SERVERS = 7
 IN_FLIGHT = 50
+SMOKE = {"prompts": 300, "compare": 100}
 
 SERVER = r"""
 import asyncio, json, os, sys
@@ -45,6 +48,10 @@ body = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "created
     "usage": {"prompt_tokens": 271, "completion_tokens": 2480, "total_tokens": 2751,
               "prompt_tokens_details": None, "reasoning_tokens": 2100}}).encode()
 head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+# Any GET (the shard's /metrics sampling, as a real shard does it): the gauges it reads, at once.
+gauges = "".join(f'sglang:{name}{{model_name="qwen3.6-27b"}} {value}\n' for name, value in (
+    ("num_running_reqs", 40), ("num_queue_reqs", 10), ("token_usage", 0.3), ("gen_throughput", 900.0))).encode()
+metrics = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n\r\n%s" % (len(gauges), gauges)
 async def handle(reader, writer):
     try:
         while True:
@@ -52,7 +59,7 @@ async def handle(reader, writer):
             length = next((int(l.split(b":")[1]) for l in request.split(b"\r\n")
                            if l.lower().startswith(b"content-length:")), 0)
             await reader.readexactly(length)
-            writer.write(head + (body if request.startswith(b"POST") else b""))
+            writer.write(head + body if request.startswith(b"POST") else metrics)
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
     writer.close()
@@ -79,7 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=20_000)
     parser.add_argument("--compare", type=int, default=3_000, help="prompts through httpx's default pool (0: skip)")
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     logging.basicConfig(level=logging.WARNING)
     cores = sorted(os.sched_getaffinity(0))
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(SERVERS)], stdout=subprocess.PIPE, text=True,

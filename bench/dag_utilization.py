@@ -8,7 +8,7 @@ read from the servers' own /server_info after the run. Every server's peak of re
 stats rows: each request from its start to its finish) is compared with its effective max_running_requests x
 headroom: the goal is a busy fleet without a deep queue.
 
-Usage: python bench/dag_utilization.py [--prompts 12000] [--shard-size 1500] [--pool 8] [--time-scale 10]
+Usage: python bench/dag_utilization.py [--prompts 12000] [--shard-size 1500] [--pool 8] [--time-scale 10] [--smoke]
 Last line: dag_utilization fleet=<x.xxx> shards=<n>   (n: most shards generating at once)
 """
 
@@ -26,7 +26,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from utilization import capacity  # noqa: E402  (one capacity formula for both benchmarks)
+from _common import parse_args  # noqa: E402
+from utilization import HEADROOM, capacity  # noqa: E402  (one capacity formula for both benchmarks)
 
 from fleetgen.outputs import RunLayout  # noqa: E402
 from devstack.demo import DEMO_API_KEY_FILE, SimEnvironment, airflow_cli, airflow_env, free_port_block  # noqa: E402
@@ -35,7 +36,8 @@ from devstack.sessions import STOP_GRACE_S, terminate_sessions  # noqa: E402
 
 DAG_ID = "sglang_generation"
 SHARD_TASK = "generate.generate_shard"
-HEADROOM = 1.25
+# Enough prompts for two shards at once, on servers that load in seconds.
+SMOKE = {"prompts": 200, "shard_size": 100, "pool": 2, "load_seconds": 1.0}
 
 
 class ServerInfoFleet:
@@ -124,7 +126,7 @@ def _iso_seconds(text: str) -> float:
 
 def run(args: argparse.Namespace, root: Path) -> int:
     environment = SimEnvironment(root=root, prompts=args.prompts,
-                                 sim={"time_scale": args.time_scale, "load_seconds": 20.0}).prepare().start()
+                                 sim={"time_scale": args.time_scale, "load_seconds": args.load_seconds}).prepare().start()
     port = free_port_block(2)
     standalone, _ = start_standalone(environment, args.pool, port)
     ports = [environment.node_base_port(0) + gpu for gpu in range(environment.gpus_per_node)]
@@ -171,8 +173,9 @@ def main() -> int:
     parser.add_argument("--shard-size", type=int, default=1500)
     parser.add_argument("--pool", type=int, default=8, help="slots of the fleetgen_fleet pool: shards at once")
     parser.add_argument("--time-scale", type=float, default=10.0)
+    parser.add_argument("--load-seconds", type=float, default=20.0, help="simulated seconds a server takes to load")
     parser.add_argument("--dir", help="keep everything here (default: a temporary folder)")
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     if args.dir:
         return run(args, Path(args.dir).resolve())
     with tempfile.TemporaryDirectory(prefix="dag-utilization-") as folder:

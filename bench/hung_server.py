@@ -17,7 +17,7 @@ healthy servers, in server-seconds. Detection uses the stall watchdog: ``stall_c
 then a /health probe that fails after ``health_timeout_s`` (the defaults of GenerationSettings,
 printed below).
 
-Usage: python bench/hung_server.py [--shards 6] [--concurrent 2] [--prompts-per-shard 120]
+Usage: python bench/hung_server.py [--shards 6] [--concurrent 2] [--prompts-per-shard 120] [--smoke]
 Last line: hung_server shared_lost_s=<x.x> isolated_lost_s=<y.y> shards=<n>
 """
 
@@ -33,6 +33,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from _common import parse_args
 from devstack.local_fleet import LocalSimFleet  # noqa: E402
 from sglang_sim.synthetic import write_synthetic_prompts  # noqa: E402
 
@@ -41,6 +42,7 @@ from fleetgen.prompts.scan import plan_shards, scan_prompts  # noqa: E402
 
 SERVERS = 3
 HUNG = 2
+SMOKE = {"shards": 2}  # the fault needs its default 120 prompts a shard to fire
 SETTINGS = dict(model="qwen3.6-27b", max_tokens=1024, request_timeout_s=600.0, recheck_initial_s=1.0,
                 recheck_max_s=5.0, retry_backoff_s=0.1)
 
@@ -120,7 +122,7 @@ def main() -> int:
     parser.add_argument("--concurrent", type=int, default=2)
     parser.add_argument("--prompts-per-shard", type=int, default=120)
     parser.add_argument("--time-scale", type=float, default=10.0)
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     logging.basicConfig(stream=sys.stderr)
     logging.getLogger().handlers[0].setLevel(logging.ERROR)  # the mark-down warnings are counted, not printed
     logging.getLogger("fleetgen.generate").setLevel(logging.WARNING)

@@ -6,7 +6,7 @@ as its ``loads`` (no byte offsets: it cannot serve the index or torn-tail recove
 library's ``json``. Where no offsets are needed (rejects, error records, failure lines) the project
 writes with ``jsonlines``.
 
-Usage: python bench/jsonl_framing.py [--prompts 300000]
+Usage: python bench/jsonl_framing.py [--prompts 300000] [--smoke]
 Last line: jsonl_framing own_s=<x.xx> jsonlines_s=<x.xx> jsonlines/own=<x.xx> prompts=<n>
 """
 
@@ -20,6 +20,9 @@ from pathlib import Path
 
 import jsonlines
 import orjson
+from _common import parse_args
+
+SMOKE = {"prompts": 20_000}
 
 
 def write_prompts(path: Path, count: int) -> None:
@@ -59,7 +62,7 @@ def timed(read, path: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=300_000)
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "prompts.jsonl"
         write_prompts(path, args.prompts)

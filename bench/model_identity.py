@@ -13,7 +13,10 @@ published checkpoints' exactly):
   plus ``model.safetensors.index.json``; the tensor bytes are a sparse hole, so the full hash measures SHA-256
   itself, not the disk (a cold read from disk is slower still: add the disk's read time).
 
-Each measure is the median of ``--repeat`` runs. Usage: ``python bench/model_identity.py [--repeat 3] [--keep]``
+``--smoke`` measures two tiny checkpoints of the same shape instead, one file and several (with an index).
+
+Each measure is the median of ``--repeat`` runs.
+Usage: ``python bench/model_identity.py [--repeat 3] [--keep] [--smoke]``
 Last line: ``model_identity header_seconds=<x> full_seconds=<y> full_gib_per_s=<z> bytes=<n>`` (the 3B case).
 """
 
@@ -31,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import parse_args
 from fleetgen.tuning.model_files import model_identity
 
 # From the models' config.json (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
@@ -39,6 +43,13 @@ QWEN25 = {"Qwen2.5-0.5B-Instruct": (896, 4864, 24, 14, 2, 151936),
           "Qwen2.5-3B-Instruct": (2048, 11008, 36, 16, 2, 151936)}
 PUBLISHED_TENSOR_BYTES = {"Qwen2.5-0.5B-Instruct": 988_065_536, "Qwen2.5-3B-Instruct": 6_171_877_376}
 MAX_FILE_BYTES = 4 * 1000**3
+# The small mode's checkpoints: Qwen2-shaped, small enough for a second; the second one is split into files.
+TINY = {"tiny-single": (64, 128, 2, 4, 2, 1024), "tiny-sharded": (64, 256, 4, 4, 2, 2048)}
+TINY_MAX_FILE_BYTES = 512 << 10
+# Each set: (checkpoint, real bytes) in order; the last line reports the last one.
+CHECKPOINTS = {"qwen2.5": (("Qwen2.5-0.5B-Instruct", True), ("Qwen2.5-3B-Instruct", False)),
+               "tiny": (("tiny-single", True), ("tiny-sharded", False))}
+SMOKE = {"checkpoints": "tiny", "max_file_bytes": TINY_MAX_FILE_BYTES, "repeat": 1}
 
 
 def tensors(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int) -> list[tuple]:
@@ -59,10 +70,11 @@ def tensors(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: i
     return out + [("model.norm.weight", [hidden])]
 
 
-def write_checkpoint(folder: Path, name: str, *, real_bytes: bool) -> int:
+def write_checkpoint(folder: Path, name: str, *, real_bytes: bool, max_file_bytes: int = MAX_FILE_BYTES) -> int:
     """The model folder: config.json, tokenizer files, the safetensors file(s) (and index when several)."""
     folder.mkdir(parents=True)
-    hidden, intermediate, layers, heads, kv_heads, vocab = QWEN25[name]
+    shape = {**QWEN25, **TINY}[name]
+    hidden, intermediate, layers, heads, kv_heads, vocab = shape
     (folder / "config.json").write_text(json.dumps({
         "architectures": ["Qwen2ForCausalLM"], "hidden_size": hidden, "intermediate_size": intermediate,
         "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
@@ -71,14 +83,14 @@ def write_checkpoint(folder: Path, name: str, *, real_bytes: bool) -> int:
     (folder / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
     files: list[list[tuple]] = [[]]
     size = 0
-    for tensor, shape in tensors(*QWEN25[name]):
+    for tensor, dims in tensors(*shape):
         count = 2
-        for dim in shape:
+        for dim in dims:
             count *= dim
-        if size + count > MAX_FILE_BYTES and files[-1]:
+        if size + count > max_file_bytes and files[-1]:
             files.append([])
             size = 0
-        files[-1].append((tensor, shape, count))
+        files[-1].append((tensor, dims, count))
         size += count
     names = ["model.safetensors"] if len(files) == 1 else \
         [f"model-{n + 1:05d}-of-{len(files):05d}.safetensors" for n in range(len(files))]
@@ -103,7 +115,7 @@ def write_checkpoint(folder: Path, name: str, *, real_bytes: bool) -> int:
     if len(names) > 1:
         (folder / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}))
-    assert total == PUBLISHED_TENSOR_BYTES[name], (name, total)
+    assert total == PUBLISHED_TENSOR_BYTES.get(name, total), (name, total)
     return total
 
 
@@ -127,13 +139,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--checkpoints", choices=sorted(CHECKPOINTS), default="qwen2.5")
+    parser.add_argument("--max-file-bytes", type=int, default=MAX_FILE_BYTES, help="the largest safetensors file")
+    args = parse_args(parser, SMOKE)
     workdir = Path(tempfile.mkdtemp(prefix="fleetgen-identity-", dir=args.workdir))
     results = {}
     try:
-        for name, real in (("Qwen2.5-0.5B-Instruct", True), ("Qwen2.5-3B-Instruct", False)):
+        for name, real in CHECKPOINTS[args.checkpoints]:
             started = time.perf_counter()
-            tensor_bytes = write_checkpoint(workdir / name, name, real_bytes=real)
+            tensor_bytes = write_checkpoint(workdir / name, name, real_bytes=real, max_file_bytes=args.max_file_bytes)
             written = time.perf_counter() - started
             header_s, header = measure(workdir / name, "header", args.repeat)
             full_s, full = measure(workdir / name, "full", args.repeat)
@@ -147,7 +161,7 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    header_s, full_s, rate, total = results["Qwen2.5-3B-Instruct"]
+    header_s, full_s, rate, total = results[CHECKPOINTS[args.checkpoints][-1][0]]
     print(f"at {rate:.2f} GiB/s a 54 GB checkpoint takes {54e9 / rate / 2**30:.0f} s to hash in full "
           f"(plus its cold read from disk); header+samples stays {header_s:.2f} s")
     print(f"model_identity header_seconds={header_s:.3f} full_seconds={full_s:.2f} full_gib_per_s={rate:.2f} "

@@ -10,7 +10,7 @@ generated tonight (the rest were reused), and the DAG run's wall seconds.
 Last line: ``nightly relaunched=<n1>/<n2>/<n3> generated=<g1>/<g2>/<g3> seconds=<s1>/<s2>/<s3>``
 (goal: night 2 relaunches 0 and generates 0; night 3 generates ~3 % and relaunches 0).
 
-    python bench/nightly.py [--prompts 2000] [--gpus 2] [--dir .bench-nightly]
+    python bench/nightly.py [--prompts 2000] [--gpus 2] [--dir .bench-nightly] [--smoke]
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from pathlib import Path
 
 import yaml
 
+from _common import parse_args
 from devstack.demo import DAGS_TEST_ENV, SimEnvironment, airflow_cli, airflow_env, prepare_airflow
 from sglang_sim.synthetic import synthetic_prompt
 
 NEW_SHARE = 0.02
 EDITED_SHARE = 0.01
+SMOKE = {"prompts": 100, "gpus": 1}
 
 
 def night_three_prompts(path: Path, count: int) -> None:
@@ -63,7 +65,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=2000)
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--dir", default=".bench-nightly")
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     root = Path(args.dir).resolve()
     shutil.rmtree(root, ignore_errors=True)
     environment = SimEnvironment(root=root, gpus_per_node=args.gpus, prompts=args.prompts,

@@ -15,7 +15,7 @@ as many as fill ``--gigabytes``, then measures, one after the other on the same 
 The page cache is dropped neither before nor between steps: on a file larger than memory each pass
 reads from the disk anyway, and a smaller file is read warm by every step alike.
 
-Usage: python bench/prompt_plan.py (--prompts 1000000 | --gigabytes 10) [--keep DIR]
+Usage: python bench/prompt_plan.py (--prompts 1000000 | --gigabytes 10) [--keep DIR] [--smoke]
 Last line: prompt_plan prompts=<n> file_bytes=<n> scan_s=<x> hash_pass_s=<x> snapshot_s=<x> ...
 """
 
@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import parse_args
 from fleetgen.prompts.planned import iter_shard_positions, read_planned_prompts
 from fleetgen.prompts.scan import plan_shards, scan_prompts
 
@@ -37,6 +38,7 @@ FILLER = ("Please be precise and show your reasoning before the final answer. As
           "undergraduate mathematics but nothing specific about the field. ") * 6
 BLOCK = 1 << 20
 SHARD_SIZE = 1000
+SMOKE = {"prompts": 3 * SHARD_SIZE}
 
 
 def build(path: Path, *, prompts: int | None, gigabytes: float | None) -> dict:
@@ -97,7 +99,7 @@ def main() -> int:
     size.add_argument("--prompts", type=int, help="the prompts file's size in prompts (default: 1,000,000)")
     size.add_argument("--gigabytes", type=float, help="the prompts file's size in GB instead")
     parser.add_argument("--keep", type=Path, help="build in (and reuse) this directory")
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     if args.prompts is None and args.gigabytes is None:  # `make bench` runs every script without arguments
         args.prompts = 1_000_000
     with tempfile.TemporaryDirectory(prefix="fleetgen-prompt-plan-") as scratch:

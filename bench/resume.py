@@ -9,7 +9,7 @@ the mark on to find the ones still to do. Peak memory is that process's maximum 
 included. The completion text is kept short here: resume reads
 only the last chunk of the completions file (tests/unit/generate/test_store.py checks it).
 
-Usage: python bench/resume.py [--finished 1000000] [--keep DIR]
+Usage: python bench/resume.py [--finished 1000000] [--keep DIR] [--smoke]
 Last line: resume seconds=<x.xx> peak_mib=<n> completions=<n>
 """
 
@@ -24,11 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import parse_args
 from fleetgen.generate import jsonio
 from fleetgen.generate.records import stats_record
 from fleetgen.generate.store import ShardStore
 
 UNFINISHED = 2000
+SMOKE = {"finished": 1000}
 IN_FLIGHT = 350  # the low-water mark lags the newest completion by about the fleet's in-flight window
 FILLER = ("Please be precise and show your reasoning before the final answer. Assume the reader knows "
           "undergraduate mathematics but nothing specific about the field. ") * 6
@@ -97,7 +99,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--finished", type=int, default=1_000_000)
     parser.add_argument("--keep", type=Path, help="build in (and reuse) this directory")
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     with tempfile.TemporaryDirectory(prefix="fleetgen-resume-") as scratch:
         root = args.keep or Path(scratch)
         root.mkdir(parents=True, exist_ok=True)

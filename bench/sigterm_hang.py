@@ -6,7 +6,7 @@ non-reentrant lock while it writes, so a signal that lands inside a write makes 
 the interrupted write holds, for ever. Run it after an Airflow upgrade: ``hung=0`` over many trials means
 the stop timeout of a deployment (README, "Stopping and restarting components") is no longer what ends it.
 
-Usage: python bench/sigterm_hang.py [--trials 50] [--patience 10]
+Usage: python bench/sigterm_hang.py [--trials 50] [--patience 10] [--smoke]
 Last line: sigterm_hang trials=<n> hung=<k> rate=<k/n>   (hung: still alive <patience> s after SIGTERM)
 """
 
@@ -20,6 +20,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import parse_args
+
+SMOKE = {"trials": 2}
 
 # The child: the scheduler's real handler on SIGTERM, the main thread logging as the scheduling loop does.
 CHILD = """
@@ -66,7 +70,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--patience", type=float, default=10.0, help="seconds a stopping process may take")
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     with tempfile.TemporaryDirectory() as folder:
         hung = sum(trial(Path(folder) / "child.log", args.patience) for _ in range(args.trials))
     print(f"sigterm_hang trials={args.trials} hung={hung} rate={hung / args.trials:.3f}")

@@ -31,6 +31,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from _common import parse_args
+from utilization import HEADROOM
 from fleetgen.generate import GenerationSettings, run_shard_async
 from fleetgen.nodes import probe, remote
 from fleetgen.prompts.scan import plan_shards, scan_prompts
@@ -46,6 +48,7 @@ SERVERS = 7
 MAX_TOKENS = 4096
 METRICS_FLAGS = ["--enable-metrics"]
 SAMPLE_WALL_S = 0.2
+SMOKE = {"prompts": 280, "max_nights": 1}
 
 
 def node_planner(fleet: LocalSimFleet, prompts: Path):
@@ -95,7 +98,7 @@ def run_arm(name: str, root: Path, shard: dict, time_scale: float, flags: list[s
     fleet = LocalSimFleet(root / name, SERVERS, sim={"time_scale": time_scale, "load_seconds": 0.5},
                           flags=flags + SEED_BASE_FLAGS + METRICS_FLAGS)
     with fleet:
-        endpoints = fleet.endpoints(headroom=1.25, parallel_shards=1)
+        endpoints = fleet.endpoints(headroom=HEADROOM, parallel_shards=1)
         urls = [fleet.url(i) for i in range(SERVERS)]
         sampler = PeakSampler(urls)
         sampler.start()
@@ -173,7 +176,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=11200)
     parser.add_argument("--time-scale", type=float, default=10.0, help="simulated seconds per wall second")
     parser.add_argument("--max-nights", type=int, default=6)
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     with tempfile.TemporaryDirectory(prefix="fleetgen-tune-") as scratch:
         root = Path(scratch)

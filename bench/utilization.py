@@ -5,7 +5,7 @@ max_running_requests 40 each) on a temporary node, one of them 30 % slower (faul
 and generates the same synthetic prompts twice:
 
 - fleetgen: two shards at once (as mapped tasks would run), each server's in-flight limit from
-  its /server_info readback x 1.25 headroom, split between the shards, pull-based;
+  its /server_info readback x the DAG's default headroom, split between the shards, pull-based;
 - seed client: a fixed 96 requests in flight, prompt i sent to server i mod 7 (round robin).
   It uses the same HTTP transport, so the comparison is of the dispatch policy alone.
 
@@ -18,7 +18,7 @@ produce for this workload: every server always at its full batch (the simulator'
 at full batch) less the decode time its prompts' prefills take; the decode-only bound is printed
 too.
 
-Usage: python bench/utilization.py [--prompts 2800] [--time-scale 10]
+Usage: python bench/utilization.py [--prompts 2800] [--time-scale 10] [--smoke]
 Last line: utilization fleetgen=<x.xxx> seed_client=<x.xxx>
 """
 
@@ -37,8 +37,10 @@ from pathlib import Path
 
 import httpx
 
+from _common import parse_args
 from devstack.local_fleet import LocalSimFleet  # noqa: E402
 
+from fleetgen.airflow.run_config import Generation  # noqa: E402
 from fleetgen.generate import GenerationSettings, run_shard_async  # noqa: E402
 from fleetgen.generate.chat import CHAT_PATH, parse_chat_response, request_body  # noqa: E402
 from fleetgen.generate.transport import PooledTransport  # noqa: E402
@@ -50,6 +52,9 @@ SERVERS = 7
 SLOW_SERVER = 3
 SEED_CONCURRENCY = 96
 SETTINGS = GenerationSettings(model="qwen3.6-27b", max_tokens=4096, request_timeout_s=600.0)
+# The DAG parameter's own default, as a run without a headroom in its conf gets it.
+HEADROOM = dict(Generation.settings())["headroom"].default_value()
+SMOKE = {"prompts": 140}
 
 
 class Sampler(threading.Thread):
@@ -99,7 +104,7 @@ def capacity(fleet: LocalSimFleet, mean_prompt: float, mean_output: float) -> tu
 
 
 async def run_fleetgen(fleet: LocalSimFleet, shards: list[dict], out_dir: Path) -> list[tuple[float, int, int]]:
-    endpoints = fleet.endpoints(headroom=SETTINGS.headroom, parallel_shards=len(shards))
+    endpoints = fleet.endpoints(headroom=HEADROOM, parallel_shards=len(shards))
     log = logging.getLogger("bench.fleetgen")
     await asyncio.gather(*(run_shard_async(shard, endpoints, out_dir, SETTINGS, log=log, progress_interval_s=5.0)
                            for shard in shards))
@@ -137,7 +142,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=2800)
     parser.add_argument("--time-scale", type=float, default=10.0, help="simulated seconds per wall second")
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     with tempfile.TemporaryDirectory(prefix="fleetgen-utilization-") as scratch:
         root = Path(scratch)

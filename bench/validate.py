@@ -23,7 +23,7 @@ read at its end, cross-checked against ``getrusage(RUSAGE_CHILDREN)`` in the par
 the time of the ``validate_run`` call (Great Expectations' ~3 s import included; Data Docs built).
 The last line printed is ``validate seconds=<x.xx> peak_mib=<n> rows=<n>`` for the long case.
 
-Usage: ``python bench/validate.py [--rows 1000000] [--workdir DIR] [--keep]``
+Usage: ``python bench/validate.py [--rows 1000000] [--workdir DIR] [--keep] [--smoke]``
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import parse_args
+
 SHARDS = 20
+SMOKE = {"rows": 2000}
 MAX_TOKENS = 4096
 LONG_TEXT_CHARS = 10_000
 REAL_LONG_LINES_PER_SHARD = 200
@@ -154,7 +157,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None, help="where to write the cases (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the generated run folders")
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     if args.child:
         child(args.child, args.rows)
         return
