@@ -65,6 +65,8 @@ def _task(python_callable, *, kind=task, **kwargs):
 
 # The fleet description as the tasks that need it read it: load_fleet's XCom, pulled when the task renders.
 FLEET = "{{ ti.xcom_pull(task_ids='load_fleet') }}"
+# Tonight's plans, for release_servers (it runs whatever happened: None when derive_plan did not get to run).
+PLANS = "{{ ti.xcom_pull(task_ids='tune.derive_plan') }}"
 
 DEFAULT_ARGS = {
     "owner": "ml-infra",
@@ -138,7 +140,7 @@ with DAG(
 
     released = _task(server_tasks.release_servers, task_id="release_servers", trigger_rule="all_done",
                     map_index_template=NODE_LABEL).partial(
-        fleet=FLEET).expand(node=nodes)
+        fleet=FLEET, plans=PLANS).expand(node=nodes)
     [run_report, readiness] >> released
     outcome = _task(failures.run_outcome, task_id="run_outcome", trigger_rule="one_failed", retries=0)()
     [run_report, released] >> outcome

@@ -113,6 +113,11 @@ class RunLayout:
         return self.report_dir / "report.json"
 
     @property
+    def plan_notes(self) -> Path:
+        """What the plan left out or warns about (fleetgen.tuning.plan_notes)."""
+        return self.root / "plan-notes.json"
+
+    @property
     def workload_plan(self) -> Path:
         """Per server: the request cap and KV pool the run was planned with (fleetgen.tuning.workload_history)."""
         return self.root / "workload_plan.json"

@@ -66,7 +66,8 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identi
     context, config, layout = run_context()
     spec = fleet_from_json(fleet)
     parallel = config.generation.parallel_shards
-    endpoints = shard_endpoints(mapped_values(readiness), headroom=config.generation.headroom, parallel_shards=parallel)
+    ready = mapped_values(readiness)
+    endpoints = shard_endpoints(ready, headroom=config.generation.headroom, parallel_shards=parallel)
     # 0 (auto): start with the whole limit and follow how many shards of this run are generating.
     sharing = running_shards_counter(context["ti"]) if parallel == 0 else None
     log.info("Generating shard %d (%d prompts from byte %d) on %d server(s), in-flight limits %s%s",
@@ -86,8 +87,11 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identi
     def open_stream(node: str, command: str):  # one SSH session per node for the whole shard
         return NodeShell(node, spec.node(node).ssh_conn_id).stream(command, describe=f"GPU sampling on {node}")
 
-    sampling = GpuSampling(nodes=[node.name for node in spec.nodes], open_stream=open_stream, layout=layout,
-                           shard_id=int(shard["shard_id"]), interval_s=settings.sample_interval_s, log=log) \
+    # the nodes of tonight's servers: not one the plan left out (skip_unreachable_nodes)
+    serving = {server["host"] for server in ready}
+    sampling = GpuSampling(nodes=[node.name for node in spec.nodes if node.name in serving], open_stream=open_stream,
+                           layout=layout, shard_id=int(shard["shard_id"]), interval_s=settings.sample_interval_s,
+                           log=log) \
         if settings.sample_interval_s > 0 else contextlib.nullcontext()
     with sampling:
         result = run_shard(shard, endpoints, layout.root, settings, api_key=lifecycle.api_key(spec), log=log,

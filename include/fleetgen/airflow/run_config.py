@@ -143,6 +143,11 @@ class Inputs(_Group):
         bool, True, "Keep servers up", INPUTS,
         "Leave the servers running after the run (a nightly job reuses them). Off: stop them at the end, whether "
         "the run succeeded or not.")
+    skip_unreachable_nodes: bool = setting(
+        bool, False, "Run on the reachable nodes", INPUTS,
+        "A node whose SSH cannot be reached at probe time (after the probe's retries) is left out of tonight's "
+        "plan and the run goes on with the others; the report lists it and why. Off: one unreachable node stops "
+        "the run. A host key mismatch, a refused login or a missing key file always stops it.")
 
     def require_prompts_file(self) -> None:
         """A run (a scheduled one above all) whose prompts file is missing, a folder or compressed stops in its
@@ -185,6 +190,12 @@ class Tuning(_Group):
         bool, False, "Pin the full-context plan", TUNING,
         "KV for every running request at its full context (conservative). Off: size for the workload, one "
         "bounded step per run from the previous run's lengths, peak KV and retractions.")
+    max_cap_cut_factor: float = setting(
+        float, 0.0, "Max cap cut by one prompt", TUNING,
+        "Set aside (into rejects.jsonl) a prompt whose request needs more than this many times the median request's "
+        "tokens: the longest request sets every server's context, so one such prompt would cut every server's "
+        "running requests by about that factor. 0: off (a prompt that cuts the caps is only warned about).",
+        low=0, high=1000)
     ready_timeout_s: int = setting(int, 1800, "Readiness timeout (s)", TUNING,
                                    "How long a server may take to load before its wait fails.", low=10, high=7200)
 

@@ -22,6 +22,8 @@ def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dic
     """
     _, config, _ = run_context()
     spec = fleet_from_json(fleet)
+    if left_out(node, plans):
+        return {"node": node, "records": [], "decisions": [], "left_out": True}
     ports = list(spec.node(node).ports)
     with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
         decisions = []
@@ -49,13 +51,25 @@ def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dic
     return {"node": node, "records": records, "decisions": decisions}
 
 
-def release_servers(node: str, fleet: dict) -> dict:
+def left_out(node: str, plans: list[dict] | None) -> bool:
+    """Whether tonight's plan left ``node`` out (it was unreachable at probe time, ``skip_unreachable_nodes``):
+    then no task touches it. Without a plan (derive_plan did not run) no node is left out."""
+    if plans is None or any(plan["host"] == node for plan in plans):
+        return False
+    log.warning("%s was left out of tonight's plan (unreachable at probe time, skip_unreachable_nodes): not "
+                "touched", node)
+    return True
+
+
+def release_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dict:
     """Stops our servers after the run unless `keep_servers_up` is set (the default keeps them up for the next
-    run); runs whatever happened."""
+    run); runs whatever happened. A node tonight's plan left out is not touched."""
     _, config, _ = run_context()
     if config.inputs.keep_servers_up:
         log.info("keep_servers_up is set: servers on %s stay up for the next run", node)
         return {"node": node, "records": []}
+    if left_out(node, plans):
+        return {"node": node, "records": [], "left_out": True}
     return stop_servers(node, fleet, None)
 
 
@@ -69,6 +83,8 @@ def launch_servers(node: str, fleet: dict, plans: list[dict], stopped: list[dict
     line, never launching one twice), or the server's Python/module in the fleet description is wrong.
     """
     spec = fleet_from_json(fleet)
+    if left_out(node, plans):
+        return []
     slots = [slot for slot in spec.servers() if slot.node == node]
     plan_by_port = {(p["host"], p["port"]): p for p in plans}
     kept = {d["port"]: d["pid"] for result in mapped_values(stopped or []) if result["node"] == node

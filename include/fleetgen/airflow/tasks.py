@@ -9,17 +9,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 
 from fleetgen.airflow import lifecycle
 from fleetgen.airflow.context import mapped_values, run_context
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.airflow.run_config import RunConfig
-from fleetgen.errors import ConfigError
+from fleetgen.errors import AuthenticationRefused, ConfigError, HostKeyMismatch, HostUnreachable
 from fleetgen.nodes import probe
 from fleetgen.nodes.fleet import FleetSpec, fleet_from_json, load_fleet_file, load_fleet_text
 
 log = logging.getLogger("fleetgen")
 FLEET_VARIABLE = "fleetgen_fleet"
+# What probe_gpus returns for a node it left out (skip_unreachable_nodes): why, instead of its GPUs.
+UNREACHABLE = "unreachable"
 
 def _read_fleet(config: RunConfig) -> FleetSpec:
     if config.inputs.fleet_file:
@@ -61,16 +64,49 @@ def probe_gpus(node: str, fleet: dict) -> dict:
     free memory per GPU, and which processes hold memory (ours or foreign).
 
     *When it fails*: the SSH connection (`ssh_conn_id` of the node, host key in its `host_key` extra) or a GPU the
-    fleet names that the node does not have.
+    fleet names that the node does not have. With `skip_unreachable_nodes`, a node that cannot be reached on the
+    probe's last try is left out of tonight's plan instead (the task succeeds and says so).
     """
+    context, config, _ = run_context()
     spec = fleet_from_json(fleet)
     log.info("Probing the GPUs of %s over SSH (%s)", node, spec.node(node).ssh_conn_id)
-    with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
-        inventory = lifecycle.probe_node(shell, spec, node)
+    try:
+        with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
+            inventory = lifecycle.probe_node(shell, spec, node)
+    except HostUnreachable as error:
+        if not (config.inputs.skip_unreachable_nodes and _unreachable(error) and _last_try(context)):
+            raise
+        log.warning("%s cannot be reached and skip_unreachable_nodes is set: left out of tonight's plan, the run "
+                    "goes on with the other nodes (%s)", node, error.message)
+        return {"host": node, "gpus": [], UNREACHABLE: error.message}
     for gpu_ids in spec.node(node).gpu_groups:
         probe.select_gpus(inventory, gpu_ids)  # every GPU the fleet names must exist
     log.info("%s", probe.format_inventory(inventory))
     return inventory
+
+
+def _unreachable(error: HostUnreachable) -> bool:
+    """The node could not be reached, as opposed to refusing who we are (which a person must fix)."""
+    return not isinstance(error, (HostKeyMismatch, AuthenticationRefused))
+
+
+def _last_try(context: dict) -> bool:
+    """This is the task's last try (a node down for a moment is tried again before it is left out)."""
+    ti = context.get("ti")
+    return ti is None or ti.try_number > ti.max_tries
+
+
+def _on_a_reachable_node(spec: FleetSpec, config: RunConfig, read):
+    """``read(node name)`` on the first node, or with ``skip_unreachable_nodes`` on the first that can be reached
+    (what is read, the model's files, is the same on every node)."""
+    for position, node in enumerate(spec.nodes):
+        try:
+            return read(node.name)
+        except HostUnreachable as error:
+            if not (config.inputs.skip_unreachable_nodes and _unreachable(error)) or position == len(spec.nodes) - 1:
+                raise
+            log.warning("%s cannot be reached (%s): reading the model on the next node", node.name, error.message)
+    raise ConfigError("the fleet has no nodes")
 
 
 def _prompt_length_limit(spec: FleetSpec, config: RunConfig):
@@ -81,9 +117,9 @@ def _prompt_length_limit(spec: FleetSpec, config: RunConfig):
     from fleetgen.tuning.geometry import context_length_of
     from fleetgen.tuning.model_files import read_model_config
 
-    node, run_on_node = spec.nodes[0].name, _node_runner(spec)
-    model_config = read_model_config(
-        lambda path: run_on_node(node, remote.read_file_command(path), f"read {path}"), spec.model.path, host=node)
+    run_on_node = _node_runner(spec)
+    model_config = _on_a_reachable_node(spec, config, lambda node: read_model_config(
+        lambda path: run_on_node(node, remote.read_file_command(path), f"read {path}"), spec.model.path, host=node))
     return length_limit(model_context=context_length_of(model_config), max_tokens=config.generation.max_tokens,
                         launch_context=LaunchOptions.from_args(list(spec.server.extra_args)).context_length,
                         param_context=config.tuning.context_length or None)
@@ -95,6 +131,7 @@ def scan_prompts(fleet: dict) -> dict:
 
     *When it fails*: the file is not readable on the worker or a line is not JSON; the log names the line.
     """
+    from fleetgen.prompts.length import LengthLimit
     from fleetgen.prompts.scan import scan_prompts as scan_file
     from fleetgen.report.previous import prompts_identity
 
@@ -104,7 +141,9 @@ def scan_prompts(fleet: dict) -> dict:
     log.info("Validating prompts %s (rejects go to %s); prompts must fit a context of %d tokens with max_tokens "
              "%d (%s)", config.inputs.prompts_path, layout.rejects, limit.context_tokens, limit.max_tokens,
              limit.source)
-    scan = scan_file(config.inputs.prompts_path, rejects_path=layout.rejects, length_limit=limit)
+    scan = scan_file(config.inputs.prompts_path, rejects_path=layout.rejects, length_limit=limit,
+                     max_cap_cut_factor=config.tuning.max_cap_cut_factor)
+    applied = LengthLimit.from_dict(scan.length_limit)  # tighter than ``limit`` when max_cap_cut_factor set some aside
     # The scan (with its sparse byte index, ~1,000 pairs per million prompts) travels on so that
     # plan_shards does not read the file a second time.
     summary = {**scan.to_dict(), "out_dir": str(layout.root),
@@ -116,7 +155,7 @@ def scan_prompts(fleet: dict) -> dict:
     if scan.too_long:
         log.warning("%d prompt(s) set aside as too long for the context of %d tokens (%s): estimated prompt tokens "
                     "+ max_tokens %d exceed it; the plan sizes the servers for the other prompts; each is in %s "
-                    "with its estimate", scan.too_long, limit.context_tokens, limit.source, limit.max_tokens,
+                    "with its estimate", scan.too_long, applied.context_tokens, applied.source, applied.max_tokens,
                     layout.rejects)
     return summary
 
@@ -131,11 +170,16 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
     from fleetgen.prompts.scan import PromptScan
     from fleetgen.report.previous import prompt_token_statistics
     from fleetgen.tuning import LaunchOptions, Workload, render_budget_table
-    from fleetgen.tuning.fleet_plan import FleetPlanRun, plan_fleet
+    from fleetgen.tuning import fleet_plan
+    from fleetgen.tuning.fleet_plan import FleetPlanRun
     from fleetgen.tuning.model_files import read_model
+    from fleetgen.tuning.plan_notes import write_plan_notes
 
     _, config, layout = run_context()
-    spec = fleet_from_json(fleet)
+    spec, inventories = fleet_from_json(fleet), mapped_values(inventories)
+    left_out = {inventory["host"]: inventory[UNREACHABLE] for inventory in inventories if UNREACHABLE in inventory}
+    if left_out:
+        spec = _reachable_fleet(spec, left_out)
     log.info("Deriving launch flags for %d server(s) (mode %s)", len(spec.servers()), config.tuning.mode)
     run_on_node = _node_runner(spec)
     model = read_model(lambda command: run_on_node(spec.nodes[0].name, command, "read the model's config and weights"),
@@ -149,20 +193,57 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
                             config.generation.max_tokens), prompt_tokens_mean=tokens.mean,
                         prompt_tokens_max=tokens.max, prompt_count=int(prompt_scan["count"]))
     options = dataclasses.replace(LaunchOptions.from_args(list(spec.server.extra_args)), tp_size=spec.server.tp_size)
-    server_plans = plan_fleet(
-        spec, {inventory["host"]: inventory for inventory in mapped_values(inventories)}, model, options, workload,
-        config.tuning.bounds(),
+    by_node = {inventory["host"]: inventory for inventory in inventories if inventory["host"] not in left_out}
+    server_plans = fleet_plan.plan_fleet(
+        spec, by_node, model, options, workload, config.tuning.bounds(),
         FleetPlanRun(config.inputs.output_root, layout, pin_full_context=config.tuning.pin_full_context_plan,
                      run_on_node=lambda node, command: run_on_node(node, command,
                                                                    "read the previous run's scheduler lines")),
         log)
+    long_prompt = _long_prompt_cost(spec, by_node, model, options, workload, prompt_scan, config)
+    if long_prompt is not None:
+        log.warning("One prompt cuts every server's running requests: %s", long_prompt.describe())
+    write_plan_notes(layout, nodes_left_out=left_out, long_prompt=long_prompt)
     plans = []
     for slot, plan in zip(spec.servers(), server_plans):
         log.info("Plan for %s:\n%s", slot.name, render_budget_table(plan))
         plans.append(plan.to_dict())
     caps = sorted({p["expected"]["max_running_requests"] for p in plans})
     log.info("Planned %d server(s); expected effective max_running_requests %s", len(plans), caps)
+    if left_out:
+        log.warning("Left out of tonight's plan (skip_unreachable_nodes): %s",
+                    "; ".join(f"{node}: {reason}" for node, reason in left_out.items()))
     return plans
+
+
+def _reachable_fleet(spec: FleetSpec, left_out: dict[str, str]) -> FleetSpec:
+    """The fleet without the nodes the probe could not reach; none left fails the run naming each."""
+    reachable = tuple(node for node in spec.nodes if node.name not in left_out)
+    if not reachable:
+        raise HostUnreachable("no node of the fleet could be reached: " + "; ".join(
+            f"{node}: {reason}" for node, reason in left_out.items()),
+            hint="is any node up and its SSH port open from the workers? skip_unreachable_nodes runs on the "
+                 "reachable ones only")
+    return dataclasses.replace(spec, nodes=reachable)
+
+
+def _long_prompt_cost(spec: FleetSpec, inventories: dict, model, options, workload, prompt_scan: dict,
+                      config: RunConfig):
+    """What the longest prompt costs the first server's cap, when it cuts it by CAP_CUT_WARNING or more; else None.
+    The next longest prompt is the scan's estimate, scaled to the plan's figure when the plan's come from the servers'
+    own count in an earlier run (``prompt_token_statistics``)."""
+    from fleetgen.tuning import fleet_plan
+    from fleetgen.tuning.plan_notes import LongPromptCost, without_longest
+
+    runner_up, estimated_max = prompt_scan.get("runner_up_prompt_tokens"), prompt_scan["prompt_tokens_max"]
+    if not (runner_up and prompt_scan.get("longest")):
+        return None
+    without = without_longest(workload, math.ceil(runner_up * workload.prompt_tokens_max / estimated_max))
+    if without is None:
+        return None
+    with_it, without_it = fleet_plan.first_server_plans(spec, inventories, model, options, (workload, without),
+                                                        config.tuning.bounds(), config.inputs.output_root)
+    return LongPromptCost.of(prompt_scan["longest"], with_it, without_it)
 
 
 def _node_runner(spec: FleetSpec):
@@ -184,12 +265,15 @@ def model_identity(fleet: dict) -> dict:
 
     _, config, _ = run_context()
     spec = fleet_from_json(fleet)
-    node = spec.nodes[0]
-    with NodeShell(node.name, node.ssh_conn_id) as shell:
-        identity = read_identity(
-            lambda command, timeout_s: shell.run(command, describe="model identity", timeout_s=timeout_s)[1],
-            spec.model.path, python=spec.server.python, module=spec.server.module,
-            extra_args=spec.server.extra_args, weights_hash=config.generation.weights_hash, host=node.name)
+
+    def read_on(node: str) -> dict:
+        with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
+            return read_identity(
+                lambda command, timeout_s: shell.run(command, describe="model identity", timeout_s=timeout_s)[1],
+                spec.model.path, python=spec.server.python, module=spec.server.module,
+                extra_args=spec.server.extra_args, weights_hash=config.generation.weights_hash, host=node)
+
+    identity = _on_a_reachable_node(spec, config, read_on)
     log.info("Model %s: %d safetensors file(s), %d bytes (%s hashed), SGLang %s; identity %s (completions of runs "
              "with the same identity and sampling can be reused)", identity["path"], identity["weight_files"],
              identity["weight_bytes"], identity["weights_hash"], identity["parts"]["sglang"],

@@ -18,6 +18,13 @@ aside only when this estimate plus its ``max_tokens`` (its own override, else th
 context. The estimate is an average, not a bound: dense text (code, CJK) has more tokens per
 character, so such a prompt close to the limit may still pass the scan and then fail alone with a
 400 in the errors file, never changing the fleet's shape.
+
+A prompt that fits the context can still reshape the fleet: the planned context is the longest request's
+(prompt + output budget), and with KV for each running request at that context (the full-context plan, the
+first run on a fleet) every server's cap falls in proportion (one 700 kB prompt among short ones: 71
+running requests to 7). ``max_cap_cut_factor`` (a DAG parameter, off by default) sets such prompts aside
+too: a request needing more than that many times the median request's tokens (``cap_cut_limit``), so that
+no single prompt can cut the cap by more than about that factor against a typical request's context.
 """
 
 from __future__ import annotations
@@ -83,3 +90,18 @@ def length_limit(*, model_context: int, max_tokens: int, launch_context: int | N
     if context > model_context:
         context, source = model_context, "the model's context length, below the requested cap"
     return LengthLimit(context_tokens=context, max_tokens=max_tokens, source=source)
+
+
+def cap_cut_limit(limit: LengthLimit | None, median_request_tokens: int | None, request_tokens_max: int | None,
+                  factor: float) -> LengthLimit | None:
+    """The tighter limit under which no accepted request needs more than ``factor`` × the median request's
+    tokens, or None when none does (or ``factor`` is 0: off)."""
+    if not factor or limit is None or median_request_tokens is None or request_tokens_max is None:
+        return None
+    context = math.floor(factor * median_request_tokens)
+    if request_tokens_max <= context or context >= limit.context_tokens:
+        return None
+    return LengthLimit(context_tokens=context, max_tokens=limit.max_tokens,
+                       source=f"max_cap_cut_factor {factor:g} × the median request of {median_request_tokens} "
+                              f"tokens: a longer prompt would cut every server's running requests by more than "
+                              f"that")

@@ -34,15 +34,19 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import statistics
+from array import array
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import jsonlines
 import orjson
 
 from fleetgen.errors import PromptsError
-from fleetgen.prompts.length import CHARS_PER_TOKEN, LengthLimit  # noqa: F401 (CHARS_PER_TOKEN re-exported)
+from fleetgen.prompts.length import (CHARS_PER_TOKEN, LengthLimit, cap_cut_limit,  # noqa: F401 (re-exported)
+                                     estimated_tokens)
 from fleetgen.prompts.lines import (ROLES, SAMPLING_OVERRIDES, Prompt, fast_id,  # noqa: F401 (re-exported)
                                   parse_line, shorten)
 
@@ -53,6 +57,15 @@ COMPRESSED_MAGIC = {b"\x1f\x8b": ("gzip", "gunzip -k"), b"BZh": ("bzip2", "bunzi
                     b"\xfd7zXZ\x00": ("xz", "unxz -k"), b"\x28\xb5\x2f\xfd": ("zstd", "unzstd")}
 INDEX_STRIDE = 1000  # one (valid prompts before, byte offset) pair per this many valid prompts
 DIGEST_HEX_CHARS = 32  # 128 bits of SHA-256 per block: plenty to tell an edit, half the XCom size
+
+
+@dataclass(frozen=True)
+class LongestPrompt:
+    """The accepted prompt with the most estimated tokens: the one that sets the context the plan sizes."""
+
+    id: str
+    line: int
+    prompt_tokens: int  # estimated (CHARS_PER_TOKEN)
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,12 @@ class PromptScan:
     own_max_tokens_max: int | None = None
     # With a length limit: the largest estimated prompt tokens + that prompt's max_tokens of the accepted.
     request_tokens_max: int | None = None
+    # With a length limit: the median of the same (what max_cap_cut_factor measures a request against).
+    request_tokens_median: int | None = None
+    # The accepted prompt with the most estimated tokens (LongestPrompt as a dict) and the most of the others:
+    # what the context, and so every server's cap, is with and without it.
+    longest: dict | None = None
+    runner_up_prompt_tokens: int | None = None
 
     @property
     def est_prompt_tokens_mean(self) -> float:
@@ -133,11 +152,15 @@ def compression_of(path: str | os.PathLike) -> tuple[str, str] | None:
 
 
 def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | None = None,
-                 max_listed: int = 20, length_limit: LengthLimit | None = None) -> PromptScan:
+                 max_listed: int = 20, length_limit: LengthLimit | None = None,
+                 max_cap_cut_factor: float = 0.0) -> PromptScan:
     """Validate the whole file in one pass; write per-prompt rejects; raise on structural problems.
 
     With ``length_limit``, prompts too long for its context are rejected too (``too_long`` counts
-    them) and the prompt-length statistics cover the accepted prompts only.
+    them) and the prompt-length statistics cover the accepted prompts only. With ``max_cap_cut_factor``
+    too, a prompt whose request needs more than that many times the median request's tokens is set aside
+    as well (``cap_cut_limit``): the file is scanned a second time, only when such a prompt is there, under
+    that tighter limit, so that the rejects, counts, index and shards all see the same prompts.
 
     The rejects file (JSONL ``{"line", "id", "error"}``) appears only when the scan finds no structural
     problem, so a file that cannot be trusted leaves nothing behind for a later run to trip over; when
@@ -146,99 +169,163 @@ def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | N
     The scan also fixes what the run will read: one digest per index block (``digests``), and the
     largest per-prompt ``max_tokens`` and request (``own_max_tokens_max``, ``request_tokens_max``).
     """
-    path = Path(path)
+    if max_cap_cut_factor and length_limit is None:
+        raise ValueError("max_cap_cut_factor needs the length_limit that gives each prompt its output budget")
+    scan = _scan_once(Path(path), rejects_path, max_listed, length_limit)
+    tighter = cap_cut_limit(length_limit, scan.request_tokens_median, scan.request_tokens_max, max_cap_cut_factor)
+    return scan if tighter is None else _scan_once(Path(path), rejects_path, max_listed, tighter)
+
+
+def _scan_once(path: Path, rejects_path: str | os.PathLike | None, max_listed: int,
+               length_limit: LengthLimit | None) -> PromptScan:
     try:
         stat = path.stat()
     except OSError as exc:
         raise PromptsError(f"cannot read the prompts file: {exc.strerror}", path=str(path),
                            hint="check the prompts_path parameter and that the file is readable "
                                 "from the worker") from exc
-    problems: list[tuple[int, str]] = []
-    problem_count = rejected = too_long = count = lines = chars_total = chars_max = offset = 0
-    own_max_tokens_max = request_tokens_max = None
-    reject_reasons: list[tuple[int, str]] = []
-    digests: list[str] = []
-    block = None  # the running digest of the current index block
-    seen_ids: set[str] = set()
-    duplicates: dict[str, list[int]] = {}
-    index: list[tuple[int, int]] = []
     rejects = Path(rejects_path) if rejects_path is not None else None
     partial = rejects.with_name(rejects.name + ".partial") if rejects is not None else None
     if partial is not None:
         partial.parent.mkdir(parents=True, exist_ok=True)
     with path.open("rb") as handle, (partial.open("wb") if partial is not None else open(os.devnull, "wb")) as sink, \
             jsonlines.Writer(sink, dumps=orjson.dumps) as out:
-        for lines, raw in enumerate(handle, 1):
-            line_offset, offset = offset, offset + len(raw)
-            if raw.strip():
-                prompt, structural, per_prompt, prompt_id = parse_line(raw)
-                if prompt is not None and length_limit is not None and (per_prompt := length_limit.problem(prompt)):
-                    too_long += 1
-                if prompt_id is not None:
-                    if prompt_id in seen_ids:
-                        duplicates.setdefault(prompt_id, []).append(lines)
-                        structural = f"duplicate id {shorten(repr(prompt_id))}"
-                    else:
-                        seen_ids.add(prompt_id)
-                if structural:
-                    problem_count += 1
-                    if len(problems) < max_listed:
-                        problems.append((lines, structural))
-                elif per_prompt:
-                    rejected += 1
-                    out.write({"line": lines, "id": prompt_id, "error": per_prompt})
-                    if len(reject_reasons) < max_listed:
-                        reject_reasons.append((lines, per_prompt))
-                else:
-                    if count % INDEX_STRIDE == 0:
-                        index.append((count, line_offset))
-                        if block is not None:
-                            digests.append(block.hexdigest()[:DIGEST_HEX_CHARS])
-                        block = hashlib.sha256()
-                    count += 1
-                    chars = prompt.content_chars()
-                    chars_total += chars
-                    chars_max = max(chars_max, chars)
-                    own = prompt.sampling.get("max_tokens")
-                    if own is not None:
-                        own_max_tokens_max = max(own, own_max_tokens_max or 0)
-                    if length_limit is not None:
-                        request = length_limit.request_tokens(prompt)
-                        request_tokens_max = max(request, request_tokens_max or 0)
-            if block is not None:  # every byte from the first valid prompt on, blank and rejected lines too
-                block.update(raw)
-    if block is not None:
-        digests.append(block.hexdigest()[:DIGEST_HEX_CHARS])
-    if problem_count:
+        tally = _Tally(max_listed=max_listed, length_limit=length_limit, rejects=out)
+        add = tally.add  # bound once: a call per line of a file of millions
+        for number, raw in enumerate(handle, 1):
+            add(number, raw)
+    tally.close_block()
+    if tally.problem_count:
         if partial is not None:
             partial.unlink()
-        if duplicates:
-            problems = _name_first_occurrences(path, duplicates, problems)
-    if problem_count:
-        listed = "\n".join(f"  line {line}: {message}" for line, message in problems)
-        more = f"\n  ... and {problem_count - len(problems)} more" if problem_count > len(problems) else ""
-        raise PromptsError(
-            f"{problem_count} structural problem(s) in the prompts file:\n{listed}{more}",
-            problems=problems, path=str(path), line=problems[0][0],
-            hint="fix these lines (each needs valid JSON and a unique string id) and start the run again")
+        _raise_structural(path, tally)
     if partial is not None:  # kept when every prompt was rejected too: the error below points at it
         os.replace(partial, rejects)
-    if count == 0:
-        listed = "".join(f"\n  line {line}: {reason}" for line, reason in reject_reasons)
-        more = f"\n  ... and {rejected - len(reject_reasons)} more" if rejected > len(reject_reasons) else ""
-        where = f"; every reason is in {rejects}" if rejects is not None and rejected else ""
-        raise PromptsError(f"no valid prompts ({rejected} rejected, {lines} lines){where}{listed}{more}",
-                           path=str(path), line=reject_reasons[0][0] if reject_reasons else None,
-                           hint="check that prompts_path is the prompts JSONL" + (
-                               " and fix the rejected lines (or raise the context: the context_length param or "
-                               "--context-length in the fleet's server.extra_args, when they are too long)"
-                               if rejected else ""))
-    return PromptScan(path=str(path), count=count, rejected=rejected, bytes=offset, mtime_ns=stat.st_mtime_ns,
-                      lines=lines, prompt_chars_mean=chars_total / count, prompt_chars_max=chars_max,
-                      rejects_path=str(rejects) if rejects is not None else None, index=tuple(index),
-                      too_long=too_long, length_limit=length_limit.to_dict() if length_limit is not None else None,
-                      digests=tuple(digests), own_max_tokens_max=own_max_tokens_max,
-                      request_tokens_max=request_tokens_max)
+    if tally.count == 0:
+        _raise_none_valid(path, tally, rejects)
+    return tally.scan(path, stat.st_mtime_ns, rejects, length_limit)
+
+
+@dataclass
+class _Tally:
+    """What one pass has found so far, a line at a time (``add``)."""
+
+    max_listed: int
+    length_limit: LengthLimit | None
+    rejects: jsonlines.Writer
+    lines: int = 0
+    offset: int = 0
+    count: int = 0
+    rejected: int = 0
+    too_long: int = 0
+    problem_count: int = 0
+    chars_total: int = 0
+    chars_max: int = 0
+    own_max_tokens_max: int | None = None
+    request_tokens_max: int | None = None
+    problems: list[tuple[int, str]] = field(default_factory=list)
+    reject_reasons: list[tuple[int, str]] = field(default_factory=list)
+    seen_ids: set[str] = field(default_factory=set)
+    duplicates: dict[str, list[int]] = field(default_factory=dict)
+    index: list[tuple[int, int]] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+    block: Any = None  # the running digest of the current index block
+    # every accepted prompt's request tokens, under a length limit: the median max_cap_cut_factor measures from
+    requests: array = field(default_factory=lambda: array("q"))
+    longest: tuple[str, int] | None = None  # (id, line) of the accepted prompt with the most characters
+    runner_up_chars: int | None = None  # the most characters among the accepted but the longest
+
+    def add(self, number: int, raw: bytes) -> None:
+        line_offset, self.offset, self.lines = self.offset, self.offset + len(raw), number
+        if raw.strip():
+            self._judge(number, raw, line_offset)
+        if self.block is not None:  # every byte from the first valid prompt on, blank and rejected lines too
+            self.block.update(raw)
+
+    def _judge(self, number: int, raw: bytes, line_offset: int) -> None:
+        prompt, structural, per_prompt, prompt_id = parse_line(raw)
+        if prompt is not None and self.length_limit is not None and (per_prompt := self.length_limit.problem(prompt)):
+            self.too_long += 1
+        if prompt_id is not None:
+            if prompt_id in self.seen_ids:
+                self.duplicates.setdefault(prompt_id, []).append(number)
+                structural = f"duplicate id {shorten(repr(prompt_id))}"
+            else:
+                self.seen_ids.add(prompt_id)
+        if structural:
+            self.problem_count += 1
+            if len(self.problems) < self.max_listed:
+                self.problems.append((number, structural))
+        elif per_prompt:
+            self.rejected += 1
+            self.rejects.write({"line": number, "id": prompt_id, "error": per_prompt})
+            if len(self.reject_reasons) < self.max_listed:
+                self.reject_reasons.append((number, per_prompt))
+        else:
+            self._accept(number, prompt, line_offset)
+
+    def _accept(self, number: int, prompt: Prompt, line_offset: int) -> None:
+        if self.count % INDEX_STRIDE == 0:
+            self.index.append((self.count, line_offset))
+            self.close_block()
+            self.block = hashlib.sha256()
+        self.count += 1
+        chars = prompt.content_chars()
+        self.chars_total += chars
+        if self.longest is None or chars > self.chars_max:
+            self.runner_up_chars = self.chars_max if self.longest is not None else None
+            self.chars_max, self.longest = chars, (prompt.id, number)
+        elif self.runner_up_chars is None or chars > self.runner_up_chars:
+            self.runner_up_chars = chars
+        own = prompt.sampling.get("max_tokens")
+        if own is not None:
+            self.own_max_tokens_max = max(own, self.own_max_tokens_max or 0)
+        if self.length_limit is not None:
+            request = self.length_limit.request_tokens(prompt)
+            self.request_tokens_max = max(request, self.request_tokens_max or 0)
+            self.requests.append(request)
+
+    def close_block(self) -> None:
+        if self.block is not None:
+            self.digests.append(self.block.hexdigest()[:DIGEST_HEX_CHARS])
+            self.block = None
+
+    def scan(self, path: Path, mtime_ns: int, rejects: Path | None, length_limit: LengthLimit | None) -> PromptScan:
+        return PromptScan(
+            path=str(path), count=self.count, rejected=self.rejected, bytes=self.offset, mtime_ns=mtime_ns,
+            lines=self.lines, prompt_chars_mean=self.chars_total / self.count, prompt_chars_max=self.chars_max,
+            rejects_path=str(rejects) if rejects is not None else None, index=tuple(self.index),
+            too_long=self.too_long, length_limit=length_limit.to_dict() if length_limit is not None else None,
+            digests=tuple(self.digests), own_max_tokens_max=self.own_max_tokens_max,
+            request_tokens_max=self.request_tokens_max,
+            request_tokens_median=int(statistics.median_low(self.requests)) if self.requests else None,
+            longest=asdict(LongestPrompt(*self.longest, prompt_tokens=estimated_tokens(self.chars_max)))
+            if self.longest is not None else None,
+            runner_up_prompt_tokens=estimated_tokens(self.runner_up_chars) if self.runner_up_chars is not None
+            else None)
+
+
+def _raise_structural(path: Path, tally: _Tally) -> None:
+    problems = _name_first_occurrences(path, tally.duplicates, tally.problems) if tally.duplicates else tally.problems
+    listed = "\n".join(f"  line {line}: {message}" for line, message in problems)
+    more = f"\n  ... and {tally.problem_count - len(problems)} more" if tally.problem_count > len(problems) else ""
+    raise PromptsError(
+        f"{tally.problem_count} structural problem(s) in the prompts file:\n{listed}{more}",
+        problems=problems, path=str(path), line=problems[0][0],
+        hint="fix these lines (each needs valid JSON and a unique string id) and start the run again")
+
+
+def _raise_none_valid(path: Path, tally: _Tally, rejects: Path | None) -> None:
+    reasons, rejected = tally.reject_reasons, tally.rejected
+    listed = "".join(f"\n  line {line}: {reason}" for line, reason in reasons)
+    more = f"\n  ... and {rejected - len(reasons)} more" if rejected > len(reasons) else ""
+    where = f"; every reason is in {rejects}" if rejects is not None and rejected else ""
+    raise PromptsError(f"no valid prompts ({rejected} rejected, {tally.lines} lines){where}{listed}{more}",
+                       path=str(path), line=reasons[0][0] if reasons else None,
+                       hint="check that prompts_path is the prompts JSONL" + (
+                           " and fix the rejected lines (or raise the context: the context_length param or "
+                           "--context-length in the fleet's server.extra_args, when they are too long)"
+                           if rejected else ""))
 
 
 def _name_first_occurrences(path: Path, duplicates: dict[str, list[int]],

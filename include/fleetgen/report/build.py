@@ -33,6 +33,7 @@ from fleetgen.report.plots import write_plots
 from fleetgen.nodes.readiness import ServerInfo
 from fleetgen.outputs import RunLayout
 from fleetgen.report.previous import REPORT_SCHEMA
+from fleetgen.tuning.plan_notes import read_plan_notes
 from fleetgen.validation.stats_table import load_errors, load_stats
 from fleetgen.validation.suite import json_safe
 
@@ -320,6 +321,7 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
                                        errors["server"].astype(object).fillna("unknown").value_counts().items()}}
     _net_of_dead_tries(report, lost_tries(RunLayout(out)))
     report["tuning"] = _tuning(plan, readiness)
+    report["plan_notes"] = read_plan_notes(RunLayout(out))  # nodes left out, a prompt that cuts every cap
     report["servers"] = _servers(readiness)
     report["failures"] = failures(RunLayout(out))
     timing = report["timing"]

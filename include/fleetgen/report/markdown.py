@@ -169,6 +169,7 @@ def render_markdown(report: dict) -> str:
         if readbacks:
             lines += ["Readback of the memory the plan assumed:", "", *readbacks, ""]
         lines += _workload_path(report["tuning"])
+    lines += _plan_notes_section(report.get("plan_notes"))
     if report.get("shards"):
         shards = report["shards"]
         lines += ["## Shards", "", f"{shards['count']} shards: {_number(shards['done'])} done, "
@@ -195,6 +196,21 @@ def render_markdown(report: dict) -> str:
                 for name, entry in entries.items()]
         lines += _table(["metric", "previous", "current", "delta", "delta %"], rows)
     return "\n".join(lines)
+
+
+def _plan_notes_section(notes: dict | None) -> list[str]:
+    """What the plan left out (nodes unreachable at probe time) or warns about (a prompt that cuts every cap)."""
+    left_out, long_prompt = (notes or {}).get("nodes_left_out") or [], (notes or {}).get("long_prompt")
+    if not left_out and not long_prompt:
+        return []
+    lines = ["## Left out of the plan and warnings", ""]
+    if left_out:
+        lines += ["Nodes left out of tonight's plan (unreachable at probe time; the DAG parameter "
+                  "skip_unreachable_nodes is set): the run went on without them.", ""]
+        lines += _table(["node", "why"], [[entry["node"], entry["reason"]] for entry in left_out])
+    if long_prompt:
+        lines += [f"**Warning**: {long_prompt['warning']}.", ""]
+    return lines
 
 
 def _workload_path(tuning: list[dict]) -> list[str]:

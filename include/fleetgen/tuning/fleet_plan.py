@@ -41,8 +41,7 @@ def plan_fleet(spec: FleetSpec, inventories: dict[str, dict], model: ModelFiles,
                workload: Workload, bounds: TunerBounds, run: FleetPlanRun,
                log: logging.Logger) -> list[ServerPlan]:
     """One plan per server of ``spec`` (``inventories``: the probe's, by node), in ``spec.servers()`` order."""
-    profile = profile_model(model.config, model.weights_bytes, options, config_path=f"{spec.model.path}/config.json",
-                            hf_quant_config=model.hf_quant_config)
+    profile = _profile(spec, model, options)
     calibrations = CalibrationStore(calibration_file(run.output_root))
     plan_for = {slot.name: _server_planner(slot, probe.select_gpus(inventories[slot.node], slot.gpu_ids), spec,
                                            profile, options, workload, calibrations, log)
@@ -62,6 +61,24 @@ def plan_fleet(spec: FleetSpec, inventories: dict[str, dict], model: ModelFiles,
                                                  record=learned.record, pin_full_context=run.pin_full_context)
     workload_history.write_plan_record(run.layout, plans)
     return plans
+
+
+def first_server_plans(spec: FleetSpec, inventories: dict[str, dict], model: ModelFiles, options: LaunchOptions,
+                       workloads: tuple[Workload, ...], bounds: TunerBounds, output_root: Path) -> list[ServerPlan]:
+    """The first server's plan from its own memory alone (no earlier run to learn from: the full-context plan of
+    a fleet's first night) for each of ``workloads``: what a change of the workload alone does to a server."""
+    profile = _profile(spec, model, options)
+    calibrations = CalibrationStore(calibration_file(output_root))
+    first = spec.servers()[0]
+    gpus = probe.select_gpus(inventories[first.node], first.gpu_ids)
+    quiet = logging.Logger("what_if", level=logging.CRITICAL)  # plan_fleet logs the calibration line, once
+    return [_server_planner(first, gpus, spec, profile, options, workload, calibrations, quiet)(bounds)
+            for workload in workloads]
+
+
+def _profile(spec: FleetSpec, model: ModelFiles, options: LaunchOptions) -> MemoryProfile:
+    return profile_model(model.config, model.weights_bytes, options, config_path=f"{spec.model.path}/config.json",
+                         hf_quant_config=model.hf_quant_config)
 
 
 def _server_planner(slot: ServerSlot, gpus: list[dict], spec: FleetSpec, profile: MemoryProfile,

@@ -76,7 +76,7 @@ def test_the_form_and_the_run_accept_and_refuse_the_same_values_at_every_bound()
             with pytest.raises(ConfigError, match=f"DAG parameter {spec.name} "):
                 RunConfig.from_params({**PARAMS, spec.name: value})
         checked += 1
-    assert checked == 15
+    assert checked == 16
 
 
 def test_a_choice_the_form_offers_is_one_the_run_accepts():
@@ -115,6 +115,7 @@ def test_reuse_follows_the_mode_and_who_started_the_run(mode, run_type, reuses):
 NUMERIC_DECLARATIONS = {
     "memory_margin_mib": (1024, 0, 65536, False), "max_running_requests": (0, 0, 4096, False),
     "context_length": (0, 0, 1 << 20, False), "ready_timeout_s": (1800, 10, 7200, False),
+    "max_cap_cut_factor": (0.0, 0, 1000, False),
     "max_tokens": (4096, 1, 262144, False), "temperature": (0.6, 0, 2, False), "top_p": (0.95, 0, 1, True),
     "shard_size": (5000, 1, 10_000_000, False), "parallel_shards": (0, 0, 16, False),
     "headroom": (1.25, 1, 4, False), "sample_interval_s": (5.0, 0, 300, False),
@@ -279,7 +280,7 @@ def test_missing_parameters_are_named_in_order():
     with pytest.raises(ConfigError) as caught:
         RunConfig.from_params(params)
     assert caught.value.message == "DAG parameter(s) missing: dry_run, max_tokens, top_p"
-    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 27
+    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 29
 
 
 def test_unknown_parameters_are_refused_before_missing_ones_with_how_to_fix():
@@ -299,17 +300,18 @@ def test_a_default_read_from_the_deployment_is_read_each_time(monkeypatch):
 
 
 def test_the_form_reads_top_to_bottom_in_sections():
-    assert list(_specs())[:6] == ["prompts_path", "output_root", "dry_run", "fleet_file", "relaunch_servers",
-                               "keep_servers_up"]
+    assert list(_specs())[:7] == ["prompts_path", "output_root", "dry_run", "fleet_file", "relaunch_servers",
+                               "keep_servers_up", "skip_unreachable_nodes"]
     assert [spec.section for spec in _specs().values()] == (
-        ["Inputs"] * 6 + ["Tuning"] * 8 + ["Generation"] * 9 + ["Validation thresholds"] * 4)
+        ["Inputs"] * 7 + ["Tuning"] * 9 + ["Generation"] * 9 + ["Validation thresholds"] * 4)
 
 
 def test_the_configuration_as_a_dict_holds_every_group_with_paths_as_text():
     config = RunConfig.from_params({**PARAMS, "output_root": "/out", "prompts_path": "/p.jsonl"})
     as_dict = config.to_dict()
     assert as_dict["inputs"] == {"prompts_path": "/p.jsonl", "output_root": "/out", "dry_run": False,
-                                 "fleet_file": "", "relaunch_servers": False, "keep_servers_up": True}
+                                 "fleet_file": "", "relaunch_servers": False, "keep_servers_up": True,
+                                 "skip_unreachable_nodes": False}
     assert as_dict["tuning"]["mode"] == "tuned" and as_dict["generation"]["shard_size"] == 5000
     assert as_dict["validation"]["max_tokens"] == 4096 and as_dict["validation"]["max_error_share"] == 0.01
     assert set(as_dict) == {"inputs", "tuning", "generation", "validation"}

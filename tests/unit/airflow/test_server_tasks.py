@@ -443,3 +443,36 @@ def test_a_launch_logs_what_it_launches_adopts_and_keeps(monkeypatch, recording,
         "ports [30000, 30001] run a server of ours launched with another command line after stop_servers "
         "(pids [702, 703]): stopping them to launch tonight's plan",
         "Servers on n0: pids [5, 902]"]
+
+
+# --- a node tonight's plan left out (skip_unreachable_nodes) ------------------------------------------------------
+
+def _plans_without_n1():
+    return [plan for plan in _plans_two_nodes() if plan["host"] == "n0"]
+
+
+def test_a_node_the_plan_left_out_is_not_stopped_launched_or_released(monkeypatch, recording, caplog):
+    _run_with(monkeypatch, keep_servers_up=False, skip_unreachable_nodes=True)
+    with caplog.at_level("WARNING", logger="fleetgen"):
+        assert server_tasks.stop_servers("n1", TWO_NODES, _plans_without_n1()) == {
+            "node": "n1", "records": [], "decisions": [], "left_out": True}
+        assert server_tasks.launch_servers("n1", TWO_NODES, _plans_without_n1(), []) == []
+        assert server_tasks.release_servers("n1", TWO_NODES, _plans_without_n1()) == {
+            "node": "n1", "records": [], "left_out": True}
+    assert recording.opened == [] and recording.calls == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "n1 was left out of tonight's plan (unreachable at probe time, skip_unreachable_nodes): not touched"] * 3
+
+
+def test_the_nodes_the_plan_kept_are_stopped_and_released_as_ever(monkeypatch, recording):
+    _run_with(monkeypatch, keep_servers_up=False)
+    server_tasks.stop_servers("n0", TWO_NODES, _plans_without_n1())
+    server_tasks.release_servers("n0", TWO_NODES, _plans_without_n1())
+    assert recording.opened == [("n0", "ssh_n0")] * 2
+
+
+def test_a_release_without_a_plan_stops_every_node(monkeypatch, recording):
+    # derive_plan did not run (it failed): its XCom is None and no node is left out
+    _run_with(monkeypatch, keep_servers_up=False)
+    server_tasks.release_servers("n1", TWO_NODES, None)
+    assert recording.opened == [("n1", "ssh_n1")]

@@ -144,17 +144,17 @@ def test_the_probe_runs_on_the_named_nodes_connection(run, nodes, monkeypatch, c
     monkeypatch.setattr(lifecycle, "probe_node", lambda shell, spec, node: probed.append(
         (shell.node, node, spec.node(node).address)) or _inventory(node, [0, 1]))
     with caplog.at_level("INFO", logger="fleetgen"):
-        inventory = tasks.probe_gpus("n1", fleet_document("/models/m"))
+        inventory = run.call(tasks.probe_gpus, "n1", fleet_document("/models/m"))
     assert _messages(caplog) == ["Probing the GPUs of n1 over SSH (ssh_n1)",
                                  "n1: 2 GPU(s)\n  GPU 0 Fake: total 1000 MiB, used 0, free 1000 (no processes)\n"
                                  "  GPU 1 Fake: total 1000 MiB, used 0, free 1000 (no processes)"]
     assert inventory["host"] == "n1" and probed == [("n1", "n1", "10.0.0.6")] and nodes.sessions == [("n1", "ssh_n1")]
 
 
-def test_a_gpu_the_fleet_names_but_the_node_lacks_fails_the_probe_for_good(nodes, monkeypatch):
+def test_a_gpu_the_fleet_names_but_the_node_lacks_fails_the_probe_for_good(run, nodes, monkeypatch):
     monkeypatch.setattr(lifecycle, "probe_node", lambda shell, spec, node: _inventory(node, [0]))
     with pytest.raises(ProbeError, match=r"the fleet names GPU\(s\) \[1\] but nvidia-smi lists only \[0\]"):
-        tasks.probe_gpus("n0", fleet_document("/models/m"))
+        run.call(tasks.probe_gpus, "n0", fleet_document("/models/m"), skip_unreachable_nodes=True)
 
 
 # --- prompts ------------------------------------------------------------------------------------------------------
@@ -388,3 +388,143 @@ def test_the_mean_prompt_tokens_travel_rounded_to_one_decimal(run, nodes):
                                    for i, chars in enumerate((1, 1, 2))))
     summary = run.call(tasks.scan_prompts, fleet_document(str(run.model)))
     assert summary["prompt_tokens_mean"] == 0.3
+
+
+# --- nodes left out (skip_unreachable_nodes) and a prompt that cuts every cap ------------------------------------
+
+def _down(monkeypatch, error):
+    def probe_node(shell, spec, node):
+        raise error
+    monkeypatch.setattr(lifecycle, "probe_node", probe_node)
+
+
+def test_an_unreachable_node_is_left_out_on_the_probes_last_try_when_asked(run, nodes, monkeypatch, caplog):
+    from fleetgen.errors import HostUnreachable
+
+    _down(monkeypatch, HostUnreachable("cannot reach the node via connection 'ssh_n1': OSError: down", host="n1"))
+    with caplog.at_level("WARNING", logger="fleetgen"):
+        inventory = run.call(tasks.probe_gpus, "n1", fleet_document("/models/m"), skip_unreachable_nodes=True)
+    assert inventory == {"host": "n1", "gpus": [],
+                         "unreachable": "cannot reach the node via connection 'ssh_n1': OSError: down"}
+    assert _messages(caplog) == ["n1 cannot be reached and skip_unreachable_nodes is set: left out of tonight's "
+                                 "plan, the run goes on with the other nodes (cannot reach the node via connection "
+                                 "'ssh_n1': OSError: down)"]
+
+
+@pytest.mark.parametrize("skip, try_number, max_tries", [(False, 3, 2), (True, 1, 2), (True, 2, 2)])
+def test_an_unreachable_node_fails_the_probe_unless_asked_and_until_its_last_try(run, nodes, monkeypatch, skip,
+                                                                                  try_number, max_tries):
+    from fleetgen.errors import HostUnreachable
+
+    _down(monkeypatch, HostUnreachable("down", host="n1"))
+    run.params["skip_unreachable_nodes"] = skip
+    run.context = {"params": run.params, "run_id": RUN_ID,
+                   "ti": SimpleNamespace(try_number=try_number, max_tries=max_tries)}
+    monkeypatch.setattr(task_context_module, "task_context", lambda: run.context)
+    with pytest.raises(HostUnreachable):
+        tasks.probe_gpus("n1", fleet_document("/models/m"))
+
+
+def test_a_node_that_refuses_who_we_are_is_never_left_out(run, nodes, monkeypatch):
+    from fleetgen.airflow.node_shell import authentication_refused, host_key_mismatch
+
+    for refusal in (authentication_refused("n1", "ssh_n1", "denied"),
+                    host_key_mismatch("n1", "ssh_n1", "10.0.0.6", expected="a", received="b")):
+        _down(monkeypatch, refusal)
+        with pytest.raises(type(refusal)):
+            run.call(tasks.probe_gpus, "n1", fleet_document("/models/m"), skip_unreachable_nodes=True)
+
+
+def test_a_node_left_out_is_not_planned_and_the_notes_say_why(run, nodes, planner, caplog):
+    from fleetgen.tuning.plan_notes import read_plan_notes
+
+    scan = _scan(run, nodes)
+    inventories = [_inventory("n0", [0, 1]), {"host": "n1", "gpus": [], "unreachable": "cannot reach n1"}]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fleetgen"):
+        plans = run.call(tasks.derive_plan, fleet_document("/models/m"), inventories, scan,
+                         skip_unreachable_nodes=True)
+    assert [(p["host"], p["port"]) for p in plans] == [("n0", 30000), ("n0", 30001)]
+    assert set(planner.plan_args.inventories) == {"n0"}
+    assert _messages(caplog) == ["Left out of tonight's plan (skip_unreachable_nodes): n1: cannot reach n1"]
+    notes = read_plan_notes(RunConfig.from_params(run.context["params"]).layout(RUN_ID))
+    assert notes == {"nodes_left_out": [{"node": "n1", "reason": "cannot reach n1"}], "long_prompt": None}
+
+
+def test_no_node_left_to_plan_fails_naming_each(run, nodes, planner):
+    from fleetgen.errors import HostUnreachable
+
+    scan = _scan(run, nodes)
+    inventories = [{"host": "n0", "gpus": [], "unreachable": "n0 down"},
+                   {"host": "n1", "gpus": [], "unreachable": "n1 down"}]
+    with pytest.raises(HostUnreachable, match="no node of the fleet could be reached: n0: n0 down; n1: n1 down"):
+        run.call(tasks.derive_plan, fleet_document("/models/m"), inventories, scan, skip_unreachable_nodes=True)
+
+
+def test_the_model_is_read_on_the_next_node_when_the_first_cannot_be_reached(run, nodes, monkeypatch):
+    from fleetgen.errors import HostUnreachable
+
+    real_run = LocalNodes.run
+
+    def run_unless_n0(self, command, **kwargs):
+        if self.node == "n0":
+            raise HostUnreachable("down", host="n0")
+        return real_run(self, command, **kwargs)
+
+    monkeypatch.setattr(LocalNodes, "run", run_unless_n0)
+    summary = run.call(tasks.scan_prompts, fleet_document(str(run.model)), skip_unreachable_nodes=True)
+    assert summary["count"] == 5 and nodes.sessions == [("n0", "ssh_n0"), ("n1", "ssh_n1")]
+    with pytest.raises(HostUnreachable):
+        run.call(tasks.scan_prompts, fleet_document(str(run.model)))  # not asked: the first node's failure fails it
+
+
+def _with_one_long_prompt(run, chars=40_000):
+    run.prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": "x" * 400}) + "\n" for i in range(20))
+                           + json.dumps({"id": "long", "prompt": "y" * chars}) + "\n")
+
+
+def test_a_prompt_that_cuts_every_cap_is_warned_about_and_noted_for_the_report(run, nodes, planner, monkeypatch,
+                                                                               caplog):
+    from fleetgen.tuning import fleet_plan
+    from fleetgen.tuning.plan_notes import read_plan_notes
+    from fleetgen.tuning.plan import ServerPlan
+
+    _with_one_long_prompt(run)
+    scan = _scan(run, nodes, max_tokens=100)
+    asked = []
+
+    def first_server_plans(spec, inventories, model, options, workloads, bounds, output_root):
+        asked.append([(w.prompt_tokens_max, w.max_output_tokens) for w in workloads])
+        return [ServerPlan(host="n0", gpu_ids=[0], port=30000, flags={"--context-length": context}, budget=[],
+                           expected={"max_running_requests": cap, "max_mamba_cache_size": cap,
+                                     "max_total_num_tokens": 1}) for cap, context in ((7, 11264), (71, 1024))]
+
+    monkeypatch.setattr(fleet_plan, "first_server_plans", first_server_plans)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fleetgen"):
+        run.call(tasks.derive_plan, fleet_document("/models/m"), [_inventory("n0", [0, 1]), _inventory("n1", [0, 1])],
+                 scan, max_tokens=100)
+    # the planner's fixture plans with a max of 1900 tokens: the next longest (100 estimated) scaled to it
+    assert asked == [[(1900, 100), (19, 100)]]
+    warning = ("One prompt cuts every server's running requests: prompt 'long' (line 21, ~10000 tokens estimated) "
+               "sets every server's context: --context-length 11264 with it, 1024 without; max_running_requests of "
+               "n0:30000 7 with it, 71 without it. Set the DAG parameter max_cap_cut_factor (e.g. 4) to set such "
+               "prompts aside into rejects.jsonl, or shorten it")
+    assert _messages(caplog) == [warning]
+    notes = read_plan_notes(RunConfig.from_params(run.context["params"]).layout(RUN_ID))
+    assert notes["long_prompt"]["id"] == "long" and warning.endswith(": " + notes["long_prompt"]["warning"])
+
+
+def test_the_cap_cut_factor_sets_the_long_prompt_aside_at_scan_time(run, nodes, caplog):
+    _with_one_long_prompt(run)
+    with caplog.at_level("WARNING", logger="fleetgen"):
+        summary = run.call(tasks.scan_prompts, fleet_document(str(run.model)), max_tokens=100, max_cap_cut_factor=4)
+    assert (summary["count"], summary["too_long"]) == (20, 1) and summary["longest"]["id"] == "p0"
+    layout = RunConfig.from_params(run.context["params"]).layout(RUN_ID)
+    [reject] = [json.loads(line) for line in layout.rejects.read_text().splitlines()]
+    assert reject["id"] == "long" and "max_cap_cut_factor 4 × the median request of 200 tokens" in reject["error"]
+    assert _messages(caplog) == [
+        f"1 prompt(s) set aside as too long for the context of 800 tokens (max_cap_cut_factor 4 × the median request "
+        f"of 200 tokens: a longer prompt would cut every server's running requests by more than that): estimated "
+        f"prompt tokens + max_tokens 100 exceed it; the plan sizes the servers for the other prompts; each is in "
+        f"{layout.rejects} with its estimate"]

@@ -175,3 +175,77 @@ def test_each_source_of_the_context_is_named_and_a_cap_equal_to_the_models_is_ke
     assert (flag_above.context_tokens, flag_above.source) == (
         32768, "the model's context length, below the requested cap")
     assert length_limit(model_context=32768, max_tokens=10, launch_context=0, param_context=None).context_tokens == 32768
+
+
+def write_short_prompts_and_one_long(path, *, long_at=60, long_chars=700_000):
+    """100 short chat prompts and, at line ``long_at + 1``, one of ``long_chars`` characters: it fits the model's
+    context, so only the cap-cut factor can set it aside."""
+    with path.open("w") as handle:
+        for number in range(100):
+            if number == long_at:
+                handle.write(json.dumps({"id": "long", "prompt": "x" * long_chars}) + "\n")
+            handle.write(json.dumps({"id": f"s{number:03d}", "prompt": f"question {number}: " + "why " * 60}) + "\n")
+    return path
+
+
+def test_one_700_kb_prompt_cuts_every_servers_cap_unless_the_cap_cut_factor_sets_it_aside(tmp_path, cases, seed_config):
+    limit = length_limit(model_context=context_length_of(seed_config), max_tokens=MAX_TOKENS)
+    with_long = write_short_prompts_and_one_long(tmp_path / "with.jsonl")
+    clean = scan_prompts(write_short_prompts_and_one_long(tmp_path / "without.jsonl", long_at=None),
+                         length_limit=limit)
+    kept = scan_prompts(with_long, length_limit=limit)
+    assert (kept.count, kept.rejected) == (101, 0)  # it fits the model's context: nothing sets it aside
+    assert kept.longest == {"id": "long", "line": 61, "prompt_tokens": 175_000}
+    assert kept.runner_up_prompt_tokens == clean.est_prompt_tokens_max
+    cut_cap, cut_context = planned_running_requests(cases, seed_config, kept)
+    cap, context = planned_running_requests(cases, seed_config, clean)
+    assert (cut_cap, cut_context, cap, context) == (7, 179_200, 71, 5120)  # docs/shards.md §4
+
+    rejects = tmp_path / "rejects.jsonl"
+    scan = scan_prompts(with_long, rejects_path=rejects, length_limit=limit, max_cap_cut_factor=4)
+    assert (scan.count, scan.rejected, scan.too_long) == (100, 1, 1)
+    assert planned_running_requests(cases, seed_config, scan) == (cap, context)
+    median = clean.request_tokens_median
+    [reject] = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert (reject["id"], reject["line"]) == ("long", 61)
+    assert reject["error"] == (f"too long for the context: ~175000 prompt tokens (estimated at 4 characters per "
+                               f"token) + max_tokens {MAX_TOKENS} > {4 * median} (max_cap_cut_factor 4 × the median "
+                               f"request of {median} tokens: a longer prompt would cut every server's running "
+                               f"requests by more than that)")
+    shards = plan_shards(with_long, shard_size=30, scan=scan)
+    assert [p.id for s in shards for p in iter_shard(s["input_path"], s["start"], s["count"],
+                                                     length_limit=s["length_limit"])] == [f"s{n:03d}" for n in range(100)]
+
+
+def test_a_cap_cut_factor_that_no_prompt_exceeds_scans_the_file_once(tmp_path, monkeypatch):
+    from fleetgen.prompts import scan as scan_module
+
+    limit = LengthLimit(context_tokens=262_144, max_tokens=MAX_TOKENS, source="test")
+    path = write_short_prompts_and_one_long(tmp_path / "p.jsonl", long_chars=4 * 3 * MAX_TOKENS)
+    passes = []
+    real = scan_module._scan_once
+    monkeypatch.setattr(scan_module, "_scan_once", lambda *args: passes.append(args[3]) or real(*args))
+    scan = scan_prompts(path, length_limit=limit, max_cap_cut_factor=4)  # ~3.9 × the median request: kept
+    assert (scan.count, scan.rejected, passes) == (101, 0, [limit])
+
+
+def test_the_cap_cut_limit_is_factor_times_the_median_request_and_only_tighter():
+    from fleetgen.prompts.length import cap_cut_limit
+
+    limit = LengthLimit(context_tokens=100_000, max_tokens=4096, source="the model's context length")
+    assert cap_cut_limit(limit, 5000, 20_001, 4) == LengthLimit(
+        context_tokens=20_000, max_tokens=4096,
+        source="max_cap_cut_factor 4 × the median request of 5000 tokens: a longer prompt would cut every server's "
+               "running requests by more than that")
+    assert cap_cut_limit(limit, 5000, 20_000, 4) is None  # exactly the factor: kept
+    assert cap_cut_limit(limit, 5000, 20_001, 2.5).context_tokens == 12_500
+    assert cap_cut_limit(limit, 5000, 90_000, 0) is None  # off
+    assert cap_cut_limit(limit, 30_000, 100_000, 4) is None  # no tighter than the context itself
+    assert cap_cut_limit(None, 5000, 90_000, 4) is None and cap_cut_limit(limit, None, None, 4) is None
+
+
+def test_a_cap_cut_factor_without_a_length_limit_is_refused(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="max_cap_cut_factor needs the length_limit"):
+        scan_prompts(write_short_prompts_and_one_long(tmp_path / "p.jsonl"), max_cap_cut_factor=4)

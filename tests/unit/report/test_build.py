@@ -712,3 +712,18 @@ def test_a_bare_plan_entry_and_a_bare_readiness_entry_still_make_whole_tuning_ro
                        "workload": None, "matches": dict.fromkeys(build_module.CAP_KEYS)}
     assert (unplanned["server"], unplanned["host"], unplanned["port"], unplanned["gpu_ids"]) == ("z:1", None, None, [])
     assert unplanned["flags"] == {} and unplanned["expected"] == dict.fromkeys(build_module.CAP_KEYS)
+
+
+def test_the_report_lists_the_nodes_the_plan_left_out_and_why(tmp_path):
+    from fleetgen.outputs import RunLayout
+    from fleetgen.tuning.plan_notes import write_plan_notes
+
+    out = write_run(tmp_path / "run", [good_row(index) for index in range(30)])
+    write_plan_notes(RunLayout(out), nodes_left_out={"node1": "cannot reach the node"}, long_prompt=None)
+    plan, readiness = plan_and_readiness(40)
+    brief = build_report(out, run_id="run", plan=plan, readiness=readiness, shard_results=None, validation=None,
+                         previous_report=None)
+    report = json.loads(Path(brief["report_json"]).read_text())
+    assert report["plan_notes"] == {"nodes_left_out": [{"node": "node1", "reason": "cannot reach the node"}],
+                                    "long_prompt": None}
+    assert "| node1 | cannot reach the node |" in Path(brief["report_md"]).read_text()

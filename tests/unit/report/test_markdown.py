@@ -368,3 +368,21 @@ def test_a_validation_without_expectations_has_an_empty_table():
     lines = lines_of(base_report(validation={"success": True}))
     at = lines.index("## Validation")
     assert lines[at + 2:at + 5] == ["| expectation | result | observed | bound |", "|---|---|---|---|", ""]
+
+
+def test_the_nodes_left_out_and_a_prompt_that_cuts_every_cap_are_said_under_the_tuning():
+    notes = {"nodes_left_out": [{"node": "node1", "reason": "cannot reach the node via connection 'ssh_node1'"}],
+             "long_prompt": {"warning": "prompt 'long' (line 61, ~175000 tokens estimated) sets every server's "
+                                        "context"}}
+    lines = lines_of(base_report(plan_notes=notes))
+    at = lines.index("## Left out of the plan and warnings")
+    assert lines[at + 1:at + 9] == [
+        "", "Nodes left out of tonight's plan (unreachable at probe time; the DAG parameter skip_unreachable_nodes "
+            "is set): the run went on without them.", "", "| node | why |", "|---|---|",
+        "| node1 | cannot reach the node via connection 'ssh_node1' |", "",
+        "**Warning**: prompt 'long' (line 61, ~175000 tokens estimated) sets every server's context."]
+
+
+@pytest.mark.parametrize("notes", [None, {"nodes_left_out": [], "long_prompt": None}])
+def test_a_plan_that_left_nothing_out_has_no_such_section(notes):
+    assert "## Left out of the plan and warnings" not in lines_of(base_report(plan_notes=notes))

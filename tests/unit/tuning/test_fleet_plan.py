@@ -193,3 +193,19 @@ def test_the_demand_reserves_the_speculative_drafts_of_each_running_request(tmp_
     # 2 x max(1 step x 2 branches, 8 draft tokens) = 16 tokens past each request's committed length
     demand = KvDemand.from_lengths([300], [500], page_size=1, reserve_tokens=16)
     assert plans[0].inputs["workload_mode"]["demand"]["mean"] == demand.mean
+
+
+def test_the_first_servers_plans_follow_each_workload_and_record_nothing(tmp_path):
+    from fleetgen.tuning.fleet_plan import first_server_plans
+
+    spec = parse_fleet(FLEET)
+    model = ModelFiles(config=json.loads(CONFIG.read_text()), weights_bytes=16_060_522_496, hf_quant_config=None,
+                       weights_source="index")
+    long = Workload(max_output_tokens=2048, prompt_tokens_mean=300.0, prompt_tokens_max=100_000, prompt_count=101)
+    inventories = {"a": _inventory("a", [0, 20_000]), "b": _inventory("b", [0])}
+    with_it, without_it = first_server_plans(spec, inventories, model, LaunchOptions.from_args([]), (long, WORKLOAD),
+                                             TunerBounds(), tmp_path)
+    assert (with_it.server, without_it.server) == ("a:30000", "a:30000")
+    assert with_it.flags["--context-length"] == 102_400 and without_it.flags["--context-length"] == 4096
+    assert without_it.expected["max_running_requests"] > 4 * with_it.expected["max_running_requests"]
+    assert not any(tmp_path.iterdir())  # a what-if: no plan record, no calibration written
