@@ -414,9 +414,12 @@ def _drain(server, model: str) -> dict:
     thread = threading.Thread(target=lambda: result.setdefault("chat", probes.call(
         server.url + "/v1/chat/completions", probes.chat_body(model, max_tokens=120))))
     thread.start()
-    deadline = time.monotonic() + 60
+    # running is a passing state: the wait ends when the request runs, and fails at once (not at the cap) when
+    # the request ended before /v1/loads showed it
+    deadline = time.monotonic() + 120
     while probes.call(server.url + "/v1/loads").json["loads"][0]["num_running_reqs"] == 0:
-        assert time.monotonic() < deadline, "the request never started"
+        assert thread.is_alive(), f"{server.url}: the request ended before it was seen running: {result}"
+        assert time.monotonic() < deadline, f"{server.url}: the request was not running after 120 s"
         time.sleep(0.02)
     os.kill(server.process.pid, signal.SIGTERM)
     result["health"] = probes.call(server.url + "/health").status

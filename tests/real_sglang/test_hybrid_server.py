@@ -49,9 +49,10 @@ def _server_info(server: real.RealServer) -> dict:
     return json.loads(body)
 
 
-def _wait_for_log(server: real.RealServer, pattern: re.Pattern, start: int = 0, timeout_s: float = 15.0) -> re.Match:
+def _wait_for_log(server: real.RealServer, pattern: re.Pattern, start: int = 0, timeout_s: float = 120.0) -> re.Match:
     """The first line matching ``pattern`` from character ``start`` of the log on. The server logs from its
-    own processes: a line can land a moment after the answer."""
+    own processes: a line can land a moment after the answer (on a busy machine, many seconds after; the wait
+    ends with the line)."""
     deadline = time.monotonic() + timeout_s
     while True:
         match = pattern.search(server.log_text(), start)

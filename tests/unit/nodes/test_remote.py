@@ -212,7 +212,7 @@ def _spec(tmp_path, module, port, **overrides):
 
 
 def _log_json(path):
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a loaded machine can take a while to start python
     while not (path.exists() and path.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.02)
     return json.loads(path.read_text())

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,17 @@ def _launch(tmp_path, port, *extra):
     return int(out.split("pid=")[1].split()[0])
 
 
+def _wait_up(tmp_path, port, cap_s=60.0):
+    """Until the sleeper's log says ``up`` (after its handler is set); a fresh python on a busy machine can take
+    seconds to get there."""
+    log = Path(remote.log_file(str(tmp_path / "logs"), port))
+    deadline = time.monotonic() + cap_s
+    while not (log.exists() and "up" in log.read_text().split()):
+        seen = log.read_text() if log.exists() else "(absent)"
+        assert time.monotonic() < deadline, f"{log}: no 'up' after {cap_s:.0f} s: {seen}"
+        time.sleep(0.02)
+
+
 def _stop(tmp_path, ports, grace_s=2.0):
     command = remote.stop_command(run_dir=str(tmp_path / "run"), module="fakeserver", ports=ports, grace_s=grace_s)
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout
@@ -48,10 +60,10 @@ def test_stop_term_ours_and_leave_foreign_alive(tmp_path, foreign):
     pid = _launch(tmp_path, 31001)
     out = _stop(tmp_path, [31001])
     assert f"stopped port=31001 pid={pid} signal=TERM" in out
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # ends when it exits: a busy machine can take seconds to deliver and handle TERM
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert not _alive(pid), f"pid {pid} still alive 60 s after TERM"
     assert foreign.poll() is None
     assert not (tmp_path / "run" / "sglang-31001.pid").exists()
 
@@ -76,7 +88,7 @@ def test_pid_of_our_module_on_another_port_is_not_ours(tmp_path):
 
 def test_kill_after_grace_when_term_is_ignored(tmp_path):
     pid = _launch(tmp_path, 31005, "ignore-term")
-    time.sleep(0.5)  # let it install its handler
+    _wait_up(tmp_path, 31005)  # its handler is installed before it says so
     out = _stop(tmp_path, [31005], grace_s=0.5)
     assert f"stopped port=31005 pid={pid} signal=KILL" in out
 
