@@ -8,8 +8,9 @@ import pytest
 
 from fleetgen.generate.transport import PooledTransport
 
-# A transport that stops answering fails its test within seconds instead of hanging the run (a test takes ms).
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(5)]
+# A transport that stops answering fails its test within a minute instead of hanging the run (a test takes ms;
+# the cap is generous for a busy machine).
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 
 class LoopbackServer:
@@ -439,6 +440,15 @@ class ScriptedNetwork:
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
 
+async def written(network, wires: int) -> None:
+    """Until ``wires`` connections are open and each has its request written (none is answered: the state
+    lasts); a loaded machine can take several loop turns past a fixed sleep to get there."""
+    deadline = network.loop.time() + 30
+    while not (len(network.wires) >= wires and all(wire.written for wire in network.wires)):
+        assert network.loop.time() < deadline, f"{len(network.wires)} of {wires} connections written"
+        await asyncio.sleep(0)
+
+
 @pytest.fixture
 async def network(monkeypatch):
     loop = asyncio.get_running_loop()
@@ -641,7 +651,7 @@ async def test_a_cancelled_request_drops_its_connection(network):
     network.responses[("h", 1)] = [b"", OK]
     transport = PooledTransport()
     task = asyncio.ensure_future(send(transport, "http://h:1/"))
-    await asyncio.sleep(0.01)
+    await written(network, 1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -656,7 +666,7 @@ async def test_closing_the_pool_closes_idle_and_busy_connections(network):
     transport = PooledTransport()
     await send(transport, "http://h:1/")
     busy = asyncio.ensure_future(send(transport, "http://g:1/"))
-    await asyncio.sleep(0.01)
+    await written(network, 2)
     assert len(network.wires) == 2
     await transport.aclose()
     assert all(wire.closed for wire in network.wires)
