@@ -38,3 +38,27 @@ def test_a_5_mb_prompt_is_rejected_and_the_plan_is_the_one_without_it(dag, sim_e
     [rejects] = [path for path in Path(tmp_path / "out").glob("*/rejects.jsonl") if path.read_text()]
     [reject] = [json.loads(line) for line in rejects.read_text().splitlines()]
     assert reject["id"] == "huge" and reject["line"] == 61 and reject["error"].startswith("too long for the context")
+
+
+def test_a_700_kb_prompt_is_warned_about_and_max_cap_cut_factor_plans_without_it(dag, sim_env, fleet_file, tmp_path,
+                                                                               capfd, caplog):
+    lines = sim_env.prompts_path.read_text().splitlines(keepends=True)
+    with_long = tmp_path / "with-long.jsonl"
+    with_long.write_text("".join(lines[:60]) + json.dumps({"id": "long", "prompt": "x" * 700_000}) + "\n"
+                         + "".join(lines[60:]))
+    fleet, logs, caps = str(fleet_file()), [], []
+    for prompts, extra in ((sim_env.prompts_path, {}), (with_long, {}), (with_long, {"max_cap_cut_factor": 4})):
+        conf = {"fleet_file": fleet, "prompts_path": str(prompts), "output_root": str(tmp_path / "out"),
+                "max_tokens": 4096, "dry_run": True, **extra}
+        caplog.clear()
+        dag_run = dag.test(run_conf=conf)
+        states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+        assert states["tune.derive_plan"] == "success", states
+        out, err = capfd.readouterr()
+        logs.append(out + err + caplog.text)
+        caps.append(_planned_caps(logs[-1])[-1])
+    clean, cut, set_aside = caps
+    assert clean == set_aside != cut, caps
+    assert "One prompt cuts every server's running requests: prompt 'long' (line 61, ~175000 tokens" in logs[1]
+    assert "One prompt cuts" not in logs[0] and "One prompt cuts" not in logs[2]
+    assert "1 prompt(s) set aside as too long for the context of" in logs[2] and "max_cap_cut_factor 4" in logs[2]
