@@ -238,6 +238,13 @@ def test_every_node_is_sampled_through_its_own_connection_while_the_shard_runs(r
     assert recorder.streams == [("n1", "ssh_n1", "nvidia-smi", "GPU sampling on n1")]
 
 
+def test_a_node_without_servers_tonight_is_not_sampled(run, recorder):
+    # the plan left n1 out (skip_unreachable_nodes): none of tonight's servers runs there
+    serving_n0 = [server for server in READINESS if server["host"] == "n0"]
+    run.call(generate_tasks.generate_shard, SHARD_0, serving_n0, FLEET, IDENTITY, sample_interval_s=2.5)
+    assert [sampling["nodes"] for sampling in recorder.sampling] == [["n0"]]
+
+
 def test_a_sub_second_interval_still_samples(run, recorder):
     run.call(generate_tasks.generate_shard, SHARD_0, READINESS, FLEET, IDENTITY, sample_interval_s=0.5)
     assert [sampling["interval_s"] for sampling in recorder.sampling] == [0.5]
