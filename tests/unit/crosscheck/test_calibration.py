@@ -154,6 +154,16 @@ def test_the_log_line_picks_the_memory_among_those_the_values_allow(xc, models, 
     assert calibration.exact and calibration.logged_pre_load_bytes == pre_load_from_log(log)
     assert abs(calibration.measured_pre_load_bytes - sizing.pre_load_free_bytes) <= 6 * MIB
     assert calibration.measured_pre_load_bytes % MIB == 0
+    # The exact choice: the ends of the matching MiB are what a log figure far below or above picks, and the
+    # log's own figure picks the matching MiB nearest it (the plan, 700 MiB above, would pick the top end).
+    def measured(log_mib: float) -> int:
+        log_line = f"Load weight begin. avail mem={log_mib * MIB / GIB:.2f} GB"
+        return calibrate(plan, info, log_line, gpu_name="NVIDIA B200", model="llama3.1-8b").measured_pre_load_bytes
+    truth_mib = sizing.pre_load_free_bytes / MIB
+    lowest, highest = measured(truth_mib - 60) // MIB, measured(truth_mib + 60) // MIB
+    assert lowest < highest
+    logged_mib = calibration.logged_pre_load_bytes / MIB
+    assert calibration.measured_pre_load_bytes == min(max(round(logged_mib), lowest), highest) * MIB
 
 
 def test_a_readback_no_memory_explains_is_measured_by_the_log_or_not_at_all(xc, models, tmp_path):
