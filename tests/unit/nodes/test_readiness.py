@@ -138,6 +138,12 @@ def test_the_scheduler_exception_wins_over_a_later_launcher_traceback():
     assert readiness.find_fatal(lines) == readiness.FatalLine("exited", "ValueError: the cause", 4)
 
 
+def test_a_cause_whose_exception_class_does_not_end_in_error_wins_over_the_launchers_sigquit():
+    # a package's own exception class is the root cause; the launcher's SIGQUIT line after it only follows it
+    lines = ["pkg.SomeException: the cause" if line == "{line}" else line for line in _SCHEDULER_DIED]
+    assert readiness.find_fatal(lines) == readiness.FatalLine("exited", "pkg.SomeException: the cause", 4)
+
+
 def test_the_launchers_sigquit_line_is_fatal_when_the_traceback_scrolled_out_of_the_tail():
     fatal = readiness.find_fatal(_SCHEDULER_DIED[-2:])
     assert fatal == readiness.FatalLine(
