@@ -44,12 +44,16 @@ def probe_node(shell: NodeShell, fleet: FleetSpec, node_name: str) -> dict:
 
 
 def stop_ports(shell: NodeShell, fleet: FleetSpec, ports: list[int]) -> list[dict]:
-    """Stop our servers on ``ports`` (only ours: pid file + command line check), one record per port."""
+    """Stop our servers on ``ports`` (only ours: pid file + our launch marker or command line), one record per
+    port; ``launched_under_other_module`` / ``pid_file_missing`` say that one was found despite the fleet file
+    naming another module today or its pid file being gone."""
     command = remote.stop_command(run_dir=fleet.server.run_dir, module=fleet.server.module, ports=ports,
                                   grace_s=fleet.server.stop_grace_s)
     _, out, _ = shell.run(command, describe="stop servers", timeout_s=fleet.server.stop_grace_s * len(ports) + 60)
     return [{"outcome": outcome, "port": int(fields["port"]),
-             "pid": int(fields["pid"]) if fields.get("pid", "").isdigit() else None, "signal": fields.get("signal")}
+             "pid": int(fields["pid"]) if fields.get("pid", "").isdigit() else None, "signal": fields.get("signal"),
+             "launched_under_other_module": fields.get("module") == "other",
+             "pid_file_missing": fields.get("pid_file") == "missing"}
             for outcome, fields in remote.parse_records(out, ("stopped", "absent", "stale"))]
 
 

@@ -44,6 +44,10 @@ def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dic
         stopped = {r["pid"] for r in records if r["outcome"] == "stopped"}
         inventory = lifecycle.wait_memory_released(shell, spec, node, stopped)
     for record in records:
+        if record.get("launched_under_other_module") or record.get("pid_file_missing"):
+            log.warning("port %s: stopped pid %s, a server of ours (its launch marker) %s", record["port"],
+                        record["pid"], "launched under another server.module than the fleet file names now"
+                        if record.get("launched_under_other_module") else "whose pid file was gone")
         if record["outcome"] == "stale":
             log.warning("port %s: pid file named pid %s, which is not our server any more; left it alone",
                         record["port"], record["pid"])

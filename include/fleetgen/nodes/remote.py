@@ -25,6 +25,10 @@ from dataclasses import dataclass
 # Markers that split the output of the multi-part probe command.
 SECTION_MARKER = "@@fleetgen:"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Set at launch to the server's pid file path: what marks a process as a server we launched (read back from
+# /proc/PID/environ), whatever module the fleet file names today. Stop, launch refusal and the probe's
+# ours-or-foreign all test it through _is_ours_test.
+SERVER_MARKER_ENV = "FLEETGEN_PID_FILE"
 
 
 def quote(value: str | int | float) -> str:
@@ -142,6 +146,7 @@ def launch_command(spec: LaunchSpec) -> str:
     pid_path, log_path = pid_file(spec.run_dir, port), log_file(spec.log_dir, port)
     env_words = [f"CUDA_VISIBLE_DEVICES={quote(','.join(str(int(g)) for g in spec.gpu_ids))}"]
     env_words += [f"{_env_name(name)}={quote(value)}" for name, value in spec.env]
+    env_words.append(f"{SERVER_MARKER_ENV}={quote_path(pid_path)}")
     argv = spec.argv()
     # The interpreter and the model path may live under the remote user's home (~/...).
     server_words = " ".join([quote_path(argv[0]), *(quote(w) for w in argv[1:4]), quote_path(argv[4]),
@@ -173,17 +178,43 @@ def launch_command(spec: LaunchSpec) -> str:
     return "\n".join(lines)
 
 
-def _is_ours_test(pid_path_quoted: str, module: str, port: int) -> str:
-    """Shell test: the pid in the file is alive and its command line is our module on our port.
+def _marked_test(pid_var: str, pid_path_quoted: str) -> str:
+    """Shell test: process ``$pid_var`` carries our launch marker naming this pid file (its environment)."""
+    return (f"tr '\\0' '\\n' < \"/proc/${pid_var}/environ\" 2>/dev/null | "
+            f"grep -qxF -- {quote(SERVER_MARKER_ENV + '=')}{pid_path_quoted}")
 
-    A pid file can outlive its process and the pid be reused by someone else's program: the
-    command line check is what keeps a stop from ever signalling a stranger.
+
+def _launched_by_us_test(pid_var: str, pid_path_quoted: str, module: str, port: int) -> str:
+    """Shell test: process ``$pid_var`` is alive, on our port, and ours: our marker, or (a server launched
+    before the marker existed) our module in its command line."""
+    cmdline = f"tr '\\0' ' ' < \"/proc/${pid_var}/cmdline\""
+    return (f"[ -r \"/proc/${pid_var}/cmdline\" ] && "
+            f"{cmdline} | grep -qF -- {quote(' --port ' + str(int(port)) + ' ')} && "
+            f"{{ {_marked_test(pid_var, pid_path_quoted)} || {cmdline} | grep -qF -- {quote('-m ' + module + ' ')}; }}")
+
+
+def _is_ours_test(pid_path_quoted: str, module: str, port: int) -> str:
+    """Shell test: the pid in the file is alive and is a server we launched on our port.
+
+    A pid file can outlive its process and the pid be reused by someone else's program: the marker and
+    command line checks are what keep a stop from ever signalling a stranger.
     """
     # The file's content is data: only a plain number is a pid ("$x" or "1 -o 1" must not reach a test).
     return (f"fleetgen_pid=$(head -c 32 -- {pid_path_quoted}) && fleetgen_pid=${{fleetgen_pid%%[[:space:]]*}} && "
-            f"case \"$fleetgen_pid\" in ''|*[!0-9]*) false;; esac && [ -r \"/proc/$fleetgen_pid/cmdline\" ] && "
-            f"tr '\\0' ' ' < \"/proc/$fleetgen_pid/cmdline\" | grep -qF -- {quote('-m ' + module + ' ')} && "
-            f"tr '\\0' ' ' < \"/proc/$fleetgen_pid/cmdline\" | grep -qF -- {quote(' --port ' + str(int(port)) + ' ')}")
+            f"case \"$fleetgen_pid\" in ''|*[!0-9]*) false;; esac && "
+            + _launched_by_us_test("fleetgen_pid", pid_path_quoted, module, port))
+
+
+def _find_marked_leader(pid_path_quoted: str, port: int) -> str:
+    """Shell: set ``fleetgen_pid`` to the session leader (the server setsid started, not its children, which
+    inherit the marker) that carries our marker for this pid file and port; false when none does."""
+    # one grep over every readable environment (NUL-separated) finds the candidates; only they are checked
+    return ("{ fleetgen_pid=; for fleetgen_environ in $(grep -lzxF -- "
+            f"{quote(SERVER_MARKER_ENV + '=')}{pid_path_quoted} /proc/[0-9]*/environ 2>/dev/null); do "
+            "fleetgen_proc=${fleetgen_environ%/environ}; fleetgen_candidate=${fleetgen_proc#/proc/}; "
+            "if [ \"$(sed 's/.*) //' \"$fleetgen_proc/stat\" 2>/dev/null | cut -d' ' -f4)\" = \"$fleetgen_candidate\" ] && "
+            f"tr '\\0' ' ' < \"$fleetgen_proc/cmdline\" | grep -qF -- {quote(' --port ' + str(int(port)) + ' ')}; "
+            "then fleetgen_pid=$fleetgen_candidate; break; fi; done; [ -n \"$fleetgen_pid\" ]; }")
 
 
 def stop_command(*, run_dir: str, module: str, ports: Sequence[int], grace_s: float) -> str:
@@ -191,21 +222,32 @@ def stop_command(*, run_dir: str, module: str, ports: Sequence[int], grace_s: fl
 
     ``stopped port=P pid=N signal=TERM|KILL``, ``absent port=P`` (no pid file),
     ``stale port=P pid=N`` (the pid is gone or is not our server: not signalled, pid file removed).
+    A server we launched is found by its marker when its pid file is gone (``pid_file=missing``), and one
+    launched under another module than ``module`` is stopped too (``module=other``).
     """
     checks = max(1, int(grace_s * 10))
     lines = ["set -u"]
     for port in map(int, ports):
         pid_path = quote_path(pid_file(run_dir, port))
-        lines += [
-            # the server's --config holds the API key: it goes whatever the pid file says
-            f"rm -f -- {quote_path(config_file(run_dir, port))}",
-            f"if [ ! -s {pid_path} ]; then echo 'absent port={port}';",
-            f"elif {_is_ours_test(pid_path, module, port)}; then",
+        other_module = (f"tr '\\0' ' ' < \"/proc/$fleetgen_pid/cmdline\" | grep -qF -- {quote('-m ' + module + ' ')}"
+                        " && extra= || extra=' module=other'")
+        stop = [
+            f"  {other_module}",
             "  kill -TERM \"$fleetgen_pid\" 2>/dev/null || true; signal=TERM; n=0",
             f"  while kill -0 \"$fleetgen_pid\" 2>/dev/null && [ $n -lt {checks} ]; do sleep 0.1; n=$((n+1)); done",
             "  if kill -0 \"$fleetgen_pid\" 2>/dev/null; then kill -KILL \"$fleetgen_pid\" 2>/dev/null || true;"
             " signal=KILL; fi",
-            f"  rm -f {pid_path}; echo \"stopped port={port} pid=$fleetgen_pid signal=$signal\"",
+        ]
+        lines += [
+            # the server's --config holds the API key: it goes whatever the pid file says
+            f"rm -f -- {quote_path(config_file(run_dir, port))}",
+            f"if [ ! -s {pid_path} ] && {_find_marked_leader(pid_path, port)}; then",
+            *stop,
+            f"  echo \"stopped port={port} pid=$fleetgen_pid signal=$signal pid_file=missing$extra\"",
+            f"elif [ ! -s {pid_path} ]; then echo 'absent port={port}';",
+            f"elif {_is_ours_test(pid_path, module, port)}; then",
+            *stop,
+            f"  rm -f {pid_path}; echo \"stopped port={port} pid=$fleetgen_pid signal=$signal$extra\"",
             # a stale pid file may hold anything: print only its digits, on this one line
             f"else echo \"stale port={port} pid=$(head -c 32 -- {pid_path} | tr -cd 0-9)\"; rm -f {pid_path};",
             "fi",

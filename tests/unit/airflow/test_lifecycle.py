@@ -128,15 +128,24 @@ def test_stop_records_every_port_with_its_pid_and_signal(fleet):
            "stale port=30002 pid=13\nstopped port=30003 pid=14 signal=KILL\n")
     shell = ScriptedShell({"stop servers": (0, out, "")})
     records = lifecycle.stop_ports(shell, fleet, [30000, 30001, 30002, 30003])
-    assert records == [{"outcome": "stopped", "port": 30000, "pid": 11, "signal": "TERM"},
-                       {"outcome": "absent", "port": 30001, "pid": None, "signal": None},
-                       {"outcome": "stale", "port": 30002, "pid": 13, "signal": None},
-                       {"outcome": "stopped", "port": 30003, "pid": 14, "signal": "KILL"}]
+    plain = {"launched_under_other_module": False, "pid_file_missing": False}
+    assert records == [{"outcome": "stopped", "port": 30000, "pid": 11, "signal": "TERM", **plain},
+                       {"outcome": "absent", "port": 30001, "pid": None, "signal": None, **plain},
+                       {"outcome": "stale", "port": 30002, "pid": 13, "signal": None, **plain},
+                       {"outcome": "stopped", "port": 30003, "pid": 14, "signal": "KILL", **plain}]
     [call] = shell.calls
     # Each port may take the whole grace period, plus a minute for the SSH round trip.
     assert call["timeout_s"] == 5 * 4 + 60
     assert call["command"] == remote.stop_command(run_dir="/r", module="sglang.launch_server",
                                                   ports=[30000, 30001, 30002, 30003], grace_s=5)
+
+
+def test_a_stopped_server_found_by_its_marker_says_how_it_was_found(fleet):
+    out = ("stopped port=30000 pid=11 signal=TERM module=other\n"
+           "stopped port=30001 pid=12 signal=KILL pid_file=missing module=other\n")
+    records = lifecycle.stop_ports(ScriptedShell({"stop servers": (0, out, "")}), fleet, [30000, 30001])
+    assert [(r["launched_under_other_module"], r["pid_file_missing"]) for r in records] == [(True, False),
+                                                                                          (True, True)]
 
 
 class Clock:

@@ -43,8 +43,8 @@ def _wait_up(tmp_path, port, cap_s=60.0):
         time.sleep(0.02)
 
 
-def _stop(tmp_path, ports, grace_s=2.0):
-    command = remote.stop_command(run_dir=str(tmp_path / "run"), module="fakeserver", ports=ports, grace_s=grace_s)
+def _stop(tmp_path, ports, grace_s=2.0, module="fakeserver"):
+    command = remote.stop_command(run_dir=str(tmp_path / "run"), module=module, ports=ports, grace_s=grace_s)
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout
 
 
@@ -100,3 +100,45 @@ def test_absent_and_refused_relaunch(tmp_path):
         _launch(tmp_path, 31007)
     assert "still running" in refused.value.stderr
     _stop(tmp_path, [31007])
+
+
+def _wait_dead(pid, cap_s=60.0):
+    deadline = time.monotonic() + cap_s  # ends when it exits: TERM can take seconds on a busy machine
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), f"pid {pid} still alive {cap_s:.0f} s after TERM"
+
+
+def test_a_server_launched_under_another_module_is_stopped_and_says_so(tmp_path):
+    # the fleet file's server.module changed since the launch: the marker still names it ours
+    pid = _launch(tmp_path, 31011)
+    out = _stop(tmp_path, [31011], module="sglang.launch_server")
+    assert f"stopped port=31011 pid={pid} signal=TERM module=other" in out
+    _wait_dead(pid)
+
+
+def test_a_server_whose_pid_file_is_gone_is_found_by_its_marker_and_stopped(tmp_path, foreign):
+    pid = _launch(tmp_path, 31012)
+    (tmp_path / "run" / "sglang-31012.pid").unlink()
+    out = _stop(tmp_path, [31012])
+    assert f"stopped port=31012 pid={pid} signal=TERM pid_file=missing" in out
+    _wait_dead(pid)
+    assert foreign.poll() is None
+
+
+def test_our_marker_for_another_run_folder_is_not_ours(tmp_path):
+    # the same port in another run folder (another deployment on the node) is not this one's server
+    pid = _launch(tmp_path, 31013)
+    (tmp_path / "run" / "sglang-31013.pid").unlink()
+    command = remote.stop_command(run_dir=str(tmp_path / "other-run"), module="x", ports=[31013], grace_s=1)
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout
+    assert "absent port=31013" in out and _alive(pid)
+    assert f"pid={pid}" in _stop(tmp_path, [31013])
+
+
+def test_the_probe_counts_a_server_launched_under_another_module_as_ours(tmp_path):
+    pid = _launch(tmp_path, 31014)
+    command = remote.our_pids_command(run_dir=str(tmp_path / "run"), module="sglang.launch_server", ports=[31014])
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"ours port=31014 pid={pid}"
+    _stop(tmp_path, [31014])
