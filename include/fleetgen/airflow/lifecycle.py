@@ -118,6 +118,13 @@ def kept_server(fleet: FleetSpec, slot: ServerSlot, plan: dict, pid: int) -> dic
     return launch_record(fleet, slot, plan, pid, kept=True)
 
 
+def live_server_of_ours(shell: NodeShell, fleet: FleetSpec, port: int) -> int | None:
+    """The pid of the server of ours that the pid file of ``port`` names and that runs now, or None."""
+    _, out, _ = shell.run(remote.our_pids_command(run_dir=fleet.server.run_dir, module=fleet.server.module,
+                                                  ports=[port]), describe="our server on the port")
+    return next((pid for pid, found in probe.parse_our_pids(out).items() if found == int(port)), None)
+
+
 def already_launched(shell: NodeShell, fleet: FleetSpec, slots: list[ServerSlot], plan_by_port: dict,
                      key: str | None) -> tuple[dict[int, int], dict[int, int]]:
     """Our servers already running on the ports of ``slots``: ``({port: pid}`` of those whose command line is

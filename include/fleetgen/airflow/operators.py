@@ -10,7 +10,8 @@ from airflow.sdk import BaseOperator
 from fleetgen.airflow.node_shell import authentication_refused, host_key_mismatch, key_file_unreadable
 from fleetgen.airflow.readiness_event import ReadinessEvent, ReadinessStatus
 from fleetgen.nodes import readiness
-from fleetgen.errors import FleetgenError, HostUnreachable, PlanError, ServerNotReady, ServerStartupError
+from fleetgen.errors import (FailureKind, FleetgenError, HostUnreachable, PlanError, ServerError, ServerNotReady,
+                            ServerStartupError)
 from fleetgen.nodes.reconnect import DEFAULT_COMMAND_TIMEOUT_S, DEFAULT_RECONNECT_ATTEMPTS, DEFAULT_RECONNECT_BUDGET_S
 from fleetgen.nodes.fleet import ServerSlot, fleet_from_json
 from fleetgen.tuning.planner import MAX_BACKOFF_ATTEMPTS
@@ -115,6 +116,8 @@ class WaitReadyOperator(BaseOperator):
                 hint=f"read {launched['log_path']} on {node}; raise the DAG parameter ready_timeout_s if the model "
                      f"loads slowly")
         kind, fatal_line = event.kind, event.fatal_line
+        if kind == FailureKind.EXITED:
+            self._fail_if_replaced(launched, where)
         log.error("%s failed to start (%s): %s\nWhat to change: %s", where, kind.value, fatal_line, kind.hint)
         from fleetgen.tuning import ServerPlan, backoff, render_budget_table
 
@@ -133,6 +136,24 @@ class WaitReadyOperator(BaseOperator):
             f"{where} died while starting: {fatal_line}\n(log {launched['log_path']}, after {attempt} relaunch(es)"
             f"{no_smaller}; last {len(tail)} lines:)\n{readiness.format_log_excerpt(tail)}",
             host=node, server=name, fatal_line=fatal_line, kind=kind.value, log_tail=tail, hint=hint)
+
+    def _fail_if_replaced(self, launched: dict, where: str) -> None:
+        """A pid gone while a later launch's server holds the port (its pid file names another live server of
+        ours): this run's wait was cleared after a later run relaunched. Not a failed start: say so."""
+        from fleetgen.airflow.lifecycle import live_server_of_ours
+        from fleetgen.airflow.node_shell import NodeShell
+
+        try:
+            with NodeShell(launched["node"], launched["ssh_conn_id"]) as shell:
+                later = live_server_of_ours(shell, fleet_from_json(self.fleet), launched["port"])
+        except (FleetgenError, OSError, KeyError, ValueError) as exc:  # the usual failure below stands
+            log.warning("could not read the pid file of %s: %s", launched["name"], exc)
+            return
+        if later is not None and later != int(launched["pid"]):
+            raise ServerError(f"{where} is gone: its pid file names pid {later}, a later launch of ours that runs "
+                              f"on the port now", host=launched["node"], server=launched["name"],
+                              hint="this run's servers were replaced by a later run; re-run with a new run "
+                                   "(trigger the DAG again) instead of clearing this one's wait_ready")
 
     def _ready(self, launched: dict, event: ReadinessEvent, attempt: int) -> dict:
         from fleetgen.tuning import ServerPlan, compare_expected

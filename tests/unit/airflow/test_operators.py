@@ -473,3 +473,42 @@ def test_the_task_shows_its_documentation_unless_given_another():
 
     assert WaitReadyOperator(task_id="wait_ready", server={}, fleet={}).doc_md == WAIT_READY_DOC
     assert WaitReadyOperator(task_id="wait_ready", server={}, fleet={}, doc_md="mine").doc_md == "mine"
+
+
+class _NoShell:
+    def __init__(self, node, ssh_conn_id):
+        self.node = node
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("on_port, replaced", [(5151, True), (4242, False), (None, False)])
+def test_a_pid_gone_while_a_later_launch_holds_the_port_says_the_run_was_replaced(monkeypatch, on_port, replaced):
+    from fleetgen.airflow import lifecycle, node_shell
+
+    asked = []
+    monkeypatch.setattr(node_shell, "NodeShell", _NoShell)
+    monkeypatch.setattr(lifecycle, "live_server_of_ours",
+                        lambda shell, fleet, port: asked.append((shell.node, port)) or on_port)
+    operator = WaitReadyOperator(task_id="wait_ready", server={}, fleet=FLEET)
+    event = _event("fatal", kind="exited", fatal_line="the server process exited without a recognised error line")
+    with pytest.raises(ServerError) as failed:
+        operator.execute_complete({}, event)
+    assert asked == [("gpu-node-1", 30000)]
+    if replaced:
+        assert type(failed.value) is ServerError and "pid file names pid 5151" in str(failed.value)
+        assert "replaced by a later run; re-run with a new run" in failed.value.hint
+    else:
+        assert isinstance(failed.value, ServerStartupError) and "died while starting" in str(failed.value)
+
+
+def test_a_memory_failure_does_not_ask_who_holds_the_port(monkeypatch, operator):
+    from fleetgen.airflow import lifecycle
+
+    monkeypatch.setattr(lifecycle, "live_server_of_ours", lambda *args: pytest.fail("asked the node"))
+    operator.execute_complete({}, _event("fatal", kind="oom_kv", fatal_line="RuntimeError: Not enough memory"))
+    assert len(operator.relaunched) == 1
