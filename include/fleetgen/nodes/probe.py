@@ -25,6 +25,7 @@ def probe_command(*, run_dir: str, module: str, ports: Sequence[int]) -> str:
         "gpus": GPU_QUERY,
         "apps": APP_QUERY,
         "ours": remote.our_pids_command(run_dir=run_dir, module=module, ports=ports),
+        "marked": remote.marked_pids_command(run_dir=run_dir, ports=ports),
     })
 
 
@@ -108,9 +109,9 @@ def parse_apps_csv(text: str, *, host: str) -> list[dict]:
     return apps
 
 
-def parse_our_pids(text: str) -> dict[int, int]:
-    """``ours port=P pid=N`` lines -> {pid: port}."""
-    return {int(fields["pid"]): int(fields["port"]) for _, fields in remote.parse_records(text, ("ours",))
+def parse_our_pids(text: str, tags: Sequence[str] = ("ours",)) -> dict[int, int]:
+    """``ours port=P pid=N`` lines (or those of ``tags``) -> {pid: port}."""
+    return {int(fields["pid"]): int(fields["port"]) for _, fields in remote.parse_records(text, tuple(tags))
             if "pid" in fields and "port" in fields}
 
 
@@ -140,7 +141,9 @@ def parse_probe_output(output: str, *, host: str) -> dict:
                              hint="is nvidia-smi on the remote PATH and does it work when run by hand?")
     gpus = parse_gpu_csv(sections["gpus"][1], host=host)
     apps = parse_apps_csv(sections["apps"][1], host=host)
-    ours = parse_our_pids(sections.get("ours", (0, ""))[1])
+    # a process carrying our launch marker is ours too: the server's children hold its GPU memory
+    ours = {**parse_our_pids(sections.get("marked", (0, ""))[1], ("marked",)),
+            **parse_our_pids(sections.get("ours", (0, ""))[1])}
     return build_inventory(host, gpus, apps, ours)
 
 

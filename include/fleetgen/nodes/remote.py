@@ -265,6 +265,18 @@ def our_pids_command(*, run_dir: str, module: str, ports: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+def marked_pids_command(*, run_dir: str, ports: Sequence[int]) -> str:
+    """Print ``marked port=P pid=N`` for every process carrying our launch marker for a port's pid file: the
+    server and the processes it started (SGLang's schedulers hold the GPU memory, and inherit the marker)."""
+    lines = ["set -u"]
+    for port in map(int, ports):
+        marker = f"{quote(SERVER_MARKER_ENV + '=')}{quote_path(pid_file(run_dir, port))}"
+        lines.append(f"for fleetgen_environ in $(grep -lzxF -- {marker} /proc/[0-9]*/environ 2>/dev/null); do "
+                     "fleetgen_proc=${fleetgen_environ%/environ}; "
+                     f"echo \"marked port={port} pid=${{fleetgen_proc#/proc/}}\"; done")
+    return "\n".join(lines)
+
+
 def tail_command(path: str, lines: int = 50) -> str:
     return f"tail -n {int(lines)} -- {quote_path(path)} 2>/dev/null || true"
 

@@ -35,6 +35,20 @@ def test_inventory_marks_ours_and_foreign():
     assert "GPU 1 NVIDIA B200" in probe.format_inventory(inventory)
 
 
+def test_a_process_carrying_our_launch_marker_is_ours_though_the_pid_file_names_its_parent():
+    # SGLang's scheduler, a child of the server the pid file names, holds the GPU memory
+    output = _output() + (f"{remote.SECTION_MARKER}marked\nmarked port=30001 pid=9000\nmarked port=30001 pid=5151\n"
+                          f"{remote.SECTION_MARKER}rc=0\n")
+    inventory = probe.parse_probe_output(output, host="node0")
+    assert [(p["pid"], p["ours"], p["port"]) for gpu in inventory["gpus"] for p in gpu["processes"]] == [
+        (4242, True, 30000), (5151, True, 30001)]
+
+
+def test_the_probe_asks_which_processes_carry_our_marker():
+    command = probe.probe_command(run_dir="/r", module="m", ports=[30000])
+    assert remote.marked_pids_command(run_dir="/r", ports=[30000]) in command
+
+
 def test_units_and_no_processes():
     gpus = probe.parse_gpu_csv("0, GPU-a, NVIDIA H100 80GB HBM3, 81559 MiB, 4 MiB, 81075 MiB\n", host="h")
     assert gpus[0]["free_mib"] == 81075

@@ -142,3 +142,30 @@ def test_the_probe_counts_a_server_launched_under_another_module_as_ours(tmp_pat
     out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"ours port=31014 pid={pid}"
     _stop(tmp_path, [31014])
+
+
+CHILD_SPAWNER = ("import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])"
+                 "\nprint('child', child.pid, flush=True)\nchild.wait()\n")
+
+
+def test_the_server_and_the_processes_it_started_carry_our_marker(tmp_path):
+    (tmp_path / "spawner.py").write_text(CHILD_SPAWNER)
+    spec = remote.LaunchSpec(python=sys.executable, module="spawner", model_path="/m", served_name="m", port=31015,
+                             gpu_ids=(0,), bind_host="127.0.0.1", run_dir=str(tmp_path / "run"),
+                             log_dir=str(tmp_path / "logs"), env=(("PYTHONPATH", str(tmp_path)),))
+    out = subprocess.run(["bash", "-c", remote.launch_command(spec)], capture_output=True, text=True, check=True).stdout
+    pid = int(out.split("pid=")[1].split()[0])
+    log = Path(remote.log_file(str(tmp_path / "logs"), 31015))
+    deadline = time.monotonic() + 60
+    while "child" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, f"{log}: no child pid after 60 s"
+        time.sleep(0.02)
+    child = int(log.read_text().split("child")[1].split()[0])
+    try:
+        command = remote.marked_pids_command(run_dir=str(tmp_path / "run"), ports=[31015])
+        marked = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout
+        assert sorted(marked.split("\n")[:-1]) == sorted([f"marked port=31015 pid={pid}",
+                                                          f"marked port=31015 pid={child}"])
+    finally:
+        os.kill(child, 9)
+        _stop(tmp_path, [31015], module="spawner")
