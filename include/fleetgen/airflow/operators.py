@@ -123,6 +123,7 @@ class WaitReadyOperator(BaseOperator):
 
         hint, no_smaller = kind.hint, ""
         if kind.can_back_off():  # a memory failure: relaunch one step smaller, unless no smaller plan exists
+            self._fail_if_foreign_holds_memory(launched, where, kind, fatal_line, tail)
             plan = ServerPlan.from_dict(launched["plan"])
             try:
                 smaller = backoff(plan, kind)
@@ -136,6 +137,31 @@ class WaitReadyOperator(BaseOperator):
             f"{where} died while starting: {fatal_line}\n(log {launched['log_path']}, after {attempt} relaunch(es)"
             f"{no_smaller}; last {len(tail)} lines:)\n{readiness.format_log_excerpt(tail)}",
             host=node, server=name, fatal_line=fatal_line, kind=kind.value, log_tail=tail, hint=hint)
+
+    def _fail_if_foreign_holds_memory(self, launched: dict, where: str, kind: FailureKind, fatal_line: str,
+                                      tail: list[str]) -> None:
+        """A memory failure while a process not ours holds memory on the server's GPUs (it came after the probe):
+        no smaller plan can win that memory back, so fail at once naming what nvidia-smi lists now."""
+        from fleetgen.airflow.lifecycle import probe_node
+        from fleetgen.airflow.node_shell import NodeShell
+        from fleetgen.nodes.probe import select_gpus
+
+        try:
+            with NodeShell(launched["node"], launched["ssh_conn_id"]) as shell:
+                inventory = probe_node(shell, fleet_from_json(self.fleet), launched["node"])
+            gpus = select_gpus(inventory, launched["gpu_ids"])
+        except (FleetgenError, OSError, KeyError, ValueError) as exc:  # the back-off below stands
+            log.warning("could not look at the GPUs of %s again: %s", launched["name"], exc)
+            return
+        foreign = [f"pid {p['pid']} ({p['process_name']}, {p['used_mib']} MiB on GPU {gpu['index']})"
+                   for gpu in gpus for p in gpu["processes"] if not p["ours"] and p["used_mib"] > 0]
+        if foreign:
+            raise ServerStartupError(
+                f"{where} ran out of memory while foreign processes hold its GPUs: {'; '.join(foreign)}\n"
+                f"(SGLang said: {fatal_line})", host=launched["node"], server=launched["name"],
+                fatal_line=fatal_line, kind=kind.value, log_tail=tail,
+                hint=f"free the GPUs (stop {', '.join(foreign)}: nvidia-smi on {launched['node']} lists it now, "
+                     f"it came after the probe), then clear wait_ready; a smaller plan cannot win that memory back")
 
     def _fail_if_replaced(self, launched: dict, where: str) -> None:
         """A pid gone while a later launch's server holds the port (its pid file names another live server of

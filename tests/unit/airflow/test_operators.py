@@ -50,6 +50,8 @@ def operator(monkeypatch):
     op = WaitReadyOperator(task_id="wait_ready", server={}, fleet={})
     relaunched = []
     monkeypatch.setattr(op, "_relaunch_smaller", lambda launched, smaller, line: relaunched.append(smaller))
+    # the GPUs looked at again after a memory failure hold nothing foreign (the tests below of that look say)
+    monkeypatch.setattr(op, "_fail_if_foreign_holds_memory", lambda *args: None)
     op.relaunched = relaunched
     return op
 
@@ -343,9 +345,9 @@ def test_a_memory_failure_stops_the_server_and_relaunches_it_smaller_on_the_same
         def __exit__(self, *exc):
             calls.append(("closed",))
 
-    def launch(shell, fleet, slot, plan, key):
+    def launch(shell, fleet, slot, plan, key, *, run_id):
         assert isinstance(shell, Shell) and fleet.server.api_key_conn_id == "sglang_api"
-        calls.append(("launch", slot, plan["attempt"], key))
+        calls.append(("launch", slot, plan["attempt"], key, run_id))
         return _launched(ServerPlan.from_dict(plan), pid=5151)
 
     monkeypatch.setattr(node_shell, "NodeShell", Shell)
@@ -355,13 +357,18 @@ def test_a_memory_failure_stops_the_server_and_relaunches_it_smaller_on_the_same
 
     monkeypatch.setattr(lifecycle, "stop_ports", stop)
     monkeypatch.setattr(lifecycle, "launch_server", launch)
+    monkeypatch.setattr(lifecycle, "probe_node", lambda shell, fleet, node: _inventory([]))
     monkeypatch.setattr(lifecycle, "api_key", lambda fleet: f"key of {fleet.server.api_key_conn_id}")
+    from fleetgen.airflow import context as airflow_context
+
+    monkeypatch.setattr(airflow_context, "run_context", lambda: ({"run_id": "night_2"}, None, None))
     operator = WaitReadyOperator(task_id="wait_ready", server={}, fleet=FLEET, timeout_s=600)
     with pytest.raises(TaskDeferred) as deferred:
         operator.execute_complete({}, _event("fatal", attempt=1, launched=_launched(_plan(1)), kind="oom_kv",
                                              fatal_line="RuntimeError: Not enough memory for KV cache"))
     slot = ServerSlot("gpu-node-1", "ssh_node1", "10.0.0.7", (0,), 30000)
-    assert calls == [("shell", "gpu-node-1", "ssh_node1"), ("stop", [30000]), ("launch", slot, 2, "key of sglang_api"),
+    assert calls == [("shell", "gpu-node-1", "ssh_node1"), ("closed",),  # the GPUs looked at again
+                     ("shell", "gpu-node-1", "ssh_node1"), ("stop", [30000]), ("launch", slot, 2, "key of sglang_api", "night_2"),
                      ("closed",)]
     smaller = backoff(_plan(1), "oom_kv")
     assert (f"Relaunching gpu-node-1:30000 with a smaller plan (attempt 2 of {planner.MAX_BACKOFF_ATTEMPTS}) after: "
@@ -512,3 +519,33 @@ def test_a_memory_failure_does_not_ask_who_holds_the_port(monkeypatch, operator)
     monkeypatch.setattr(lifecycle, "live_server_of_ours", lambda *args: pytest.fail("asked the node"))
     operator.execute_complete({}, _event("fatal", kind="oom_kv", fatal_line="RuntimeError: Not enough memory"))
     assert len(operator.relaunched) == 1
+
+
+def _inventory(processes: list[dict]) -> dict:
+    return {"host": "gpu-node-1", "gpus": [{**B200, "processes": processes}]}
+
+
+@pytest.mark.parametrize("processes, foreign", [
+    ([{"pid": 777, "process_name": "python3 train.py", "used_mib": 90_000, "ours": False, "port": None}], True),
+    ([{"pid": 4243, "process_name": "sglang::scheduler", "used_mib": 90_000, "ours": True, "port": 30000},
+      {"pid": 778, "process_name": "idle", "used_mib": 0, "ours": False, "port": None}], False),
+])
+def test_a_memory_failure_while_a_foreign_process_holds_the_gpu_fails_at_once_naming_it(monkeypatch, processes,
+                                                                                        foreign):
+    from fleetgen.airflow import lifecycle, node_shell
+
+    monkeypatch.setattr(node_shell, "NodeShell", _NoShell)
+    monkeypatch.setattr(lifecycle, "probe_node", lambda shell, fleet, node: _inventory(processes))
+    operator = WaitReadyOperator(task_id="wait_ready", server={}, fleet=FLEET)
+    relaunched = []
+    monkeypatch.setattr(operator, "_relaunch_smaller", lambda launched, smaller, line: relaunched.append(smaller))
+    event = _event("fatal", kind="oom_kv", fatal_line="RuntimeError: Not enough memory for KV cache")
+    if not foreign:
+        operator.execute_complete({}, event)
+        assert len(relaunched) == 1
+        return
+    with pytest.raises(ServerStartupError) as failed:
+        operator.execute_complete({}, event)
+    assert relaunched == []
+    assert "pid 777 (python3 train.py, 90000 MiB on GPU 0)" in str(failed.value)
+    assert failed.value.hint.startswith("free the GPUs (stop pid 777") and failed.value.kind == "oom_kv"
