@@ -118,6 +118,12 @@ class RunLayout:
         return self.root / "plan-notes.json"
 
     @property
+    def servers_stopped_dir(self) -> Path:
+        """Per node, the servers of ours stop_servers found only by their launch marker (another module, no pid
+        file): ``<node>.json`` (write_marker_stops / read_marker_stops)."""
+        return self.root / "servers-stopped"
+
+    @property
     def workload_plan(self) -> Path:
         """Per server: the request cap and KV pool the run was planned with (fleetgen.tuning.workload_history)."""
         return self.root / "workload_plan.json"
@@ -226,4 +232,23 @@ def read_failures(path: Path) -> list[dict]:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
+    return records
+
+
+def write_marker_stops(layout: RunLayout, node: str, records: list[dict]) -> list[dict]:
+    """Keep, for the report, the stop records of ``node`` that found a server of ours only by its launch marker
+    (launched under another ``server.module``, or its pid file gone); returns them."""
+    unusual = [{"node": node, **record} for record in records
+               if record.get("launched_under_other_module") or record.get("pid_file_missing")]
+    if unusual:
+        layout.servers_stopped_dir.mkdir(parents=True, exist_ok=True)
+        (layout.servers_stopped_dir / f"{node}.json").write_text(json.dumps(unusual, indent=1))
+    return unusual
+
+
+def read_marker_stops(layout: RunLayout) -> list[dict]:
+    """Every node's records written by write_marker_stops, by node then port."""
+    records = []
+    for path in sorted(layout.servers_stopped_dir.glob("*.json")) if layout.servers_stopped_dir.is_dir() else []:
+        records += json.loads(path.read_text())
     return records

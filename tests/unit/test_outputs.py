@@ -108,3 +108,17 @@ def test_a_nodes_gpu_sampler_claim_sits_beside_the_gpu_samples_named_for_the_nod
     layout = RunLayout(tmp_path)
     assert layout.gpu_sampler_claim("gpu-node-1") == tmp_path / "gpu" / "gpu-node-1.sampler"
     assert layout.gpu_sampler_claim("gpu-node-1").parent == layout.shard_file("gpu", 0).parent
+
+
+def test_only_stops_found_by_the_launch_marker_are_kept_for_the_report_per_node(tmp_path):
+    from fleetgen.outputs import read_marker_stops, write_marker_stops
+
+    layout = RunLayout(tmp_path / "run")
+    plain = {"outcome": "stopped", "port": 30000, "pid": 11, "signal": "TERM", "launched_under_other_module": False,
+             "pid_file_missing": False}
+    assert write_marker_stops(layout, "node0", [plain]) == [] and read_marker_stops(layout) == []
+    other = {**plain, "port": 30001, "launched_under_other_module": True}
+    gone = {**plain, "port": 30002, "pid_file_missing": True}
+    write_marker_stops(layout, "node1", [gone])
+    write_marker_stops(layout, "node0", [plain, other])
+    assert read_marker_stops(layout) == [{"node": "node0", **other}, {"node": "node1", **gone}]

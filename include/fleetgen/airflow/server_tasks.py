@@ -9,6 +9,7 @@ from fleetgen.airflow.context import mapped_values, run_context
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.nodes import probe
 from fleetgen.nodes.fleet import fleet_from_json
+from fleetgen.outputs import write_marker_stops
 
 log = logging.getLogger("fleetgen")
 
@@ -20,7 +21,7 @@ def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dic
 
     *When it fails*: memory did not come back (another process holds the GPU) or SSH failed.
     """
-    _, config, _ = run_context()
+    _, config, layout = run_context()
     spec = fleet_from_json(fleet)
     if left_out(node, plans):
         return {"node": node, "records": [], "decisions": [], "left_out": True}
@@ -43,6 +44,7 @@ def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dic
         records = lifecycle.stop_ports(shell, spec, ports) if ports else []
         stopped = {r["pid"] for r in records if r["outcome"] == "stopped"}
         inventory = lifecycle.wait_memory_released(shell, spec, node, stopped)
+    write_marker_stops(layout, node, records)  # the report lists them
     for record in records:
         if record.get("launched_under_other_module") or record.get("pid_file_missing"):
             log.warning("port %s: stopped pid %s, a server of ours (its launch marker) %s", record["port"],

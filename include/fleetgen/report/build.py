@@ -31,7 +31,7 @@ from fleetgen.report.markdown import render_markdown
 from fleetgen.report.occupancy import failures, gpu_usage, occupancy
 from fleetgen.report.plots import write_plots
 from fleetgen.nodes.readiness import ServerInfo
-from fleetgen.outputs import RunLayout
+from fleetgen.outputs import RunLayout, read_marker_stops
 from fleetgen.report.previous import REPORT_SCHEMA
 from fleetgen.tuning.plan_notes import read_plan_notes
 from fleetgen.validation.stats_table import load_errors, load_stats
@@ -322,6 +322,7 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
     _net_of_dead_tries(report, lost_tries(RunLayout(out)))
     report["tuning"] = _tuning(plan, readiness)
     report["plan_notes"] = read_plan_notes(RunLayout(out))  # nodes left out, a prompt that cuts every cap
+    report["marker_stops"] = read_marker_stops(RunLayout(out))  # ours by the launch marker only (stop_servers)
     report["servers"] = _servers(readiness)
     report["failures"] = failures(RunLayout(out))
     timing = report["timing"]

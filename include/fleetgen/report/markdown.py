@@ -170,6 +170,7 @@ def render_markdown(report: dict) -> str:
             lines += ["Readback of the memory the plan assumed:", "", *readbacks, ""]
         lines += _workload_path(report["tuning"])
     lines += _plan_notes_section(report.get("plan_notes"))
+    lines += _marker_stops_section(report.get("marker_stops"))
     if report.get("shards"):
         shards = report["shards"]
         lines += ["## Shards", "", f"{shards['count']} shards: {_number(shards['done'])} done, "
@@ -196,6 +197,19 @@ def render_markdown(report: dict) -> str:
                 for name, entry in entries.items()]
         lines += _table(["metric", "previous", "current", "delta", "delta %"], rows)
     return "\n".join(lines)
+
+
+def _marker_stops_section(stops: list[dict] | None) -> list[str]:
+    """Servers of ours stop_servers found only by their launch marker: launched under another server.module than
+    the fleet file names now, or with their pid file gone."""
+    if not stops:
+        return []
+    lines = ["## Servers of ours stopped that the fleet file no longer describes", ""]
+    rows = [[stop["node"], str(stop["port"]), str(stop["pid"]), stop.get("signal") or "-",
+             "; ".join(why for flag, why in (("launched_under_other_module", "launched under another server.module"),
+                                              ("pid_file_missing", "its pid file was gone")) if stop.get(flag))]
+            for stop in stops]
+    return lines + _table(["node", "port", "pid", "signal", "why"], rows)
 
 
 def _plan_notes_section(notes: dict | None) -> list[str]:

@@ -386,3 +386,17 @@ def test_the_nodes_left_out_and_a_prompt_that_cuts_every_cap_are_said_under_the_
 @pytest.mark.parametrize("notes", [None, {"nodes_left_out": [], "long_prompt": None}])
 def test_a_plan_that_left_nothing_out_has_no_such_section(notes):
     assert "## Left out of the plan and warnings" not in lines_of(base_report(plan_notes=notes))
+
+
+def test_servers_of_ours_stopped_by_their_launch_marker_are_listed_with_why():
+    stops = [{"node": "node0", "port": 30000, "pid": 11, "signal": "TERM", "launched_under_other_module": True,
+              "pid_file_missing": False},
+             {"node": "node0", "port": 30001, "pid": 12, "signal": "KILL", "launched_under_other_module": True,
+              "pid_file_missing": True}]
+    lines = lines_of(base_report(marker_stops=stops))
+    at = lines.index("## Servers of ours stopped that the fleet file no longer describes")
+    assert lines[at + 2:at + 6] == [
+        "| node | port | pid | signal | why |", "|---|---|---|---|---|",
+        "| node0 | 30000 | 11 | TERM | launched under another server.module |",
+        "| node0 | 30001 | 12 | KILL | launched under another server.module; its pid file was gone |"]
+    assert "## Servers of ours stopped" not in "\n".join(lines_of(base_report(marker_stops=[])))
