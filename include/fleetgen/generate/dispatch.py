@@ -20,8 +20,13 @@ Failures, by what they say about the server:
   shard finds it back up, it is back up here.
 - 401/403/404: the run is misconfigured (key, URL, model), so the shard stops at once.
 - any other 4xx: the prompt itself is wrong (e.g. longer than the context): written to the errors
-  file, not retried. If the first ``client_error_breaker`` results are all such errors, the shard
-  stops, because a setting is wrong rather than the prompts.
+  file as the prompt's own fault, not retried, and kept by every later try. Until a prompt of the
+  shard has succeeded, such errors may as well be the server's (a broken chat template, a wrong
+  model name): they are held unwritten until a completion shows the server works. If the first
+  ``client_error_breaker`` results are all such errors, or every result is one, the shard stops
+  and writes none of them off, so the try that follows the fix sends them again.
+- a prompt whose ``max_attempts`` all failed is written off as the server's fault: a later try of
+  the shard (a retry, or a clear) sends it again (``store.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ from fleetgen.generate.health import DOWN, UP, HealthEntry, SharedHealth
 from fleetgen.generate.liveness import FleetShare, alone
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.queue import QueuedPrompt, WorkQueue
-from fleetgen.generate.records import completion_record, error_record, stats_record, utc_now
+from fleetgen.generate.records import (PROMPT_FAULT, SERVER_FAULT, completion_record, error_record, stats_record,
+                                       utc_now)
 from fleetgen.generate.reuse import prompt_hash
 from fleetgen.generate.server_state import ServerState
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
@@ -128,9 +134,10 @@ class Dispatcher:
         self.servers = [ServerState(endpoint) for endpoint in servers]
         self._rechecks: list[asyncio.Task] = []  # every re-check started (one may outlive its down period)
         self.fatal: BaseException | None = None
-        self._client_errors = 0
-        # Client errors trip the breaker only while no prompt of the shard has ever succeeded.
+        # Client errors trip the breaker only while no prompt of the shard has ever succeeded; until then they
+        # are held here (server, prompt, code, message), taken and not finished, so nothing is written off.
         self._breaker_armed = work.finished_before == 0
+        self._client_error_window: list[tuple[ServerState, QueuedPrompt, str, str]] = []
         self._request_extensions = {"timeout": {
             "connect": settings.connect_timeout_s, "read": settings.effective_request_timeout_s,
             "write": settings.connect_timeout_s, "pool": settings.connect_timeout_s}}
@@ -195,6 +202,7 @@ class Dispatcher:
                 continue
             item = self.queue.take()
             if item is None:
+                self._settle_client_error_window()
                 await self.queue.wait_for_change()
                 continue
             await self._attempt(server, item)
@@ -273,25 +281,43 @@ class Dispatcher:
         usage = result.usage
         self.progress.add_completion(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
         self.queue.finish(item)
+        self._breaker_armed = False  # the server works: the refusals held so far were the prompts' own fault
+        window, self._client_error_window = self._client_error_window, []
+        for held in window:
+            self._write_off(*held, fault=PROMPT_FAULT)
 
-    def _write_off(self, server: ServerState, item: QueuedPrompt, code: str, message: str) -> None:
-        record = error_record(item.prompt.id, code=code, message=message, server=server.name)
+    def _write_off(self, server: ServerState, item: QueuedPrompt, code: str, message: str, *, fault: str) -> None:
+        record = error_record(item.prompt.id, code=code, message=message, server=server.name, fault=fault)
         self.store.record_failure(jsonio.dumps(record) + b"\n", item.prompt.id)
         server.tally.failed += 1
         self._event("failed", server, prompt=item.prompt.id, code=code, reason=message[:500])
         self.progress.add_failure()
         self.queue.finish(item)
+        self._settle_client_error_window()
 
     def _client_error(self, server: ServerState, item: QueuedPrompt, code: str, message: str) -> None:
-        self._write_off(server, item, code, message)
-        if self._breaker_armed and self.progress.done == 0:
-            self._client_errors += 1
-            if self._client_errors >= self.settings.client_error_breaker:
-                self._stop(GenerationError(
-                    f"the first {self._client_errors} results were all client errors, e.g. {message}",
-                    shard=self.shard_id, server=server.name,
-                    hint="a setting is wrong rather than the prompts: check the model name, max_tokens "
-                         "against the context length, and extra_body; the errors file lists each one"))
+        if not self._breaker_armed:
+            return self._write_off(server, item, code, message, fault=PROMPT_FAULT)
+        self._client_error_window.append((server, item, code, message))
+        held = len(self._client_error_window)
+        if held >= self.settings.client_error_breaker:
+            self._trip_breaker(f"the first {held} results were all client errors")
+        else:
+            self._settle_client_error_window()
+
+    def _settle_client_error_window(self) -> None:
+        """Every prompt left is a held client error (none succeeded): the breaker trips on all of them."""
+        held = len(self._client_error_window)
+        if held and self.fatal is None and self.queue.only_held(held):
+            self._trip_breaker(f"all {held} results were client errors")
+
+    def _trip_breaker(self, what: str) -> None:
+        server, _, _, message = self._client_error_window[-1]
+        self._stop(GenerationError(
+            f"{what}, e.g. {message}; none of them is written off", shard=self.shard_id, server=server.name,
+            hint="a setting or the server is wrong rather than the prompts: check the model name, max_tokens against "
+                 "the context length, extra_body and the server's chat template; once fixed, clear this task: "
+                 "it sends these prompts again"))
 
     def _retry(self, server: ServerState, item: QueuedPrompt, message: str, *, blame: bool = True) -> None:
         server.tally.retried += 1
@@ -300,7 +326,7 @@ class Dispatcher:
             item.attempts += 1
             if item.attempts >= self.settings.max_attempts:
                 return self._write_off(server, item, "attempts_exhausted",
-                                       f"{item.attempts} attempts failed; the last: {message}")
+                                       f"{item.attempts} attempts failed; the last: {message}", fault=SERVER_FAULT)
         delay = min(self.settings.retry_backoff_s * 2 ** max(0, item.attempts - 1), self.settings.recheck_max_s)
         self.queue.retry_later(item, delay)
 

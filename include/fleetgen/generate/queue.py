@@ -69,6 +69,10 @@ class WorkQueue:
         """Every prompt of the shard has been handed out once (only retries may follow)."""
         return self._fresh is None
 
+    def only_held(self, held: int) -> bool:
+        """Nothing is left to send, to retry or in flight but ``held`` prompts taken and not yet finished."""
+        return self._fresh is None and not self._retry and not self._delayed and self.in_flight == held
+
     def low_water(self) -> tuple[int, int]:
         return self._taken[0] if self._taken else self._after_taken
 

@@ -39,10 +39,17 @@ def stats_record(completion: dict) -> dict:
     return dict(zip(STATS_COLUMNS, values, strict=True))
 
 
-def error_record(prompt_id: str, *, code: str, message: str, server: str | None) -> dict:
-    """One permanently failed prompt, in the spirit of the OpenAI Batch API's error file."""
+# Whose fault an error record says it was: only the prompt's own failures (a request the server refused while
+# it completed others, e.g. longer than the context) stay failed on resume; the others are sent again by a new try.
+PROMPT_FAULT = "prompt"
+SERVER_FAULT = "server"
+
+
+def error_record(prompt_id: str, *, code: str, message: str, server: str | None, fault: str) -> dict:
+    """One failed prompt, in the spirit of the OpenAI Batch API's error file; ``fault`` is ``PROMPT_FAULT``
+    or ``SERVER_FAULT`` (docs/output-formats.md §3.3)."""
     return {"id": prompt_id, "status": "failed", "error": {"code": code, "message": message},
-            "server": server, "at": utc_now()}
+            "server": server, "fault": fault, "at": utc_now()}
 
 
 def utc_now() -> str:

@@ -172,7 +172,7 @@ async def test_only_client_errors_stop_the_shard(tmp_path):
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=5),
                               transport=fleet.transport())
     assert "model name" in str(caught.value)
-    assert len(shard_output(tmp_path / "out")["errors"]) == 5
+    assert shard_output(tmp_path / "out")["errors"] == []  # the server's fault: the next try sends them again
 
 
 async def test_a_refused_key_stops_at_once_without_leaking_it(tmp_path, caplog):
@@ -377,8 +377,9 @@ async def test_the_breaker_trips_exactly_at_its_count(tmp_path):
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=2),
                               transport=fleet.transport())
     assert (caught.value.shard, caught.value.server) == (0, "s0:1")
-    assert caught.value.message == "the first 2 results were all client errors, e.g. HTTP 400: unknown model"
-    assert len(shard_output(tmp_path / "out")["errors"]) == 2
+    assert caught.value.message == ("the first 2 results were all client errors, e.g. HTTP 400: unknown model; "
+                                    "none of them is written off")
+    assert shard_output(tmp_path / "out")["errors"] == []
 
 
 async def test_a_busy_but_healthy_server_is_not_marked_down_by_the_stall_watchdog(tmp_path):
@@ -472,3 +473,54 @@ def test_periodic_work_runs_once_per_interval_from_its_start():
     for now in (100.0, 101.9, 102.0, 103.0, 103.9, 104.0, 104.1):
         timer.run_if_due(now)
     assert len(runs) == 2 and timer.next_at == 106.0
+
+
+# --- a fault of the server is not a fault of the prompt ---------------------------------------------------------
+
+async def test_a_tripped_breaker_writes_off_none_of_its_window_and_a_retry_sends_them_all(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 30)
+    broken = FakeFleet(1, limit=2)
+    broken.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, json={"error": {"message": "chat template"}})
+    with pytest.raises(GenerationError, match="first 5 results were all client errors") as caught:
+        await run_shard_async(shard, broken.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=5),
+                              transport=broken.transport())
+    assert shard_output(tmp_path / "out")["errors"] == []
+    assert "none of them is written off" in caught.value.message
+    fixed = FakeFleet(1, limit=2)
+    summary = await run_shard_async(shard, fixed.endpoints(), tmp_path / "out", fast_settings(),
+                                    transport=fixed.transport())
+    assert (summary["done"], summary["failed"], summary["skipped_already_done"]) == (30, 0, 0)
+    assert_each_prompt_once(shard_output(tmp_path / "out"), 30)
+
+
+async def test_a_shard_whose_every_result_is_a_client_error_fails_below_the_breaker_count(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 3)
+    fleet = FakeFleet(1, limit=1)
+    fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, json={"error": {"message": "chat template"}})
+    with pytest.raises(GenerationError, match="all 3 results were client errors") as caught:
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=20),
+                              transport=fleet.transport())
+    assert "clear this task" in caught.value.hint
+    assert shard_output(tmp_path / "out")["errors"] == []
+
+
+async def test_client_errors_before_the_first_success_are_written_off_as_the_prompts_own_fault(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 6)
+    fleet = FakeFleet(1, limit=1)
+    fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, text="too long") if n <= 2 else None
+    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=3),
+                                    transport=fleet.transport())
+    out = shard_output(tmp_path / "out")
+    assert (summary["done"], summary["failed"]) == (4, 2)
+    assert sorted((r["id"], r["fault"]) for r in out["errors"]) == [("p0000", "prompt"), ("p0001", "prompt")]
+    assert_each_prompt_once(out, 6)
+
+
+async def test_a_prompt_failing_every_attempt_is_recorded_as_the_servers_fault(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 4)
+    fleet = FakeFleet(1, limit=1)
+    fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(429, text="busy") if pid == "p0002" else None
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(max_attempts=2),
+                          transport=fleet.transport())
+    [error] = shard_output(tmp_path / "out")["errors"]
+    assert (error["id"], error["error"]["code"], error["fault"]) == ("p0002", "attempts_exhausted", "server")

@@ -217,8 +217,9 @@ async def test_the_breaker_says_which_settings_to_check(tmp_path):
     with pytest.raises(GenerationError) as caught:
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=3),
                               transport=fleet.transport())
-    assert caught.value.hint == ("a setting is wrong rather than the prompts: check the model name, max_tokens "
-                                 "against the context length, and extra_body; the errors file lists each one")
+    assert caught.value.hint == ("a setting or the server is wrong rather than the prompts: check the model name, "
+                                 "max_tokens against the context length, extra_body and the server's chat template; "
+                                 "once fixed, clear this task: it sends these prompts again")
 
 
 async def test_completions_without_token_counts_add_no_tokens(tmp_path):

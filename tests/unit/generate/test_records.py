@@ -8,7 +8,7 @@ import pytest
 
 from fleetgen.generate import records
 from fleetgen.generate.chat import ChatResult
-from fleetgen.generate.records import completion_record, error_record, stats_record, utc_now
+from fleetgen.generate.records import PROMPT_FAULT, completion_record, error_record, stats_record, utc_now
 from fleetgen.outputs import STATS_COLUMNS
 from fleetgen.prompts.lines import Prompt
 
@@ -58,8 +58,9 @@ def test_a_stats_row_of_a_sparse_completion_has_nones_and_zero_lengths():
 
 
 def test_an_error_record_names_the_prompt_code_server_and_utc_time():
-    record = error_record("p0003", code="context_length", message="too long", server=None)
-    assert list(record) == ["id", "status", "error", "server", "at"]
+    record = error_record("p0003", code="context_length", message="too long", server=None, fault=PROMPT_FAULT)
+    assert list(record) == ["id", "status", "error", "server", "fault", "at"]
+    assert record["fault"] == "prompt"
     assert record["id"] == "p0003" and record["status"] == "failed" and record["server"] is None
     assert record["error"] == {"code": "context_length", "message": "too long"}
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["at"])
