@@ -201,6 +201,11 @@ class AllServersDown(GenerationError):
     """Every server is down; progress was saved before raising."""
 
 
+class ServerReplaced(GenerationError):
+    """The server behind a URL is not the launch ``wait_ready`` read: restarted by hand or by another run.
+    The same readback fails the same way on a retry."""
+
+
 class ShardLeaseBusy(GenerationError):
     """Another try of the shard still holds its output after the wait; a later retry may succeed."""
 

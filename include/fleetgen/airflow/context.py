@@ -7,14 +7,14 @@ import functools
 
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import (AuthenticationRefused, ConfigError, HostKeyMismatch, ModelConfigError, OutputUnwritable,
-                             PlanError, ProbeError, PromptsError, ValidationFailed)
+                             PlanError, ProbeError, PromptsError, ServerReplaced, ValidationFailed)
 from fleetgen.outputs import RunLayout
 
 # Errors a retry cannot fix: bad input, a model we cannot size, a plan that cannot fit, failed data, a node
 # presenting another host key than its connection's or refusing its login or key (a missing key file is a
-# ConfigError), an output disk that is still full or not writable.
+# ConfigError), an output disk that is still full or not writable, a server that is not the launch wait_ready read.
 DETERMINISTIC_ERRORS = (ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError, ValidationFailed,
-                        HostKeyMismatch, AuthenticationRefused, OutputUnwritable)
+                        HostKeyMismatch, AuthenticationRefused, OutputUnwritable, ServerReplaced)
 
 
 def fail_fast(function):

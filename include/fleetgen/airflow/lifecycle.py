@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from fleetgen.nodes import probe, readiness
+from fleetgen.nodes import launch_identity, probe, readiness
 from fleetgen.nodes import remote
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.errors import RemoteError, ServerStartupError
@@ -77,9 +77,20 @@ def wait_memory_released(shell: NodeShell, fleet: FleetSpec, node_name: str, pid
 ALWAYS_ARGS = ("--enable-metrics",)
 
 
-def launch_spec(fleet: FleetSpec, slot: ServerSlot, plan: dict, *, with_api_key: bool) -> remote.LaunchSpec:
+def launch_spec(fleet: FleetSpec, slot: ServerSlot, plan: dict, *, with_api_key: bool,
+                run_id: str | None) -> remote.LaunchSpec:
+    """The launch of ``slot`` on ``plan``; with ``run_id``, carrying that run's launch identity
+    (nodes/launch_identity.py); without, what a server kept on plan is compared with."""
     extra = list(fleet.server.extra_args)
+    if launch_identity.without_identity(extra) != extra:
+        from fleetgen.errors import ConfigError
+
+        raise ConfigError(f"server.extra_args sets {launch_identity.FLAG}, which fleetgen sets to know each launch "
+                          "by", server=slot.name, hint=f"remove {launch_identity.FLAG} from the fleet description's "
+                                                       "server.extra_args (docs/shards.md)")
     args = remote.flags_to_args(plan["flags"]) + [arg for arg in ALWAYS_ARGS if arg not in extra] + extra
+    if run_id is not None:
+        args += launch_identity.launch_args(run_id)
     return remote.LaunchSpec(
         python=fleet.server.python, module=fleet.server.module, model_path=fleet.model.path,
         served_name=fleet.model.served_name, port=slot.port, gpu_ids=slot.gpu_ids,
@@ -87,8 +98,9 @@ def launch_spec(fleet: FleetSpec, slot: ServerSlot, plan: dict, *, with_api_key:
         args=tuple(args), env=fleet.server.env, api_key_on_stdin=with_api_key)
 
 
-def launch_server(shell: NodeShell, fleet: FleetSpec, slot: ServerSlot, plan: dict, key: str | None) -> dict:
-    spec = launch_spec(fleet, slot, plan, with_api_key=key is not None)
+def launch_server(shell: NodeShell, fleet: FleetSpec, slot: ServerSlot, plan: dict, key: str | None, *,
+                  run_id: str) -> dict:
+    spec = launch_spec(fleet, slot, plan, with_api_key=key is not None, run_id=run_id)
     status, out, err = shell.run(remote.launch_command(spec), stdin=remote.api_key_config(key) if key else None,
                                  describe=f"launch of {slot.name}", check=False, timeout_s=60)
     if status != 0:
@@ -100,22 +112,24 @@ def launch_server(shell: NodeShell, fleet: FleetSpec, slot: ServerSlot, plan: di
     if "pid" not in fields:
         raise ServerStartupError(f"the launch printed no pid: {out.strip()[-500:]}", host=slot.node,
                                  server=slot.name, kind="launch")
-    record = launch_record(fleet, slot, plan, int(fields["pid"]), kept=False)
+    record = launch_record(fleet, slot, plan, int(fields["pid"]), run_id=run_id)
     log.info("launched %s on GPU(s) %s: pid %s, log %s", slot.name, list(slot.gpu_ids), fields["pid"],
              record["log_path"])
     return record
 
 
-def launch_record(fleet: FleetSpec, slot: ServerSlot, plan: dict, pid: int, *, kept: bool) -> dict:
-    """What ``wait_ready`` is given for one server: launched now, by an earlier try, or kept running."""
-    spec = launch_spec(fleet, slot, plan, with_api_key=False)
+def launch_record(fleet: FleetSpec, slot: ServerSlot, plan: dict, pid: int, *, run_id: str | None) -> dict:
+    """What ``wait_ready`` is given for one server: launched now or by an earlier try of run ``run_id``, or
+    kept running (``run_id`` None: it keeps the launch identity it was started with, read back by wait_ready)."""
+    kept = run_id is None
+    spec = launch_spec(fleet, slot, plan, with_api_key=False, run_id=run_id)
     return {**slot.to_dict(), "pid": int(pid), "log_path": remote.log_file(fleet.server.log_dir, slot.port),
             "plan": plan, "command": " ".join(spec.argv()), "args": spec.argv()[3:], "kept": kept}
 
 
 def kept_server(fleet: FleetSpec, slot: ServerSlot, plan: dict, pid: int) -> dict:
     """The launch record of a server kept running (same shape as ``launch_server``'s, ``kept`` true)."""
-    return launch_record(fleet, slot, plan, pid, kept=True)
+    return launch_record(fleet, slot, plan, pid, run_id=None)
 
 
 def live_server_of_ours(shell: NodeShell, fleet: FleetSpec, port: int) -> int | None:
@@ -126,7 +140,7 @@ def live_server_of_ours(shell: NodeShell, fleet: FleetSpec, port: int) -> int | 
 
 
 def already_launched(shell: NodeShell, fleet: FleetSpec, slots: list[ServerSlot], plan_by_port: dict,
-                     key: str | None) -> tuple[dict[int, int], dict[int, int]]:
+                     key: str | None, *, run_id: str) -> tuple[dict[int, int], dict[int, int]]:
     """Our servers already running on the ports of ``slots``: ``({port: pid}`` of those whose command line is
     exactly this launch's, ``{port: pid}`` of the others).
 
@@ -146,7 +160,8 @@ def already_launched(shell: NodeShell, fleet: FleetSpec, slots: list[ServerSlot]
         pid = ours[slot.port]
         status, cmdline, _ = shell.run(remote.read_file_command(f"/proc/{int(pid)}/cmdline"), check=False,
                                        describe=f"command line of pid {pid}")
-        expected = launch_spec(fleet, slot, plan_by_port[(slot.node, slot.port)], with_api_key=key is not None)
+        expected = launch_spec(fleet, slot, plan_by_port[(slot.node, slot.port)], with_api_key=key is not None,
+                               run_id=run_id)
         running = cmdline.split("\0") if status == 0 else []
         if running and running[-1] == "":  # each word of /proc/PID/cmdline ends with a NUL
             running.pop()
@@ -221,7 +236,8 @@ def keep_or_relaunch(shell: NodeShell, fleet: FleetSpec, node: str, plans: list[
             if info is None:
                 reasons = [f"not healthy: {why}"]
             else:
-                spec = launch_spec(fleet, slot, plan_by_port[(slot.node, slot.port)], with_api_key=False)
+                spec = launch_spec(fleet, slot, plan_by_port[(slot.node, slot.port)], with_api_key=False,
+                                   run_id=None)
                 reasons = readiness.launch_differences(info, readiness.args_as_flags(spec.argv()[3:]),
                                                        expected_version=version)
                 if version is None:

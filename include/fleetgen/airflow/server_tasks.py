@@ -88,6 +88,7 @@ def launch_servers(node: str, fleet: dict, plans: list[dict], stopped: list[dict
     *When it fails*: SSH (retried: a retry passes on the servers an earlier try launched with the same command
     line, never launching one twice), or the server's Python/module in the fleet description is wrong.
     """
+    context, _, _ = run_context()
     spec = fleet_from_json(fleet)
     if left_out(node, plans):
         return []
@@ -102,7 +103,8 @@ def launch_servers(node: str, fleet: dict, plans: list[dict], stopped: list[dict
     log.info("Launching %d server(s) on %s; %d kept running", len(to_launch), node, len(launched))
     if to_launch:
         with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
-            earlier, other_plan = lifecycle.already_launched(shell, spec, to_launch, plan_by_port, key)
+            earlier, other_plan = lifecycle.already_launched(shell, spec, to_launch, plan_by_port, key,
+                                                               run_id=context["run_id"])
             if other_plan:
                 log.warning("ports %s run a server of ours launched with another command line after stop_servers "
                             "(pids %s): stopping them to launch tonight's plan", sorted(other_plan),
@@ -115,9 +117,11 @@ def launch_servers(node: str, fleet: dict, plans: list[dict], stopped: list[dict
                 if slot.port in earlier:
                     log.info("%s: already launched by an earlier try of this task (pid %s, same command line); "
                              "not launched again", slot.name, earlier[slot.port])
-                    launched.append(lifecycle.launch_record(spec, slot, plan, earlier[slot.port], kept=False))
+                    launched.append(lifecycle.launch_record(spec, slot, plan, earlier[slot.port],
+                                                            run_id=context["run_id"]))
                 else:
-                    launched.append(lifecycle.launch_server(shell, spec, slot, plan, key))
+                    launched.append(lifecycle.launch_server(shell, spec, slot, plan, key,
+                                                            run_id=context["run_id"]))
     log.info("Servers on %s: pids %s", node, [s["pid"] for s in launched])
     return launched
 

@@ -57,6 +57,8 @@ class ChatResult:
     finish_reason: str
     usage: dict
     model: str
+    # which launch wrote it: SGLang's weight_version in the completion's metadata (nodes/launch_identity.py)
+    weight_version: str | None = None
 
 
 def request_body(prompt: Prompt, settings: GenerationSettings) -> tuple[bytes, dict]:
@@ -75,6 +77,8 @@ def parse_chat_response(raw: bytes) -> ChatResult:
         reasoning = message.get("reasoning_content")
         finish_reason = choice.get("finish_reason")
         usage = data.get("usage") or {}
+        metadata = data.get("metadata") or {}
+        weight_version = metadata.get("weight_version") if isinstance(metadata, dict) else None
     except (jsonio.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise BadResponse(f"not a chat completion ({type(exc).__name__}: {exc}): {raw[:200]!r}") from None
     if not isinstance(content, str) or not (reasoning is None or isinstance(reasoning, str)):
@@ -88,7 +92,8 @@ def parse_chat_response(raw: bytes) -> ChatResult:
         if count is not None and (type(count) is not int or count < 0):  # bool is an int: not a count
             raise BadResponse(f"usage.{key} is not a token count ({count!r}): {raw[:200]!r}")
     return ChatResult(content=content, reasoning_content=reasoning, finish_reason=finish_reason,
-                      usage=usage, model=data.get("model") or "")
+                      usage=usage, model=data.get("model") or "",
+                      weight_version=weight_version if isinstance(weight_version, str) else None)
 
 
 def error_message(raw: bytes) -> str:

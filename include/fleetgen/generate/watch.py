@@ -49,7 +49,7 @@ class JsonlAppender:
 class EventJournal:
     """``events/shard-NNNNN.jsonl``: one row per server event the dispatcher sees (see ``EVENT_KINDS``)."""
 
-    EVENT_KINDS = ("down", "recovered", "retried", "failed")
+    EVENT_KINDS = ("down", "recovered", "retried", "failed", "replaced")
 
     def __init__(self, path: Path, shard_id: int) -> None:
         self.shard_id = shard_id

@@ -11,6 +11,8 @@ from fleetgen.errors import ConfigError, RemoteError, ServerStartupError
 from fleetgen.nodes import probe, readiness, remote
 from fleetgen.nodes.fleet import fleet_from_json
 
+RUN = "manual__2026-12-03T22:00:00+00:00"  # the run whose launches carry its identity
+
 
 class ScriptedShell:
     """Stands in for NodeShell: ``answers`` maps the start of a command's ``describe`` to the (status, stdout,
@@ -201,19 +203,39 @@ def test_no_pid_to_wait_for_returns_the_first_probe(fleet, monkeypatch):
 def test_the_launch_spec_is_the_plans_flags_then_metrics_then_the_fleets_extra_args(fleet):
     slot = slots_of(fleet, "n0")[1]
     spec = lifecycle.launch_spec(fleet, slot, {"flags": {"--max-running-requests": 40, "--disable-radix-cache": True}},
-                                 with_api_key=True)
+                                 with_api_key=True, run_id=RUN)
     assert spec.args == ("--max-running-requests", "40", "--disable-radix-cache", "--enable-metrics",
-                         "--reasoning-parser", "qwen3")
+                         "--reasoning-parser", "qwen3", "--weight-version", "fleetgen/" + RUN)
     assert (spec.python, spec.module, spec.model_path, spec.served_name) == ("/opt/py", "sglang.launch_server",
                                                                                "/models/m", "m")
     assert (spec.port, spec.gpu_ids, spec.bind_host, spec.run_dir, spec.log_dir) == (30001, (1,), "0.0.0.0", "/r", "/l")
     assert spec.api_key_on_stdin is True
-    assert lifecycle.launch_spec(fleet, slot, {"flags": {}}, with_api_key=False).api_key_on_stdin is False
+    assert lifecycle.launch_spec(fleet, slot, {"flags": {}}, with_api_key=False, run_id=RUN).api_key_on_stdin is False
+
+
+def test_a_launch_carries_its_runs_identity_and_the_keep_comparison_does_not(fleet):
+    slot = slots_of(fleet, "n0")[0]
+    plan = plans_for(fleet)[("n0", 30000)]
+    launched = lifecycle.launch_spec(fleet, slot, plan, with_api_key=False, run_id=RUN).args
+    assert launched[-2:] == ("--weight-version", "fleetgen/" + RUN)
+    compared = lifecycle.launch_spec(fleet, slot, plan, with_api_key=False, run_id=None).args
+    assert compared == launched[:-2]
+    # a server kept from an earlier run keeps its own identity: wait_ready compares the flags without it
+    assert "--weight-version" not in lifecycle.kept_server(fleet, slot, plan, 77)["args"]
+    assert lifecycle.launch_record(fleet, slot, plan, 77, run_id=RUN)["args"][-2:] == [
+        "--weight-version", "fleetgen/" + RUN]
+
+
+def test_extra_args_that_set_the_launch_identity_are_refused_naming_the_setting():
+    fleet = fleet_from_json(fleet_document(extra_args=["--weight-version", "v2"]))
+    with pytest.raises(ConfigError, match=r"server\.extra_args sets --weight-version") as caught:
+        lifecycle.launch_spec(fleet, fleet.servers()[0], {"flags": {}}, with_api_key=False, run_id=RUN)
+    assert "remove --weight-version" in caught.value.hint
 
 
 def test_the_launch_spec_carries_the_servers_environment():
     fleet = fleet_from_json(fleet_document(env={"CUDA_LAUNCH_BLOCKING": "1"}))
-    spec = lifecycle.launch_spec(fleet, fleet.servers()[0], {"flags": {}}, with_api_key=False)
+    spec = lifecycle.launch_spec(fleet, fleet.servers()[0], {"flags": {}}, with_api_key=False, run_id=RUN)
     assert spec.env == (("CUDA_LAUNCH_BLOCKING", "1"),)
 
 
@@ -222,9 +244,9 @@ def test_a_launch_returns_the_last_printed_pid_and_the_record_wait_ready_needs(f
     plan = plans_for(fleet)[("n0", 30001)]
     shell = ScriptedShell({"launch of": (0, "launched port=30001 pid=400\nlaunched port=30001 pid=401\n", "")})
     with caplog.at_level("INFO", logger=lifecycle.__name__):
-        record = lifecycle.launch_server(shell, fleet, slot, plan, None)
+        record = lifecycle.launch_server(shell, fleet, slot, plan, None, run_id=RUN)
     assert [r.getMessage() for r in caplog.records] == ["launched n0:30001 on GPU(s) [1]: pid 401, log /l/sglang-30001.log"]
-    spec = lifecycle.launch_spec(fleet, slot, plan, with_api_key=False)
+    spec = lifecycle.launch_spec(fleet, slot, plan, with_api_key=False, run_id=RUN)
     assert record == {**slot.to_dict(), "pid": 401, "log_path": "/l/sglang-30001.log", "plan": plan,
                       "command": " ".join(spec.argv()), "args": spec.argv()[3:], "kept": False}
     [call] = shell.calls
@@ -235,18 +257,18 @@ def test_a_launch_returns_the_last_printed_pid_and_the_record_wait_ready_needs(f
 def test_a_launch_with_a_key_sends_it_on_stdin_and_never_in_the_command(fleet):
     slot = slots_of(fleet, "n0")[0]
     shell = ScriptedShell({"launch of": (0, "launched port=30000 pid=400\n", "")})
-    lifecycle.launch_server(shell, fleet, slot, plans_for(fleet)[("n0", 30000)], "s3cret")
+    lifecycle.launch_server(shell, fleet, slot, plans_for(fleet)[("n0", 30000)], "s3cret", run_id=RUN)
     [call] = shell.calls
     assert call["stdin"] == remote.api_key_config("s3cret") and "s3cret" not in call["command"]
     assert call["command"] == remote.launch_command(
-        lifecycle.launch_spec(fleet, slot, plans_for(fleet)[("n0", 30000)], with_api_key=True))
+        lifecycle.launch_spec(fleet, slot, plans_for(fleet)[("n0", 30000)], with_api_key=True, run_id=RUN))
 
 
 def test_a_refused_launch_names_the_exit_status_and_the_end_of_stderr(fleet):
     slot = slots_of(fleet, "n1")[0]
     shell = ScriptedShell({"launch of": (3, "some output", "x" * 2000 + "port 30000 is held\n")})
     with pytest.raises(ServerStartupError, match=r"launch refused \(exit 3\): x+port 30000 is held") as refused:
-        lifecycle.launch_server(shell, fleet, slot, plans_for(fleet)[("n1", 30000)], None)
+        lifecycle.launch_server(shell, fleet, slot, plans_for(fleet)[("n1", 30000)], None, run_id=RUN)
     shown = str(refused.value).split("launch refused (exit 3): ")[1].split("\n")[0]
     assert shown == ("x" * 2000 + "port 30000 is held")[-1000:]  # the last thousand characters
     assert (refused.value.host, refused.value.server, refused.value.kind) == ("n1", "n1:30000", "launch")
@@ -256,17 +278,17 @@ def test_a_refused_launch_names_the_exit_status_and_the_end_of_stderr(fleet):
 def test_a_refused_launch_without_stderr_shows_its_output(fleet):
     shell = ScriptedShell({"launch of": (1, "already running\n", "")})
     with pytest.raises(ServerStartupError, match=r"exit 1\): already running"):
-        lifecycle.launch_server(shell, fleet, slots_of(fleet, "n0")[0], plans_for(fleet)[("n0", 30000)], None)
+        lifecycle.launch_server(shell, fleet, slots_of(fleet, "n0")[0], plans_for(fleet)[("n0", 30000)], None, run_id=RUN)
 
 
 def test_a_launch_that_prints_no_pid_is_a_startup_error(fleet):
     shell = ScriptedShell({"launch of": (0, "launched port=30000\n" + "y" * 600 + "\n", "")})
     with pytest.raises(ServerStartupError, match="the launch printed no pid: y{500}$") as silent:
-        lifecycle.launch_server(shell, fleet, slots_of(fleet, "n0")[1], plans_for(fleet)[("n0", 30001)], None)
+        lifecycle.launch_server(shell, fleet, slots_of(fleet, "n0")[1], plans_for(fleet)[("n0", 30001)], None, run_id=RUN)
     assert (silent.value.host, silent.value.server, silent.value.kind) == ("n0", "n0:30001", "launch")
     shell = ScriptedShell({"launch of": (0, "", "")})
     with pytest.raises(ServerStartupError, match="printed no pid"):
-        lifecycle.launch_server(shell, fleet, slots_of(fleet, "n0")[0], plans_for(fleet)[("n0", 30000)], None)
+        lifecycle.launch_server(shell, fleet, slots_of(fleet, "n0")[0], plans_for(fleet)[("n0", 30000)], None, run_id=RUN)
 
 
 def test_a_kept_server_has_the_launch_records_shape_marked_kept(fleet):
@@ -275,7 +297,7 @@ def test_a_kept_server_has_the_launch_records_shape_marked_kept(fleet):
     kept = lifecycle.kept_server(fleet, slot, plan, "77")
     assert kept["kept"] is True and kept["pid"] == 77 and kept["plan"] is plan
     assert {k: v for k, v in kept.items() if k != "kept"} == \
-        {k: v for k, v in lifecycle.launch_record(fleet, slot, plan, 77, kept=False).items() if k != "kept"}
+        {k: v for k, v in lifecycle.launch_record(fleet, slot, plan, 77, run_id=None).items() if k != "kept"}
 
 
 # --- servers launched by an earlier try ---------------------------------------------------------------------------
@@ -298,16 +320,16 @@ def _node_with(running: dict[int, tuple[int, str | None]]):
 
 def test_no_slot_to_launch_asks_the_node_nothing(fleet):
     shell = ScriptedShell({})
-    assert lifecycle.already_launched(shell, fleet, [], {}, None) == ({}, {}) and shell.calls == []
+    assert lifecycle.already_launched(shell, fleet, [], {}, None, run_id=RUN) == ({}, {}) and shell.calls == []
 
 
 def test_earlier_launches_are_split_into_this_plans_and_another_plans(fleet):
     n0 = slots_of(fleet, "n0")
     plans = plans_for(fleet)
-    same = lifecycle.launch_spec(fleet, n0[0], plans[("n0", 30000)], with_api_key=False).argv()
-    other = lifecycle.launch_spec(fleet, n0[1], {"flags": {"--max-running-requests": 20}}, with_api_key=False).argv()
+    same = lifecycle.launch_spec(fleet, n0[0], plans[("n0", 30000)], with_api_key=False, run_id=RUN).argv()
+    other = lifecycle.launch_spec(fleet, n0[1], {"flags": {"--max-running-requests": 20}}, with_api_key=False, run_id=RUN).argv()
     shell = ScriptedShell(_node_with({30000: (500, _cmdline(same)), 30001: (501, _cmdline(other))}))
-    assert lifecycle.already_launched(shell, fleet, n0, plans, None) == ({30000: 500}, {30001: 501})
+    assert lifecycle.already_launched(shell, fleet, n0, plans, None, run_id=RUN) == ({30000: 500}, {30001: 501})
     assert shell.described("our servers")[0]["command"] == remote.our_pids_command(
         run_dir="/r", module="sglang.launch_server", ports=[30000, 30001])
     assert [c["check"] for c in shell.described("command line of pid")] == [False, False]
@@ -316,34 +338,34 @@ def test_earlier_launches_are_split_into_this_plans_and_another_plans(fleet):
 def test_a_port_with_no_server_of_ours_is_neither_same_nor_other(fleet):
     n0 = slots_of(fleet, "n0")
     plans = plans_for(fleet)
-    same = lifecycle.launch_spec(fleet, n0[1], plans[("n0", 30001)], with_api_key=False).argv()
+    same = lifecycle.launch_spec(fleet, n0[1], plans[("n0", 30001)], with_api_key=False, run_id=RUN).argv()
     shell = ScriptedShell(_node_with({30001: (501, _cmdline(same))}))
-    assert lifecycle.already_launched(shell, fleet, n0, plans, None) == ({30001: 501}, {})
+    assert lifecycle.already_launched(shell, fleet, n0, plans, None, run_id=RUN) == ({30001: 501}, {})
     assert len(shell.described("command line of pid")) == 1
 
 
 def test_an_unreadable_command_line_counts_as_another_plan(fleet):
     n0 = slots_of(fleet, "n0")[:1]
     shell = ScriptedShell(_node_with({30000: (500, None)}))
-    assert lifecycle.already_launched(shell, fleet, n0, plans_for(fleet), None) == ({}, {30000: 500})
+    assert lifecycle.already_launched(shell, fleet, n0, plans_for(fleet), None, run_id=RUN) == ({}, {30000: 500})
 
 
 def test_an_earlier_launch_is_compared_with_the_plan_of_its_own_node_when_nodes_share_port_numbers(fleet):
     n1 = slots_of(fleet, "n1")
     plans = plans_for(fleet, {("n0", 30000): 10, ("n1", 30000): 30})
-    n1_argv = lifecycle.launch_spec(fleet, n1[0], plans[("n1", 30000)], with_api_key=False).argv()
+    n1_argv = lifecycle.launch_spec(fleet, n1[0], plans[("n1", 30000)], with_api_key=False, run_id=RUN).argv()
     shell = ScriptedShell(_node_with({30000: (600, _cmdline(n1_argv))}))
-    assert lifecycle.already_launched(shell, fleet, n1, plans, None) == ({30000: 600}, {})
+    assert lifecycle.already_launched(shell, fleet, n1, plans, None, run_id=RUN) == ({30000: 600}, {})
 
 
 def test_with_a_key_an_earlier_launch_is_the_same_only_with_its_config_file(fleet):
     slot = slots_of(fleet, "n0")[0]
     plans = plans_for(fleet)
-    argv = lifecycle.launch_spec(fleet, slot, plans[("n0", 30000)], with_api_key=True).argv()
+    argv = lifecycle.launch_spec(fleet, slot, plans[("n0", 30000)], with_api_key=True, run_id=RUN).argv()
     with_config = ScriptedShell(_node_with({30000: (500, _cmdline([*argv, "--config", "/r/sglang-30000.yaml"]))}))
-    assert lifecycle.already_launched(with_config, fleet, [slot], plans, "k") == ({30000: 500}, {})
+    assert lifecycle.already_launched(with_config, fleet, [slot], plans, "k", run_id=RUN) == ({30000: 500}, {})
     without = ScriptedShell(_node_with({30000: (500, _cmdline(argv))}))
-    assert lifecycle.already_launched(without, fleet, [slot], plans, "k") == ({}, {30000: 500})
+    assert lifecycle.already_launched(without, fleet, [slot], plans, "k", run_id=RUN) == ({}, {30000: 500})
 
 
 def _spec(**changes):
@@ -450,7 +472,7 @@ def test_an_unhealthy_or_silent_server_says_why(fleet, http_answers):
 
 def info_running(fleet, slot, plan, version="0.5.2") -> dict:
     """The /server_info of a server launched exactly with ``plan``."""
-    argv = lifecycle.launch_spec(fleet, slot, plan, with_api_key=False).argv()
+    argv = lifecycle.launch_spec(fleet, slot, plan, with_api_key=False, run_id=RUN).argv()
     info = {"version": version}
     for flag, value in readiness.args_as_flags(argv[3:]).items():
         info[readiness._ALIAS_FIELDS.get(flag) or flag.lstrip("-").replace("-", "_")] = value
@@ -565,7 +587,7 @@ def test_a_server_serving_another_model_path_is_relaunched(fleet, monkeypatch):
 def test_a_failed_read_of_the_command_line_is_another_plan_whatever_it_printed(fleet):
     slot = slots_of(fleet, "n0")[0]
     plans = plans_for(fleet)
-    argv = lifecycle.launch_spec(fleet, slot, plans[("n0", 30000)], with_api_key=False).argv()
+    argv = lifecycle.launch_spec(fleet, slot, plans[("n0", 30000)], with_api_key=False, run_id=RUN).argv()
     shell = ScriptedShell({"our servers": (0, "ours port=30000 pid=500\n", ""),
                            "command line of pid": (1, _cmdline(argv), "read error")})
-    assert lifecycle.already_launched(shell, fleet, [slot], plans, None) == ({}, {30000: 500})
+    assert lifecycle.already_launched(shell, fleet, [slot], plans, None, run_id=RUN) == ({}, {30000: 500})

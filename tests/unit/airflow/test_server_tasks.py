@@ -16,6 +16,8 @@ from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import HostUnreachable, RemoteError
 from fleetgen.nodes import remote
 
+RUN = "manual__2026-12-03T22:00:00+00:00"  # the run whose launches carry its identity
+
 SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
 # nvidia-smi for the memory check after a stop: one idle GPU, no compute processes.
 NVIDIA_SMI = "#!/bin/sh\ncase \"$*\" in *query-gpu*) echo '0, GPU-a, Fake GPU, 1000, 0, 1000';; esac\n"
@@ -67,6 +69,7 @@ def node(tmp_path, monkeypatch):
     LocalNode.refuse_connections, LocalNode.drop_after_launches, LocalNode.launches = 0, None, 0
     LocalNode.env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
     monkeypatch.setattr(server_tasks, "NodeShell", LocalNode)
+    monkeypatch.setattr(task_context_module, "task_context", lambda: {"params": PARAMS, "run_id": RUN, "ti": None})
     fleet = {"model": {"path": str(tmp_path / "model"), "served_name": "m"},
              "server": {"python": sys.executable, "module": "fakeserver", "run_dir": str(tmp_path / "run"),
                         "log_dir": str(tmp_path / "logs"), "env": {"PYTHONPATH": str(tmp_path)}, "stop_grace_s": 0.2},
@@ -189,6 +192,7 @@ class RecordingNode:
         self.stop_records, self.decisions, self.earlier, self.other_plan = [], [], {}, {}
         self.next_pid = 900
         recorder = self
+        monkeypatch.setattr(task_context_module, "task_context", lambda: {"params": PARAMS, "run_id": RUN, "ti": None})
 
         class Shell:
             def __init__(self, node, ssh_conn_id, **_):
@@ -228,16 +232,18 @@ class RecordingNode:
         self.calls.append(("wait_memory_released", node, set(pids)))
         return {"host": node, "gpus": []}
 
-    def already_launched(self, shell, fleet, slots, plan_by_port, key):
+    def already_launched(self, shell, fleet, slots, plan_by_port, key, *, run_id):
+        assert run_id == task_context_module.task_context()["run_id"]
         self._given(shell, fleet)
         self.calls.append(("already_launched", [s.name for s in slots], key))
         return dict(self.earlier), dict(self.other_plan)
 
-    def launch_server(self, shell, fleet, slot, plan, key):
+    def launch_server(self, shell, fleet, slot, plan, key, *, run_id):
+        assert run_id == task_context_module.task_context()["run_id"]
         self._given(shell, fleet)
         self.calls.append(("launch_server", slot.name, plan["flags"]["--max-running-requests"], key))
         self.next_pid += 1
-        return lifecycle.launch_record(fleet, slot, plan, self.next_pid, kept=False)
+        return lifecycle.launch_record(fleet, slot, plan, self.next_pid, run_id=run_id)
 
 
 @pytest.fixture

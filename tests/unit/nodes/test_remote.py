@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from fleetgen.nodes import remote
 
+RUN = "manual__2026-12-03T22:00:00+00:00"  # the run whose launches carry its identity
+
 # Anything a hostile fleet file could hold: quotes, $(...), backticks, newlines, globs, unicode. No NUL:
 # no argv can carry one.
 hostile_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
@@ -138,10 +140,10 @@ def test_every_server_is_launched_with_sglangs_metrics_on_exactly_once():
 
     fleet = load_fleet_text(FLEET_YAML, source="test")
     slot = fleet.servers()[0]
-    argv = launch_spec(fleet, slot, {"flags": {"--max-running-requests": 40}}, with_api_key=False).argv()
+    argv = launch_spec(fleet, slot, {"flags": {"--max-running-requests": 40}}, with_api_key=False, run_id=None).argv()
     assert argv.count("--enable-metrics") == 1 and argv[-2:] == ["--reasoning-parser", "qwen3"]
     user_asked = load_fleet_text(FLEET_YAML.replace("[--reasoning-parser, qwen3]", "[--enable-metrics]"), source="t")
-    argv = launch_spec(user_asked, slot, {"flags": {}}, with_api_key=False).argv()
+    argv = launch_spec(user_asked, slot, {"flags": {}}, with_api_key=False, run_id=RUN).argv()
     assert argv.count("--enable-metrics") == 1
 
 
