@@ -36,6 +36,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetgen.errors import ConfigError
+
 # Column order of a stats row (``fleetgen.generate.records.stats_record`` writes them in this order).
 STATS_COLUMNS = ("id", "prompt_tokens", "completion_tokens", "finish_reason", "reasoning_chars",
                  "content_chars", "server", "latency_s", "finished_at", "reused_from")
@@ -57,8 +59,15 @@ def default_output_root() -> str:
 
 
 def run_folder_name(run_id: str) -> str:
-    """A run id as a folder name: Airflow run ids hold ``:`` and ``+``, which some filesystems refuse."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)
+    """A run id as a folder name: Airflow run ids hold ``:`` and ``+``, which some filesystems refuse. A name
+    that would not be a plain folder of its own (empty, ``.``, ``..``, hidden) is refused: run ``.`` would write
+    into the output root itself, beside every other run."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)
+    if not name or name.startswith("."):
+        raise ConfigError(f"run id {run_id!r} does not name a folder of its own under the output root",
+                          hint="trigger the run with a run id that starts with a letter, a digit or _ "
+                               "(Airflow's own, manual__<date>, does)")
+    return name
 
 
 @dataclass(frozen=True)

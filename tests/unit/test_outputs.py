@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetgen.errors import ConfigError
 from fleetgen.outputs import (SHARD_KINDS, RunLayout, calibration_file, default_output_root, read_failures,
                               run_folder_name, run_root_of_report)
 
@@ -41,6 +42,14 @@ def test_a_run_id_becomes_one_folder_name_any_filesystem_takes():
     assert run_folder_name("manual__2026-05-01T02:00:00+00:00") == "manual__2026-05-01T02_00_00_00_00"
     assert run_folder_name("scheduled a/b..c") == "scheduled_a_b..c"
     assert run_folder_name("ok-Name_1.2") == "ok-Name_1.2"
+
+
+@pytest.mark.parametrize("run_id", [".", "..", "", ".hidden", "...", ".x:y"])
+def test_a_run_id_whose_folder_would_not_be_a_folder_of_its_own_is_refused(tmp_path, run_id):
+    # run "." would write into the output root itself, beside every other run and the shared calibration.json
+    with pytest.raises(ConfigError) as refused:
+        RunLayout.for_run(tmp_path, run_id)
+    assert repr(run_id) in refused.value.message and "run id" in refused.value.hint
 
 
 def test_a_run_folder_lies_under_the_output_root_with_home_expanded(monkeypatch, tmp_path):

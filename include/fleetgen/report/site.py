@@ -11,8 +11,8 @@ import mimetypes
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from fleetgen.errors import PathOutsideRun
-from fleetgen.outputs import RunLayout, read_failures
+from fleetgen.errors import ConfigError, PathOutsideRun
+from fleetgen.outputs import RunLayout, read_failures, run_folder_name
 
 # One small stylesheet inlined in every page: no request leaves the machine.
 _STYLE = """
@@ -31,6 +31,31 @@ def _page(title: str, body: str, nav: dict[str, str] | None = None) -> str:
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{_STYLE}</style></head><body>{f'<nav>{links}</nav>' if links else ''}"
             f"<main>{body}</main></body></html>")
+
+
+def served_run_layout(deployment_root: str | Path, run_id: str, run_output_root: str | None = None) -> RunLayout:
+    """The folder the results view serves for a run: ``<deployment_root>/<run folder>``, the deployment's output
+    root (``FLEETGEN_OUTPUT_ROOT``), never a root taken from the run's conf (``run_output_root``), which whoever
+    triggers the run chooses. Refuses a run whose conf names another output root, a run id that is not a plain
+    folder name, and a run folder that is a symlink leading elsewhere."""
+    if not run_id or any(character in run_id for character in "/\\\x00"):
+        raise PathOutsideRun(f"run id {run_id!r} is not a plain folder name; the results view does not serve it")
+    try:
+        name = run_folder_name(run_id)
+    except ConfigError as error:
+        raise PathOutsideRun(f"{error.message}; the results view does not serve it") from None
+    root = Path(deployment_root).expanduser().resolve()
+    if run_output_root and Path(run_output_root).expanduser().resolve() != root:
+        raise PathOutsideRun(
+            f"the results of run {run_id} live under {run_output_root}, outside the deployment's output root: the "
+            "results view serves only runs of the deployment's output root", path=str(root),
+            hint="read its folder on the workers' storage, or trigger the run without the DAG parameter "
+                 "output_root (the deployment's FLEETGEN_OUTPUT_ROOT is its default)")
+    layout = RunLayout(root / name)
+    if layout.root.is_symlink():
+        raise PathOutsideRun(f"the folder of run {run_id} is a symlink; the results view does not follow it",
+                             path=str(layout.root))
+    return layout
 
 
 def resolve_in_run(layout: RunLayout, relative: str) -> Path:

@@ -10,7 +10,7 @@ from validate_fixtures import MAX_TOKENS, good_row, write_run
 
 from fleetgen.errors import PathOutsideRun
 from fleetgen.outputs import RunLayout
-from fleetgen.report.site import RunPages, render_markdown_html, resolve_in_run
+from fleetgen.report.site import RunPages, render_markdown_html, resolve_in_run, served_run_layout
 from fleetgen.validation.offline_docs import external_references
 from fleetgen.validation.suite import ValidationThresholds, validate_run
 
@@ -184,3 +184,44 @@ def test_javascript_is_served_as_text_in_utf_8(run, monkeypatch):
 def test_the_failures_page_of_a_failed_run_has_the_navigation(run):
     run.failures.write_text(json.dumps({"task": "report.build"}) + "\n")
     assert '<nav><a href="/x/files/report/report.md">Report</a>' in RunPages(run, "r", base="/x/").failures()
+
+
+def test_the_view_serves_a_run_from_the_deployments_output_root_whatever_the_conf_spells(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "out").mkdir()
+    expected = RunLayout(tmp_path / "out" / "manual__2026-05-01T02_00_00_00_00")
+    for conf_root in (None, "", "~/out", str(tmp_path / "out") + "/", str(tmp_path / "out" / "." / "x" / "..")):
+        assert served_run_layout("~/out", "manual__2026-05-01T02:00:00+00:00", conf_root) == expected
+
+
+@pytest.mark.parametrize("conf_root", ["/", "{home}", "{home}/out/..", "{home}/out/manual__1", "{home}/other"])
+def test_a_run_whose_conf_names_another_output_root_is_not_served(tmp_path, conf_root):
+    (tmp_path / "out" / "etc").mkdir(parents=True)
+    with pytest.raises(PathOutsideRun) as refused:
+        served_run_layout(tmp_path / "out", "etc", conf_root.format(home=tmp_path))
+    assert "outside the deployment's output root" in refused.value.message
+    assert "output_root" in refused.value.hint and "FLEETGEN_OUTPUT_ROOT" in refused.value.hint
+
+
+@pytest.mark.parametrize("run_id", [".", "..", "", ".hidden", "a/b", "../etc", "a\\b", "a\x00b", "/etc"])
+def test_a_run_id_that_is_not_a_plain_folder_name_is_not_served(tmp_path, run_id):
+    with pytest.raises(PathOutsideRun) as refused:
+        served_run_layout(tmp_path, run_id)
+    assert repr(run_id) in refused.value.message and "not serve" in refused.value.message
+
+
+def test_a_run_folder_that_is_a_symlink_out_of_the_output_root_is_not_served(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "passwd").write_text("secret")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "out" / "manual__1")
+    with pytest.raises(PathOutsideRun) as refused:
+        served_run_layout(tmp_path / "out", "manual__1")
+    assert "symlink" in refused.value.message and refused.value.path == str(tmp_path / "out" / "manual__1")
+
+
+def test_an_output_root_reached_through_a_symlink_still_serves_its_runs(tmp_path):
+    (tmp_path / "real" / "manual__1").mkdir(parents=True)
+    os.symlink(tmp_path / "real", tmp_path / "out")
+    layout = served_run_layout(tmp_path / "out", "manual__1", str(tmp_path / "out"))
+    assert layout.root == tmp_path / "real" / "manual__1"
