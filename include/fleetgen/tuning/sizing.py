@@ -163,27 +163,9 @@ def size_pools(profile: MemoryProfile, *, pre_load_free_bytes: int, mem_fraction
     k: int | None = None
     spec_requests = 0
     if profile.is_hybrid:
-        spec_on = draft > 0
-        if max_mamba_cache_size is not None:
-            k = max_mamba_cache_size
-            if spec_on:
-                spec_requests = min(max(1, max_running_requests), k // ratio)
-                rest -= state_slot * (spec_requests + 1) * draft / GIB
-        elif disable_radix_cache and max_running_requests is not None:
-            k = max(1, max_running_requests)
-            if spec_on:
-                spec_requests = k
-                rest -= state_slot * (k + 1) * draft / GIB
-        else:
-            ratio_full = profile.mamba_full_memory_ratio
-            budget_bytes = rest * ratio_full / (1 + ratio_full) * GIB
-            if spec_on:
-                # Joint solve: K = (B_m - P(1+D)) // (P(1 + D/ratio)).
-                k = int((budget_bytes - state_slot * (1 + draft)) // (state_slot * (1 + draft / ratio)))
-                spec_requests = min(max(1, max_running_requests), k // ratio)
-                rest -= state_slot * (spec_requests + 1) * draft / GIB
-            else:
-                k = int((budget_bytes - state_slot) // state_slot)
+        k, spec_requests, rest = _mamba_slots(profile, rest, max_running_requests=max_running_requests,
+                                              max_mamba_cache_size=max_mamba_cache_size,
+                                              disable_radix_cache=disable_radix_cache)
         if k <= 0:
             return failed("oom_mamba", "Not enough GPU memory for hybrid (mamba/linear-attention) state cache. "
                           f"Computed max_mamba_cache_size={k} (total_rest_memory={rest:.2f} GB, "
@@ -196,21 +178,7 @@ def size_pools(profile: MemoryProfile, *, pre_load_free_bytes: int, mem_fraction
                       f"{math.ceil(minimum * 1000) / 1000:.3f} (minimum viable = 1 - available/pre = "
                       f"{minimum:.4f}).", k=k)
     kv_budget = int(rest * GIB)
-    swa_tokens = None
-    if profile.swa_full_tokens_ratio is not None:
-        # 2.5, HybridSWAPoolConfigurator: full tokens = budget // (full cell + ratio x SWA cell) (a float
-        # division), page-floored; the SWA pool holds int(full x ratio), page-floored.
-        ratio_swa = profile.swa_full_tokens_ratio
-        tokens = int(kv_budget // (profile.kv_bytes_per_token + ratio_swa * profile.swa_kv_bytes_per_token))
-        tokens = tokens // page_size * page_size
-        if max_total_tokens is not None:
-            tokens = min(tokens, max_total_tokens) // page_size * page_size
-        swa_tokens = int(tokens * ratio_swa) // page_size * page_size
-    else:
-        tokens = max(kv_budget - KV_FIXED_OVERHEAD_BYTES, 0) // profile.kv_bytes_per_token
-        tokens = tokens // page_size * page_size
-        if max_total_tokens is not None:
-            tokens = min(tokens, max_total_tokens)
+    tokens, swa_tokens = _kv_tokens(profile, kv_budget, page_size=page_size, max_total_tokens=max_total_tokens)
     if swa_tokens is not None and profile.sliding_window_size is not None \
             and profile.sliding_window_size + page_size >= swa_tokens:
         # MemoryPoolConfigurator.validate_swa_pool_size, checked before the pool config exists
@@ -220,12 +188,7 @@ def size_pools(profile: MemoryProfile, *, pre_load_free_bytes: int, mem_fraction
     if tokens <= 0:
         return failed("oom_kv", "Not enough memory. Please try to increase --mem-fraction-static. "
                       f"Current value: mem_fraction_static={mfs}", k=k)
-    # Section 3: resolve_max_num_reqs.
-    estimated = max(min(int(tokens / context_length * 512), 4096), 2048)
-    if max_running_requests is not None:
-        effective = min(max(1, max_running_requests), tokens // 2)
-    else:
-        effective = min(estimated, tokens // 2)
+    effective = _max_num_reqs(tokens, context_length, max_running_requests)
     if profile.is_hybrid:
         effective = min(effective, k // ratio)
         if effective <= 0:
@@ -238,3 +201,63 @@ def size_pools(profile: MemoryProfile, *, pre_load_free_bytes: int, mem_fraction
                       spec_bytes, kv_budget, tokens, tokens * profile.kv_bytes_per_token, max_running_requests,
                       effective, swa_max_total_num_tokens=swa_tokens,
                       swa_kv_bytes=(swa_tokens or 0) * profile.swa_kv_bytes_per_token)
+
+
+def _mamba_slots(profile: MemoryProfile, rest: float, *, max_running_requests: int | None,
+                 max_mamba_cache_size: int | None, disable_radix_cache: bool) -> tuple[int, int, float]:
+    """A hybrid model's Mamba slots K (2.2): the user's, one per request without the radix cache, or SGLang's
+    share of the rest; with speculative decoding, the requests its buffers are sized for. Returns (K, those
+    requests, the rest in GiB after the buffers)."""
+    state_slot, draft, ratio = profile.state_bytes_per_slot, profile.draft_tokens, profile.state_slots_per_request
+    spec_on = draft > 0
+    spec_requests = 0
+    if max_mamba_cache_size is not None:
+        k = max_mamba_cache_size
+        if spec_on:
+            spec_requests = min(max(1, max_running_requests), k // ratio)
+            rest -= state_slot * (spec_requests + 1) * draft / GIB
+    elif disable_radix_cache and max_running_requests is not None:
+        k = max(1, max_running_requests)
+        if spec_on:
+            spec_requests = k
+            rest -= state_slot * (k + 1) * draft / GIB
+    else:
+        ratio_full = profile.mamba_full_memory_ratio
+        budget_bytes = rest * ratio_full / (1 + ratio_full) * GIB
+        if spec_on:
+            # Joint solve: K = (B_m - P(1+D)) // (P(1 + D/ratio)).
+            k = int((budget_bytes - state_slot * (1 + draft)) // (state_slot * (1 + draft / ratio)))
+            spec_requests = min(max(1, max_running_requests), k // ratio)
+            rest -= state_slot * (spec_requests + 1) * draft / GIB
+        else:
+            k = int((budget_bytes - state_slot) // state_slot)
+    return k, spec_requests, rest
+
+
+def _kv_tokens(profile: MemoryProfile, kv_budget: int, *, page_size: int,
+               max_total_tokens: int | None) -> tuple[int, int | None]:
+    """The KV pool's tokens from its budget (2.3), page-floored and capped by --max-total-tokens; with a
+    sliding-window pool (2.5), also that pool's tokens (else None)."""
+    if profile.swa_full_tokens_ratio is not None:
+        # 2.5, HybridSWAPoolConfigurator: full tokens = budget // (full cell + ratio x SWA cell) (a float
+        # division), page-floored; the SWA pool holds int(full x ratio), page-floored.
+        ratio_swa = profile.swa_full_tokens_ratio
+        tokens = int(kv_budget // (profile.kv_bytes_per_token + ratio_swa * profile.swa_kv_bytes_per_token))
+        tokens = tokens // page_size * page_size
+        if max_total_tokens is not None:
+            tokens = min(tokens, max_total_tokens) // page_size * page_size
+        return tokens, int(tokens * ratio_swa) // page_size * page_size
+    tokens = max(kv_budget - KV_FIXED_OVERHEAD_BYTES, 0) // profile.kv_bytes_per_token
+    tokens = tokens // page_size * page_size
+    if max_total_tokens is not None:
+        tokens = min(tokens, max_total_tokens)
+    return tokens, None
+
+
+def _max_num_reqs(tokens: int, context_length: int, max_running_requests: int | None) -> int:
+    """Section 3, resolve_max_num_reqs: the requested cap, else SGLang's estimate from the context, both at most
+    half the KV tokens."""
+    if max_running_requests is not None:
+        return min(max(1, max_running_requests), tokens // 2)
+    estimated = max(min(int(tokens / context_length * 512), 4096), 2048)
+    return min(estimated, tokens // 2)
