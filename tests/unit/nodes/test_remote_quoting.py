@@ -168,6 +168,7 @@ def test_server_lifecycle_builders_every_branch_with_hostile_values(run_name, lo
         sections = remote.split_sections(node.bash(probe.probe_command(run_dir=run_dir, module=MODULE,
                                                                         ports=[port])).stdout)
         assert sections["ours"] == (0, f"ours port={port} pid={pid}")
+        assert sections["marked"] == (0, f"marked port={port} pid={pid}")  # the launch marker, read back intact
         # TERM, or KILL where nothing reaps the orphaned server and it lingers as a zombie past the grace
         assert node.bash(stop).stdout in {f"stopped port={port} pid={pid} signal={s}\n" for s in ("TERM", "KILL")}
         assert not pid_path.exists() and not Path(remote.config_file(run_dir, port)).exists()
@@ -209,6 +210,7 @@ def test_sections_and_probe_quote_names_modules_and_folders(names, module, run_n
     lambda bad: remote.tail_command("/x", bad),
     lambda bad: remote.stop_command(run_dir="/r", module="m", ports=[bad], grace_s=1),
     lambda bad: remote.our_pids_command(run_dir="/r", module="m", ports=[bad]),
+    lambda bad: remote.marked_pids_command(run_dir="/r", ports=[bad]),
     lambda bad: remote.read_file_command("/x", max_bytes=bad),
     lambda bad: remote.scheduler_log_command("/l", [bad]),
     lambda bad: remote.launch_command(remote.LaunchSpec(python="p", module="m", model_path="/m", served_name="m",
