@@ -14,8 +14,13 @@ fair part of each server among the shards still taking prompts, and never more t
 leave (their requests in flight), so a shard arriving does not stack on top of one that has not yet
 drained down to its new part, and a draining shard's requests are taken over as they finish.
 
-mtimes are compared with this machine's clock: workers sharing the storage must keep their clocks
-in sync (NTP) to well under ``STALE_AFTER_S``.
+Each beat also carries its number (``beat``). A reader judges another try's heartbeat live when its file
+moved within ``STALE_AFTER_S`` by the reader's clock, *or* its beat number advanced within ``STALE_AFTER_S``
+as seen on the reader's own monotonic clock: the second rule needs no agreement between the clocks, so a
+worker whose clock (or the storage's, which stamps the file) is off by more than ``STALE_AFTER_S`` still
+holds its room instead of being counted dead and over-admitted beside; that case is logged as a warning
+naming both workers and the skew. A heartbeat first seen already stale by its time gets
+``FIRST_SIGHT_GRACE_S`` to advance before it stops counting.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from fleetgen.outputs import RunLayout
 HEARTBEAT_INTERVAL_S = 2.0
 STALE_AFTER_S = 15.0
 FIRST_BEAT_S = 0.5
+FIRST_SIGHT_GRACE_S = 2 * HEARTBEAT_INTERVAL_S  # two beats: a live try seen stale by a skewed clock advances by then
 
 
 def _iso(epoch_s: float) -> str:
@@ -51,6 +57,8 @@ class ShardHeartbeat:
         self.lost_path = layout.shard(shard_id).lost_tries
         self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "try": try_number,
                       "token": uuid.uuid4().hex, "started_at": time.time()}
+        self._beats = 0
+        self._seen: dict[str, _Sighting] = {}  # what this try saw of the others' heartbeats, by token
 
     def start(self, *, now: float | None = None, log: logging.Logger | None = None) -> dict | None:
         """Take the shard's heartbeat; returns the record of a dead try found in its place, if any."""
@@ -84,8 +92,10 @@ class ShardHeartbeat:
 
     def beat(self, in_flight: dict[str, int] | None = None, draining: bool = False) -> None:
         """Advance the heartbeat, publishing this try's requests in flight per server."""
+        self._beats += 1
         partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_bytes(jsonio.dumps({**self.owner, "in_flight": in_flight or {}, "draining": draining}))
+        partial.write_bytes(jsonio.dumps({**self.owner, "beat": self._beats, "in_flight": in_flight or {},
+                                          "draining": draining}))
         os.replace(partial, self.path)
 
     async def run(self, state: Callable[[], tuple[dict[str, int], bool]] | None = None,
@@ -128,23 +138,67 @@ def alone() -> FleetShare:
     return FleetShare(active=1)
 
 
-def _live_heartbeats(layout: RunLayout, now: float, stale_after_s: float) -> list[dict]:
+def _live_heartbeats(layout: RunLayout, reader: ShardHeartbeat, now: float, seen_at: float, stale_after_s: float,
+                     log: logging.Logger | None) -> list[dict]:
     beats = []
     for path in layout.heartbeat_files():
         try:
-            if now - path.stat().st_mtime <= stale_after_s:
-                beats.append(jsonio.loads(path.read_bytes()))
+            mtime = path.stat().st_mtime
+            beat = jsonio.loads(path.read_bytes())
         except (OSError, ValueError):  # ended, or replaced, while we looked
             continue
+        if beat.get("token") == reader.owner["token"] or _judge(reader, path.name, beat, mtime, now, seen_at,
+                                                                stale_after_s, log):
+            beats.append(beat)
     return beats
 
 
+@dataclass
+class _Sighting:
+    """What a reader saw of another try's heartbeat, on its own monotonic clock."""
+
+    beat: int
+    advanced_at: float | None = None  # when its beat number was last seen to change
+    grace_until: float | None = None  # first seen already stale by its time: counted until then unless it advances
+    warned: bool = False  # the clock skew was logged
+
+
+def _judge(reader: ShardHeartbeat, name: str, beat: dict, mtime: float, now: float, seen_at: float,
+           stale_after_s: float, log: logging.Logger | None) -> bool:
+    """Whether another try's heartbeat is live, by its file's time on this machine's clock or by its beat number
+    advancing on this machine's own monotonic clock (see the module's docstring)."""
+    offset_s = mtime - now  # how far the clock that stamped the file is ahead of ours, give or take a beat
+    by_time = abs(offset_s) <= stale_after_s
+    number = beat.get("beat", 0)
+    seen = reader._seen.get(beat.get("token"))
+    if seen is None:
+        seen = reader._seen[beat.get("token")] = _Sighting(
+            number, grace_until=None if by_time else seen_at + FIRST_SIGHT_GRACE_S)
+    elif seen.beat != number:
+        seen.beat, seen.advanced_at, seen.grace_until = number, seen_at, None
+        if not by_time and not seen.warned and log is not None:
+            seen.warned = True
+            log.warning("shard %d: the heartbeat shards/%s (host %s, pid %s, try %s) is beating, but its file's "
+                        "time is %+.0f s off the clock of this worker (host %s, pid %d): the two workers' clocks, or "
+                        "the shared storage's, disagree by more than %.0f s. It is counted live by its beats, so the "
+                        "fleet is not over-admitted; sync the clocks (NTP) of every worker and of the storage",
+                        reader.shard_id, name, beat.get("host"), beat.get("pid"), beat.get("try"), offset_s,
+                        reader.owner["host"], reader.owner["pid"], stale_after_s)
+    return (by_time or (seen.advanced_at is not None and seen_at - seen.advanced_at <= stale_after_s)
+            or (seen.grace_until is not None and seen_at <= seen.grace_until))
+
+
 def fleet_share(layout: RunLayout, heartbeat: ShardHeartbeat, *, running_in_airflow: int | None = None,
-                now: float | None = None, stale_after_s: float = STALE_AFTER_S) -> FleetShare:
+                now: float | None = None, stale_after_s: float = STALE_AFTER_S, seen_at: float | None = None,
+                log: logging.Logger | None = None) -> FleetShare:
     """The share of ``heartbeat``'s shard, from the live heartbeats of the run (dead tries' stop counting
-    after ``stale_after_s``); ``running_in_airflow``, when known, bounds the count of active shards."""
+    after ``stale_after_s``); ``running_in_airflow``, when known, bounds the count of active shards.
+
+    ``now`` is this machine's wall clock (compared with the files' times), ``seen_at`` its monotonic clock
+    (when each heartbeat was seen advancing); ``log`` gets the warning about clocks that disagree."""
     now = time.time() if now is None else now
-    others = [beat for beat in _live_heartbeats(layout, now, stale_after_s)
+    seen_at = time.monotonic() if seen_at is None else seen_at
+    others = [beat for beat in _live_heartbeats(layout, heartbeat, now, seen_at, stale_after_s, log)
               if beat.get("token") != heartbeat.owner["token"]]
     active = 1 + sum(1 for beat in others if not beat.get("draining"))
     if running_in_airflow is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from fleetgen.errors import ConfigError
+from fleetgen.errors import ConfigError, GenerationError
 from fleetgen.generate.dispatch import Dispatcher, FleetLinks, ShardRecords, ShardWork
 from fleetgen.generate.queue import WorkQueue
 from fleetgen.generate.health import SharedHealth
@@ -65,6 +65,10 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
                  "in-flight limits: %s; request timeout %.0f s", shard_id, shard["count"], already,
                  resume.finished, resume.failed,
                  ", ".join(f"{s.name}={s.max_in_flight}" for s in servers), settings.effective_request_timeout_s)
+        if resume.sent_again:
+            log.warning("shard %d: %d prompt(s) that failed in earlier tries through no fault of their own are sent "
+                        "again (their error records are cut from %s)", shard_id, resume.sent_again,
+                        store.errors_path)
         queue = WorkQueue(store.pending_prompts(shard), store.resume_point(shard))
         progress = Progress(int(shard["count"]), already)
         headers = [(b"content-type", b"application/json")]
@@ -79,7 +83,7 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         dispatcher = Dispatcher(
             servers=servers, settings=settings,
             work=ShardWork(shard_id, queue, store, progress, finished_before=resume.finished),
-            links=FleetLinks(pooled, headers, sharing=_shared_by_heartbeats(sharing, layout, heartbeat),
+            links=FleetLinks(pooled, headers, sharing=_shared_by_heartbeats(sharing, layout, heartbeat, log),
                              sharing_interval_s=sharing_interval_s, health=health),
             records=ShardRecords(log, progress_interval_s, events=events,
                                  metrics_path=layout.shard_file("metrics", shard_id)))
@@ -102,7 +106,21 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
                "servers": {s.endpoint.name: s.summary() for s in dispatcher.servers}}
     log.info("shard %d finished: %d done, %d failed, %d from earlier tries, %d completion tokens in %.1f s",
              shard_id, progress.done, progress.failed, already, progress.completion_tokens, progress.seconds)
+    _check_some_completed(shard, resume.finished + reused + progress.done, resume.failed + progress.failed,
+                          store.errors_path)
     return summary
+
+
+def _check_some_completed(shard: dict, completed: int, failed: int, errors_path: Path) -> None:
+    """A shard none of whose prompts completed has not succeeded, whatever wrote its errors off."""
+    if completed or not int(shard["count"]):
+        return
+    raise GenerationError(
+        f"none of the shard's {shard['count']} prompts completed: {failed} failed ({errors_path} lists each one)",
+        shard=int(shard["shard_id"]), path=str(errors_path),
+        hint="if the servers were at fault (their logs, the errors' codes), fix them and clear this task: the "
+             "failures that were not the prompts' own fault are sent again; failures that were (e.g. longer than "
+             "the context) are kept: fix those lines of the prompts file and start a new run")
 
 
 def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.PathLike,
@@ -143,13 +161,13 @@ def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.Path
 
 
 def _shared_by_heartbeats(running_in_airflow: Callable[[], int] | None, layout: RunLayout,
-                          heartbeat: ShardHeartbeat) -> Callable[[], FleetShare]:
+                          heartbeat: ShardHeartbeat, log: logging.Logger) -> Callable[[], FleetShare]:
     """The shards' own heartbeats decide the share (a dead try stops counting at once, a draining one
     hands its part over as it drains); Airflow's count of running tries, when given, bounds it. Outside
     Airflow the shard runs alone."""
     if running_in_airflow is None:
         return alone
-    return lambda: fleet_share(layout, heartbeat, running_in_airflow=running_in_airflow())
+    return lambda: fleet_share(layout, heartbeat, running_in_airflow=running_in_airflow(), log=log)
 
 
 def _check_inputs(shard: dict, servers: list[ServerEndpoint], progress_interval_s: float) -> None:

@@ -360,3 +360,63 @@ def test_a_shard_running_alone_may_use_every_servers_whole_limit():
     share = liveness.alone()
     assert share == FleetShare(active=1, others_in_flight={}, others_unpublished=0)
     assert share.cap("a:1", 40) == 40 and share.cap("b:1", 7) == 7
+
+
+# --- clocks that disagree: a heartbeat is judged by its beats on the reader's own clock -----------------------
+
+def _beat_behind(heartbeat: ShardHeartbeat, in_flight: dict[str, int], skew_s: float) -> None:
+    """A beat from a worker whose clock (which stamps the file) is ``skew_s`` behind the reader's."""
+    heartbeat.beat(in_flight)
+    stamp = time.time() - skew_s
+    os.utime(heartbeat.path, (stamp, stamp))
+
+
+def test_a_worker_whose_clock_is_16_s_behind_keeps_its_room_and_the_skew_is_named(tmp_path, caplog):
+    layout = RunLayout(tmp_path)
+    reader, skewed = ShardHeartbeat(layout, 0), ShardHeartbeat(layout, 1, try_number=1)
+    reader.start()
+    skewed.start()
+    log = logging.getLogger("liveness")
+    _beat_behind(skewed, {"s0:1": 40}, skew_s=16.0)
+    # the limit is 64 and the skewed shard holds 40: 24 are left, not 32 (its file looks 16 s old)
+    assert fleet_share(layout, reader, seen_at=100.0, log=log).cap("s0:1", 64) == 24
+    _beat_behind(skewed, {"s0:1": 40}, skew_s=16.0)
+    with caplog.at_level(logging.WARNING):
+        share = fleet_share(layout, reader, seen_at=102.0, log=log)
+    assert share.active == 2 and share.cap("s0:1", 64) == 24
+    [warning] = [r.getMessage() for r in caplog.records if "off the clock" in r.getMessage()]
+    assert "shards/shard-00001.alive" in warning and f"pid {os.getpid()}, try 1" in warning
+    assert "time is -16 s off" in warning and f"(host {socket.gethostname()}, pid {os.getpid()})" in warning
+    caplog.clear()
+    _beat_behind(skewed, {"s0:1": 40}, skew_s=16.0)
+    with caplog.at_level(logging.WARNING):
+        fleet_share(layout, reader, seen_at=104.0, log=log)
+    assert not caplog.records  # said once per try, not at every recount
+    # when it stops beating it stops counting after stale_after_s of the reader's own clock
+    assert fleet_share(layout, reader, seen_at=104.0 + STALE_AFTER_S).active == 2
+    assert fleet_share(layout, reader, seen_at=104.5 + STALE_AFTER_S).active == 1
+
+
+def test_a_worker_whose_clock_is_ahead_stops_counting_when_its_beats_stop(tmp_path):
+    layout = RunLayout(tmp_path)
+    reader, ahead = ShardHeartbeat(layout, 0), ShardHeartbeat(layout, 1)
+    reader.start()
+    ahead.start()
+    _beat_behind(ahead, {"s0:1": 10}, skew_s=-60.0)
+    fleet_share(layout, reader, seen_at=10.0)
+    _beat_behind(ahead, {"s0:1": 10}, skew_s=-60.0)
+    assert fleet_share(layout, reader, seen_at=11.0).active == 2
+    # its file's time stays "in the future" for a minute; its beats say it died
+    assert fleet_share(layout, reader, seen_at=11.5 + STALE_AFTER_S).active == 1
+
+
+def test_a_heartbeat_first_seen_long_stale_counts_only_for_the_first_sight_grace(tmp_path):
+    layout = RunLayout(tmp_path)
+    reader, dead = ShardHeartbeat(layout, 0), ShardHeartbeat(layout, 1)
+    reader.start()
+    dead.start()
+    dead.beat({"s0:1": 8})
+    _die(dead, seconds_ago=STALE_AFTER_S + 60)
+    assert fleet_share(layout, reader, seen_at=50.0).others_in_flight == {"s0:1": 8}
+    assert fleet_share(layout, reader, seen_at=50.0 + liveness.FIRST_SIGHT_GRACE_S).active == 2
+    assert fleet_share(layout, reader, seen_at=50.5 + liveness.FIRST_SIGHT_GRACE_S).active == 1
