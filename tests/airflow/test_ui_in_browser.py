@@ -33,6 +33,14 @@ LOCAL_HOSTS = {"localhost", "127.0.0.1"}
 # No fire time between the DAG's start_date and now (2026 has no 29 February): "unpause on trigger" adds no
 # scheduled run to wait for. make ui keeps the real schedule; its runs find their prompts (FLEETGEN_PROMPTS_PATH).
 NO_SCHEDULED_RUN = "0 0 29 2 *"
+# Caps on waits that end with their event (a page showing a text, a run reaching a final state, an answer of the
+# API server): generous, since machines of one kind differ by 2x or more in speed and the suite runs beside
+# other work. Playwright's own default is 30 s, which a grid page's first render on a slow machine outlasted.
+BROWSER_WAIT_CAP_MS = 180_000
+RUN_CAP_S = 900.0
+STANDALONE_UP_CAP_S = 600.0
+DAG_PARSED_CAP_S = 600.0
+API_CALL_CAP_S = 120.0
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +58,7 @@ def airflow_ui(tmp_path_factory):
                               "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5"})
     try:
         ui.start(log_path=root / "standalone.log")
-        ui.wait_until_up()
+        ui.wait_until_up(timeout_s=STANDALONE_UP_CAP_S)  # db migrate, user, scheduler, API server: ends once it answers
         yield ui
     finally:
         ui.stop()
@@ -60,11 +68,12 @@ def airflow_ui(tmp_path_factory):
 def api(airflow_ui):
     """The REST API as admin; waits until the DAG is parsed."""
     token = httpx.post(f"{airflow_ui.url}/auth/token", json={"username": "admin", "password": PASSWORD},
-                       timeout=30).json()["access_token"]
-    client = httpx.Client(base_url=airflow_ui.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    deadline = time.monotonic() + 120
-    while client.get(f"/api/v2/dags/{DAG_ID}").status_code != 200:
-        assert time.monotonic() < deadline, "the DAG was not parsed in time"
+                       timeout=API_CALL_CAP_S).json()["access_token"]
+    client = httpx.Client(base_url=airflow_ui.url, headers={"Authorization": f"Bearer {token}"},
+                          timeout=API_CALL_CAP_S)
+    deadline = time.monotonic() + DAG_PARSED_CAP_S
+    while (status := client.get(f"/api/v2/dags/{DAG_ID}").status_code) != 200:
+        assert time.monotonic() < deadline, f"the DAG was not parsed in {DAG_PARSED_CAP_S:.0f} s (last: {status})"
         time.sleep(2)
     yield client
     client.close()
@@ -80,6 +89,9 @@ def browser_context(airflow_ui):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        # every wait_for, click, goto and load-state wait of the pages below ends with its event, within this cap
+        context.set_default_timeout(BROWSER_WAIT_CAP_MS)
+        context.set_default_navigation_timeout(BROWSER_WAIT_CAP_MS)
         context.requests = []
         context.on("request", lambda request: context.requests.append(request.url))
         yield context
@@ -123,7 +135,8 @@ def run_url(ui, run_id: str, tail: str = "") -> str:
     return f"{ui.url}/dags/{DAG_ID}/runs/{run_id}{tail}"
 
 
-def wait_for_run(api, run_id: str, timeout_s: float = 300) -> str:
+def wait_for_run(api, run_id: str, timeout_s: float = RUN_CAP_S) -> str:
+    """The run's final state, as soon as it has one; past the cap, fails with its tasks' states."""
     deadline = time.monotonic() + timeout_s
     state = None
     while True:
@@ -131,8 +144,12 @@ def wait_for_run(api, run_id: str, timeout_s: float = 300) -> str:
             state = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}").json()["state"]
         except httpx.TimeoutException:
             pass  # the API server of a standalone Airflow on a busy machine: ask again until the deadline
-        if state in ("success", "failed") or time.monotonic() > deadline:
+        if state in ("success", "failed"):
             return state
+        if time.monotonic() > deadline:
+            tasks = sorted((ti["task_id"], ti.get("rendered_map_index"), ti["state"])
+                           for ti in task_instances(api, run_id))
+            pytest.fail(f"run {run_id} still {state} after {timeout_s:.0f} s; its tasks: {tasks}")
         time.sleep(3)
 
 
