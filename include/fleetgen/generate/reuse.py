@@ -40,6 +40,7 @@ from fleetgen.generate import jsonio
 from fleetgen.generate.records import stats_record
 from fleetgen.outputs import RunLayout
 from fleetgen.prompts.scan import Prompt
+from fleetgen.validation.outcome import read_summary, why_not_passed
 
 INDEX_DTYPE = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("shard", "<u4"), ("bytes", "<u4"), ("offset", "<u8"),
                         ("check", "<u8")])
@@ -270,6 +271,12 @@ def look_up_reuse(output_root: Path, current_run_folder: str, material: dict,
         elif newest_other is None or when > newest_other[0]:
             newest_other = (when, run_root, meta)
     for _, run_root, meta in sorted(same_key, key=lambda item: item[0], reverse=True):
+        source_layout = RunLayout(run_root)
+        # Indexed only once validated, but the index may predate that rule or a later failed validate.
+        not_passed = why_not_passed(source_layout, read_summary(source_layout))
+        if not_passed is not None:
+            lookup.skipped.append({"run": run_root.name, "reason": not_passed})
+            continue
         try:
             lookup.source = ReuseSource.open(run_root, meta, log)
             break

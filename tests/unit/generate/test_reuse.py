@@ -22,6 +22,7 @@ from fleetgen.generate.reuse import (INDEX_DTYPE, LINE_CHANGED, SOURCE_UNREADABL
                                      generation_material, line_checksum, look_up_reuse, prompt_hash,
                                      write_reuse_index)
 from fleetgen.outputs import RunLayout
+from fleetgen.validation.outcome import summary_path
 from fleetgen.prompts.scan import Prompt, plan_shards
 
 from validate_fixtures import FileAccessWatch  # noqa: E402
@@ -53,7 +54,15 @@ async def generate(root: Path, run: str, records: list[dict], *, material: dict 
     summary = await run_shard_async(shard, fleet.endpoints(), root / run, fast_settings(), transport=fleet.transport(),
                                     reuse=lookup.source)
     write_reuse_index(RunLayout(root / run), material=material, run_id=run)
+    validated(RunLayout(root / run))
     return {**summary, "reuse": lookup.summary()}, fleet
+
+
+def validated(layout: RunLayout, success: bool = True) -> None:
+    """The validation summary validate writes, passed or not (only a passed one makes a run a source)."""
+    summary_path(layout).parent.mkdir(parents=True, exist_ok=True)
+    summary_path(layout).write_text(json.dumps({"success": success, "failed_expectations":
+                                                [] if success else ["missing_prompts", "error_share"]}))
 
 
 async def test_an_unchanged_night_generates_nothing_and_its_folder_is_complete(tmp_path):
@@ -253,6 +262,7 @@ def source_run(root: Path, name: str, shards: dict[int, list[Prompt]], *, materi
         completions.write_bytes(text)
         rows.write_bytes(index_rows)
     write_reuse_index(layout, material=material, run_id=name)
+    validated(layout)
     if written_at is not None:
         meta = json.loads(layout.reuse_index_meta.read_text())
         layout.reuse_index_meta.write_text(json.dumps({**meta, "written_at": written_at}))
@@ -802,3 +812,21 @@ def test_tonights_own_folder_listed_first_does_not_end_the_search(tmp_path, monk
 
     monkeypatch.setattr(Path, "glob", tonight_first)
     assert look_up_reuse(tmp_path, "tonight", MATERIAL).source.run_folder == "night1"
+
+
+@pytest.mark.parametrize("validation", ["failed", "none"])
+def test_a_run_whose_validation_did_not_pass_is_never_a_source_and_the_lookup_says_why(tmp_path, validation, caplog):
+    older = source_run(tmp_path, "older", {0: [ask(1)]}, written_at=1_000.0)
+    newest = source_run(tmp_path, "unvalidated", {0: [ask(1)]}, written_at=2_000.0)
+    if validation == "failed":  # validate failed and was marked success by hand
+        validated(newest, success=False)
+    else:  # validate never wrote its summary
+        summary_path(newest).unlink()
+    with caplog.at_level(logging.WARNING, logger="tests.reuse"):
+        lookup = look_up_reuse(tmp_path, "tonight", MATERIAL, logging.getLogger("tests.reuse"))
+    assert lookup.source.run_folder == older.root.name
+    [skipped] = lookup.skipped
+    assert skipped["run"] == "unvalidated"
+    assert (("did not pass (2 expectation(s) failed: missing_prompts, error_share" if validation == "failed"
+             else "no validation summary at") in skipped["reason"]) and str(summary_path(newest)) in skipped["reason"]
+    assert f"reuse: passing over run unvalidated: {skipped['reason']}" in caplog.messages
