@@ -4,7 +4,7 @@ Layout under the run's output root::
 
     completions/shard-00042.jsonl   the text: one finished prompt a line (append-only)
     stats/shard-00042.jsonl         one compact row per completion: the checkpoint of record
-    errors/shard-00042.jsonl        prompts that failed permanently
+    errors/shard-00042.jsonl        prompts that failed; only the prompt's own faults stay failed on resume
     shards/shard-00042.json         the shard's plan, to refuse resuming over a different plan
     shards/shard-00042.mark.json    where to start reading prompts again: every prompt before it
                                     is finished (rewritten atomically about once a second)
@@ -16,7 +16,10 @@ with one ``write()`` straight to the OS (nothing sits in a user-space buffer, so
 only what was in flight). A kill can therefore leave: a torn last line in any file, and completion
 lines whose stats row was never written (at most the last one or two). Opening the store repairs
 exactly that: torn tails are cut off, and completion lines after the one matching the last stats
-row get their stats rows rebuilt. Only the stats ids and the tail of the completions file are read,
+row get their stats rows rebuilt. An error record counts as done only when it says the failure was
+the prompt's own (``records.PROMPT_FAULT``): the others (the server's fault, or written before records
+said whose fault) are cut from the errors file and their prompts sent again, so clearing a shard after
+the cause is fixed regenerates them. Only the stats ids and the tail of the completions file are read,
 so resume cost does not grow with the size of the text; the mark spares re-reading the prompts
 that are all finished.
 
@@ -36,10 +39,10 @@ from dataclasses import dataclass
 from collections.abc import Iterator
 from pathlib import Path
 
-from fleetgen.errors import GenerationError, OutputError, OutputUnwritable
+from fleetgen.errors import GenerationError, OutputError, OutputUnwritable, ShardPlanChanged
 from fleetgen.generate import jsonio
 from fleetgen.generate.lease import ShardLease
-from fleetgen.generate.records import stats_record
+from fleetgen.generate.records import PROMPT_FAULT, stats_record
 from fleetgen.generate.settings import GenerationSettings
 from fleetgen.generate.reuse import line_checksum
 from fleetgen.outputs import RunLayout
@@ -61,9 +64,10 @@ PLAN_KEYS = ("shard_id", "input_path", "start", "end", "count", "blocks")
 @dataclass(frozen=True)
 class ResumeReport:
     finished: int  # completions already on disk
-    failed: int  # permanent errors already on disk
+    failed: int  # errors already on disk that were the prompts' own fault (kept)
     torn_bytes: dict[str, int]  # bytes of torn last lines cut off, per file kind
     restored_stats: int  # stats rows rebuilt from completion lines
+    sent_again: int = 0  # earlier errors not the prompts' fault: cut from the errors file, their prompts pending
 
 
 class ShardStore:
@@ -126,6 +130,10 @@ class ShardStore:
             self._sizes[kind] = os.fstat(self._fds[kind]).st_size
         return report
 
+    def output_files(self) -> list[Path]:
+        """The files a resume of this shard reads back: deleting them all makes the shard start afresh."""
+        return [*self._paths.values(), self.plan_path, self.mark_path]
+
     def _output_errors(self, path: Path, attempted: int = 0):
         return _OutputErrors(self, path, attempted)
 
@@ -134,11 +142,15 @@ class ShardStore:
         if self.plan_path.exists():
             recorded = jsonio.loads(self.plan_path.read_bytes())
             if recorded != plan:
-                raise GenerationError(
-                    f"this shard's output was written for a different plan ({recorded}), now {plan}",
-                    shard=self.shard_id, path=str(self.plan_path),
-                    hint="shards must not be re-planned within a run; use a new run id (output root) "
-                         "or the same shard_size and prompts file")
+                changed = ", ".join(key for key in sorted(set(recorded) | set(plan))
+                                    if recorded.get(key) != plan.get(key))
+                raise ShardPlanChanged(
+                    f"this shard's output was written for a different plan ({recorded}), now {plan}: {changed} "
+                    "changed (the prompts file or shard_size changed since this run planned its shards); a retry "
+                    "finds the same output", shard=self.shard_id, path=str(self.plan_path),
+                    hint="trigger a new run for the edited prompts file (a new run id gets a folder of its own); "
+                         "or, to redo only this shard in this run, delete its output ("
+                         + " ".join(str(path) for path in self.output_files()) + ") and clear this task")
             return
         partial = self.plan_path.with_name(self.plan_path.name + ".partial")
         partial.write_bytes(jsonio.dumps(plan))
@@ -151,7 +163,7 @@ class ShardStore:
             cut = _cut_torn_tail(path)
             if cut:
                 torn[kind] = cut
-        failed = self._load_error_ids()
+        failed, sent_again = self._load_error_ids()
         last_id = self._load_stats_ids()
         orphans = self._orphan_completions(last_id)
         if orphans:
@@ -160,16 +172,30 @@ class ShardStore:
                     stats.write(jsonio.dumps(stats_record(record)) + b"\n")
                     self.done_ids.add(record["id"].encode())
         return ResumeReport(finished=len(self.done_ids) - failed, failed=failed, torn_bytes=torn,
-                            restored_stats=len(orphans))
+                            restored_stats=len(orphans), sent_again=sent_again)
 
-    def _load_error_ids(self) -> int:
-        count = 0
-        if self.errors_path.exists():
-            with self.errors_path.open("rb") as handle:
-                for number, raw in enumerate(handle, 1):
-                    self.done_ids.add(self._line_id(raw, self.errors_path, number))
-                    count += 1
-        return count
+    def _load_error_ids(self) -> tuple[int, int]:
+        """Take the prompts' own faults as done; cut every other error record (its prompt is sent again).
+        Returns (kept, cut)."""
+        if not self.errors_path.exists():
+            return 0, 0
+        kept, cut = [], 0
+        with self.errors_path.open("rb") as handle:
+            for number, raw in enumerate(handle, 1):
+                raw_id = self._line_id(raw, self.errors_path, number)
+                if _fault(raw) == PROMPT_FAULT:
+                    self.done_ids.add(raw_id)
+                    kept.append(raw)
+                else:
+                    cut += 1
+        if cut:
+            # The mark goes first: it may lie past the prompts about to be pending again. A kill between the
+            # two leaves the old errors file and no mark, which the next open handles the same way.
+            self.mark_path.unlink(missing_ok=True)
+            partial = self.errors_path.with_name(self.errors_path.name + ".partial")
+            partial.write_bytes(b"".join(kept))
+            os.replace(partial, self.errors_path)
+        return len(kept), cut
 
     def _load_stats_ids(self) -> bytes | None:
         last_id = None
@@ -299,6 +325,7 @@ class ShardStore:
                 prompt_hash.hex().encode(), offset, len(completion_line), line_checksum(completion_line).encode()))
 
     def record_failure(self, error_line: bytes, prompt_id: str) -> None:
+        """Persist one failed prompt (``records.error_record``); this try does not send it again."""
         self._check_writable()
         self._append("errors", error_line)
         self.done_ids.add(prompt_id.encode())
@@ -376,6 +403,14 @@ def output_error(exc: OSError, path: Path, shard_id: int, attempted: int) -> Out
     return OutputError(f"cannot write the shard's output: {reason}", errno=exc.errno, shard=shard_id,
                        path=str(path), hint="check the file system of output_root (dmesg, mount state); "
                        "a retry resumes from what is on disk")
+
+
+def _fault(raw: bytes) -> str | None:
+    """Whose fault an error line says its failure was; None for a line written before records said so."""
+    try:
+        return jsonio.loads(raw).get("fault")
+    except (jsonio.JSONDecodeError, AttributeError):
+        return None
 
 
 def _free_bytes(path: Path) -> int | None:

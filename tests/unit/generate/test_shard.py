@@ -598,3 +598,19 @@ def test_run_shard_hands_on_its_logger_progress_interval_sharing_and_reuse_sourc
     progress_lines = [record.getMessage() for record in caplog.records
                       if record.name == "tests.own_shard_log" and "/60 done" in record.getMessage()]
     assert len(progress_lines) >= 2  # a line every 10 ms, not only the last one
+
+
+async def test_a_shard_none_of_whose_prompts_completed_fails_saying_what_to_clear(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 3)
+    busy = FakeFleet(1, limit=1)
+    busy.behaviour["s0:1"] = lambda prompt_id, n: _error(429, "busy")
+    with pytest.raises(GenerationError, match="none of the shard's 3 prompts completed: 3 failed") as caught:
+        await run_shard_async(shard, busy.endpoints(), tmp_path / "out", fast_settings(max_attempts=1),
+                              transport=busy.transport())
+    assert caught.value.shard == 0 and "errors/shard-00000.jsonl" in caught.value.message
+    assert "clear this task" in caught.value.hint and "start a new run" in caught.value.hint
+    fixed = FakeFleet(1, limit=1)
+    summary = await run_shard_async(shard, fixed.endpoints(), tmp_path / "out", fast_settings(),
+                                    transport=fixed.transport())
+    assert (summary["done"], summary["failed"]) == (3, 0)
+    assert shard_output(tmp_path / "out")["errors"] == []

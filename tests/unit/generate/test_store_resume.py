@@ -247,3 +247,57 @@ def test_a_store_made_without_opening_holds_no_lease_and_reads_the_shard_from_it
     store.close()
     assert json.loads(store.mark_path.read_text()) == {"valid_before": 1, "offset": len(_prompt_line("q0"))}
     ShardStore.open(tmp_path / "out", shard, lease_wait_s=0.05)[0].close()  # nothing holds the shard
+
+
+# --- which earlier errors a new try keeps: only the prompt's own fault ----------------------------------------------
+
+def test_a_new_try_keeps_only_the_errors_that_were_the_prompts_own_fault(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(_prompt_line(f"q{n}") for n in range(4)))
+    [shard] = plan_shards(path, shard_size=10, scan=scan_prompts(path))
+    store, _ = ShardStore.open(tmp_path / "out", shard)
+    _record(store, "q0")
+    kept = {"id": "q1", "status": "failed", "error": {"code": "http_400", "message": "too long"}, "fault": "prompt"}
+    server = {"id": "q2", "status": "failed", "error": {"code": "attempts_exhausted", "message": "busy"},
+              "fault": "server"}
+    unknown = {"id": "q3", "status": "failed", "error": {"code": "http_400", "message": "chat template"}}  # older try
+    for record in (kept, server, unknown):
+        store.record_failure(json.dumps(record).encode() + b"\n", record["id"])
+    store.save_mark(4, path.stat().st_size)  # every prompt finished, as that try saw it
+    store.close()
+    again, report = ShardStore.open(tmp_path / "out", shard)
+    try:
+        pending = [prompt.id for _, _, _, prompt in again.pending_prompts(shard)]
+    finally:
+        again.close()
+    assert pending == ["q2", "q3"]
+    assert (report.finished, report.failed, report.sent_again) == (1, 1, 2)
+    assert [json.loads(line)["id"] for line in (tmp_path / "out/errors/shard-00000.jsonl").read_text().splitlines()] \
+        == ["q1"]
+
+
+@pytest.mark.anyio
+async def test_clearing_a_shard_after_the_server_is_fixed_regenerates_its_server_fault_errors_only(tmp_path, caplog):
+    from generate_fakes import FakeFleet, fast_settings, shard_output, write_prompts
+    import httpx
+    from fleetgen.generate import run_shard_async
+
+    shard = write_prompts(tmp_path / "p.jsonl", 6)
+    night = FakeFleet(1, limit=1)
+    night.behaviour["s0:1"] = lambda pid, n: (httpx.Response(400, text="longer than the context") if pid == "p0001"
+                                              else httpx.Response(429, text="busy") if pid in ("p0003", "p0004")
+                                              else None)
+    first = await run_shard_async(shard, night.endpoints(), tmp_path / "out", fast_settings(max_attempts=2),
+                                  transport=night.transport())
+    assert first["failed"] == 3
+    fixed = FakeFleet(1, limit=1)
+    with caplog.at_level(logging.INFO):
+        summary = await run_shard_async(shard, fixed.endpoints(), tmp_path / "out", fast_settings(),
+                                        transport=fixed.transport())
+    assert sorted(fixed.by_prompt) == ["p0003", "p0004"]  # the too-long prompt is not sent again
+    assert (summary["done"], summary["failed"], summary["skipped_already_done"]) == (2, 0, 4)
+    out = shard_output(tmp_path / "out")
+    assert [(r["id"], r["fault"]) for r in out["errors"]] == [("p0001", "prompt")]
+    assert sorted(r["id"] for r in out["completions"]) == ["p0000", "p0002", "p0003", "p0004", "p0005"]
+    assert "6 prompts, 4 already done (3 completed, 1 failed earlier)" in caplog.text
+    assert "2 prompt(s) that failed in earlier tries through no fault of their own are sent again" in caplog.text
