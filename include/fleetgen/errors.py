@@ -214,6 +214,11 @@ class ShardLeaseLost(GenerationError):
     """A newer try of the shard took its output over; this try stopped before writing more."""
 
 
+class ShardPlanChanged(GenerationError):
+    """The shard's output on disk was written for another plan (the prompts file or shard_size changed since).
+    Never retried: every try of the shard finds the same recorded plan."""
+
+
 class OutputError(GenerationError):
     """A shard's output could not be written; ``errno`` is the OS error number. Retryable: the
     space came back (something was freed) or the error may be transient."""
