@@ -6,9 +6,12 @@
   and lists the failures, reading only files inside the run's folder (``fleetgen.report.site``). It asks
   Airflow's auth manager whether the caller may read the DAG's runs.
 
-The run's folder is ``<output_root>/<run folder>``, with ``output_root`` from the run's conf (the trigger
-form sends every param) or the deployment's default. The API server must see the workers' output root
-(the same machine, or shared storage).
+The view serves only runs of the DAG ``sglang_generation`` whose folder lies in the deployment's output root
+(``FLEETGEN_OUTPUT_ROOT`` of the API server, ``fleetgen.outputs.default_output_root``): never a root taken
+from the run's conf, which whoever triggers the run chooses. A run whose DAG parameter ``output_root`` names
+another folder, a run id that is not a plain folder name (``.``, ``..``, ``/``...) and a run folder that is a
+symlink are answered 404 with the reason (``fleetgen.report.site.served_run_layout``). The API server must
+see the workers' output root (the same machine, or shared storage) under the same path.
 """
 
 from __future__ import annotations
@@ -23,20 +26,24 @@ PREFIX = "/fleetgen"
 
 
 def _run_layout(dag_id: str, run_id: str):
-    """The run's output folder, from the run's conf in the metadata DB (the API server's side)."""
+    """The run's output folder in the deployment's output root, or None when there is no such run of our DAG;
+    raises PathOutsideRun for a run the view does not serve (the run's conf is read from the metadata DB only
+    to see whether it names another output root)."""
     from sqlalchemy import select
 
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
 
-    from fleetgen.outputs import RunLayout, default_output_root
+    from fleetgen.outputs import default_output_root
+    from fleetgen.report.site import served_run_layout
 
+    if dag_id != DAG_ID:
+        return None
     with create_session() as session:
         conf = session.scalar(select(DagRun.conf).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
     if conf is None and not _run_exists(dag_id, run_id):
         return None
-    output_root = (conf or {}).get("output_root") or default_output_root()
-    return RunLayout.for_run(output_root, run_id)
+    return served_run_layout(default_output_root(), run_id, (conf or {}).get("output_root"))
 
 
 def _run_exists(dag_id: str, run_id: str) -> bool:
@@ -88,9 +95,13 @@ class FailuresLink(_RunLink):
     def shown(self, ti_key) -> bool:
         if ti_key.task_id == "run_outcome":
             return True
+        from fleetgen.errors import PathOutsideRun
         from fleetgen.outputs import read_failures
 
-        layout = _run_layout(ti_key.dag_id, ti_key.run_id)
+        try:
+            layout = _run_layout(ti_key.dag_id, ti_key.run_id)
+        except PathOutsideRun:
+            return False
         return layout is not None and any(record.get("task_id") == ti_key.task_id
                                           for record in read_failures(layout.failures))
 
@@ -109,15 +120,20 @@ def _app():
     can_read = [Depends(requires_access_dag("GET", DagAccessEntity.RUN))]
 
     def pages(dag_id: str, run_id: str) -> RunPages:
-        layout = _run_layout(dag_id, run_id)
+        try:
+            layout = _run_layout(dag_id, run_id)
+        except PathOutsideRun as error:
+            raise HTTPException(404, str(error)) from None
         if layout is None:
-            raise HTTPException(404, f"no run {run_id} of {dag_id}")
+            raise HTTPException(404, f"no run {run_id} of {dag_id} (the view serves the runs of {DAG_ID})")
         return RunPages(layout, run_id, base=run_url(dag_id, run_id, ""))
 
+    # requires_access_dag reads the DAG from the path's dag_id: the caller must be allowed to read that DAG's runs.
     @app.get("/runs/{dag_id}/{run_id}/files/{relative:path}", dependencies=can_read)
     def run_file(dag_id: str, run_id: str, relative: str) -> Response:
+        run_pages = pages(dag_id, run_id)
         try:
-            body, media = pages(dag_id, run_id).file(relative)
+            body, media = run_pages.file(relative)
         except PathOutsideRun as error:
             raise HTTPException(404, error.message) from None
         # The pages are self-contained: forbid the browser to fetch anything from elsewhere.
