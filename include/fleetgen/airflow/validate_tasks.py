@@ -46,12 +46,20 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
     from fleetgen.report.build import build_report
     from fleetgen.report.previous import find_previous_report
 
+    from fleetgen.validation.outcome import read_summary, why_not_passed
+
     context, config, layout = run_context()
-    # Validation passed (this task runs only then): the run's completions may be reused from now on.
-    settings = generation_settings(config, fleet_from_json(fleet))
-    indexed = write_reuse_index(layout, material=generation_material(model_identity, settings),
-                                run_id=context["run_id"])
-    log.info("Indexed %d completion(s) for later runs to reuse (%s)", indexed, layout.reuse_index)
+    # What validate wrote, not its XCom: a validate marked success by hand returned nothing (or failed first).
+    validation = read_summary(layout)
+    not_passed = why_not_passed(layout, validation)
+    if not_passed is None:  # only a validated run's completions may be reused from now on
+        settings = generation_settings(config, fleet_from_json(fleet))
+        indexed = write_reuse_index(layout, material=generation_material(model_identity, settings),
+                                    run_id=context["run_id"])
+        log.info("Indexed %d completion(s) for later runs to reuse (%s)", indexed, layout.reuse_index)
+    else:
+        log.warning("This run is not validated: %s. Its completions are not indexed for later runs to reuse; "
+                    "clear validate to run it again once the cause is fixed", not_passed)
     previous = find_previous_report(config.inputs.output_root, layout.root.name)
     log.info("Writing the run report to %s (previous run: %s)", layout.report_dir, previous or "none")
     # Throughput is measured over the generation itself (first request sent to last completion), not
@@ -61,6 +69,6 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
     for asset in context["task"].outlets:  # the finished dataset, for downstream training DAGs
         context["outlet_events"][asset].extra = {"run_id": context["run_id"], "out_dir": str(layout.root),
                                                  "completions": str(layout.kind_dir("completions")),
-                                                 "rows": validation.get("rows"), "report": summary["report_json"]}
+                                                 "rows": (validation or {}).get("rows"), "report": summary["report_json"]}
     log.info("Report: %s; %.1f output tokens/s overall", summary["report_md"], summary["tokens_per_s"])
     return summary

@@ -35,6 +35,7 @@ from fleetgen.outputs import RunLayout, read_marker_stops
 from fleetgen.report.previous import REPORT_SCHEMA
 from fleetgen.tuning.plan_notes import read_plan_notes
 from fleetgen.validation.stats_table import load_errors, load_stats
+from fleetgen.validation.outcome import why_not_passed
 from fleetgen.validation.suite import json_safe
 
 __all__ = ["build_report", "compare_reports", "summarize_stats"]
@@ -305,7 +306,7 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
     max_tokens = ((validation or {}).get("thresholds") or {}).get("max_tokens")
     report = {"schema": REPORT_SCHEMA, "run_id": run_id, "out_dir": str(out),
               "generated_at": now.isoformat(timespec="seconds"), "generated_at_epoch": now.timestamp(),
-              "run_succeeded": bool(validation and validation.get("success"))}
+              "run_succeeded": bool(validation and validation.get("success") is True)}
     # Completions copied from an earlier run count in validation, not in tonight's throughput.
     reused = stats["reused_from"].notna() if "reused_from" in stats else pd.Series(False, index=stats.index)
     report.update(summarize_stats(stats[~reused], server_gpus=_server_gpus(plan, readiness),
@@ -334,6 +335,8 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
     report["simulated"] = any(bool(item.get("simulated")) for item in readiness or [])
     report["shards"] = _shards(shard_results)
     report["validation"] = validation
+    # Why the run does not count as validated (None when it does): it is then not indexed for reuse.
+    report["not_validated"] = why_not_passed(RunLayout(out), validation)
     previous, unusable = _load_previous(previous_report)
     report["comparison"] = compare_reports(report, previous, str(previous_report)) if previous else unusable
     report = json_safe(report)

@@ -90,6 +90,8 @@ def _headline(report: dict) -> list[str]:
     reuse, servers = report["reuse"], report["servers"]
     return [f"# Generation run {report['run_id']}", "",
             f"Generated {report['generated_at']}. Validation: **{verdict}**.", "",
+            *([f"> **Not validated**: {report['not_validated']}. Its completions are not indexed for later runs "
+               "to reuse.", ""] if report.get("not_validated") else []),
             *(["> **Simulated fleet**: the servers reported the simulator's capacity model in /server_info; "
                "every figure below comes from simulated GPUs, not measured ones.", ""]
               if report.get("simulated") else []),

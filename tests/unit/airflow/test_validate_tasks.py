@@ -16,6 +16,7 @@ from fleetgen.generate import reuse
 from fleetgen.prompts.scan import scan_prompts
 from fleetgen.report import build, previous
 from fleetgen.validation import suite
+from fleetgen.validation.outcome import summary_path
 
 RUN_ID = "manual__2026-01-02T00:00:00+00:00"
 FLEET = {"model": {"path": "/models/m", "served_name": "served-m"},
@@ -134,6 +135,8 @@ def test_the_report_indexes_the_completions_and_builds_from_every_shard_and_serv
     plans = [{"host": "n0", "port": 30000}, {"host": "n1", "port": 30000}]
     readiness = [{"server": "n0:30000"}, {"server": "n1:30000"}]
     shards = [{"shard_id": 0}, {"shard_id": 1}]
+    run.config = RunConfig.from_params(run.params)
+    written = _summary_written(run, {"success": True, "rows": 2})
     with caplog.at_level("INFO", logger="fleetgen"):
         summary = run.call(validate_tasks.report, plans, readiness, shards, {"rows": 2}, IDENTITY, FLEET,
                            max_tokens=99)
@@ -148,7 +151,7 @@ def test_the_report_indexes_the_completions_and_builds_from_every_shard_and_serv
     assert reporting.previous == [(run.config.inputs.output_root, root.name)]
     [(out_dir, kwargs)] = reporting.built
     assert out_dir == root and kwargs == {"run_id": RUN_ID, "plan": plans, "readiness": readiness,
-                                          "shard_results": shards, "validation": {"rows": 2},
+                                          "shard_results": shards, "validation": written,
                                           "previous_report": "/out/earlier/report/report.json"}
     assert summary["tokens_per_s"] == 12.5
 
@@ -157,6 +160,8 @@ def test_the_finished_dataset_is_announced_on_every_outlet_with_the_runs_output(
     first, second = object(), object()
     run.task = SimpleNamespace(outlets=[first, second])
     run.outlet_events = {first: SimpleNamespace(extra=None), second: SimpleNamespace(extra=None)}
+    run.config = RunConfig.from_params(run.params)
+    _summary_written(run, {"success": True, "rows": 5})
     with caplog.at_level("INFO", logger="fleetgen"):
         run.call(validate_tasks.report, [], [], [], {"rows": 5}, IDENTITY, FLEET)
     assert f"Writing the run report to {run.layout().report_dir} (previous run: none)" in _messages(caplog)
@@ -164,3 +169,35 @@ def test_the_finished_dataset_is_announced_on_every_outlet_with_the_runs_output(
     expected = {"run_id": RUN_ID, "out_dir": str(root), "completions": str(run.layout().kind_dir("completions")),
                 "rows": 5, "report": f"{root}/report/report.json"}
     assert run.outlet_events[first].extra == expected and run.outlet_events[second].extra == expected
+
+
+def _summary_written(run, summary: dict) -> dict:
+    """The validation summary as validate_run leaves it in the run's folder."""
+    path = summary_path(run.layout())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary))
+    return summary
+
+
+@pytest.mark.parametrize("left", ["failed", "none"])
+def test_a_report_after_a_validate_marked_success_by_hand_says_so_and_indexes_nothing(run, reporting, caplog, left):
+    """validate failed (or never ran) and was marked success: its XCom is None. The report still runs, names
+    why the run is not validated and indexes none of its completions."""
+    outlet = object()
+    run.task = SimpleNamespace(outlets=[outlet])
+    run.outlet_events = {outlet: SimpleNamespace(extra=None)}
+    run.config = RunConfig.from_params(run.params)
+    if left == "failed":
+        _summary_written(run, {"success": False, "rows": 3, "failed_expectations": ["missing_prompts"]})
+    with caplog.at_level("INFO", logger="fleetgen"):
+        run.call(validate_tasks.report, [], [], [], None, IDENTITY, FLEET)
+    assert reporting.indexed == []
+    [warning] = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    reason = ("its validation did not pass (1 expectation(s) failed: missing_prompts" if left == "failed"
+              else "no validation summary at")
+    assert warning.startswith("This run is not validated: ") and reason in warning
+    assert "not indexed for later runs to reuse" in warning
+    [(_, kwargs)] = reporting.built
+    assert kwargs["validation"] == ({"success": False, "rows": 3, "failed_expectations": ["missing_prompts"]}
+                                    if left == "failed" else None)
+    assert run.outlet_events[outlet].extra["rows"] == (3 if left == "failed" else None)

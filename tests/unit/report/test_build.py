@@ -727,3 +727,21 @@ def test_the_report_lists_the_nodes_the_plan_left_out_and_why(tmp_path):
     assert report["plan_notes"] == {"nodes_left_out": [{"node": "node1", "reason": "cannot reach the node"}],
                                     "long_prompt": None}
     assert "| node1 | cannot reach the node |" in Path(brief["report_md"]).read_text()
+
+
+def test_a_report_of_a_run_whose_validation_failed_says_it_is_not_validated_nor_indexed(tmp_path):
+    out = write_run(tmp_path / "root" / "r1", [good_row(index) for index in range(30)])
+    plan, readiness = plan_and_readiness(40)
+    failed = {"success": False, "failed_expectations": ["missing_prompts"], "expectations": []}
+    brief = build_report(out, run_id="r1", plan=plan, readiness=readiness, shard_results=None, validation=failed,
+                         previous_report=None)
+    report = json.loads(Path(brief["report_json"]).read_text())
+    assert report["run_succeeded"] is False
+    assert report["not_validated"].startswith("its validation did not pass (1 expectation(s) failed: missing_prompts")
+    markdown = Path(brief["report_md"]).read_text()
+    assert "Validation: **FAILED**" in markdown
+    assert f"> **Not validated**: {report['not_validated']}. Its completions are not indexed" in markdown
+    passed = build_report(out, run_id="r1", plan=plan, readiness=readiness, shard_results=None,
+                          validation={"success": True, "expectations": []}, previous_report=None)
+    assert json.loads(Path(passed["report_json"]).read_text())["not_validated"] is None
+    assert "Not validated" not in Path(passed["report_md"]).read_text()
