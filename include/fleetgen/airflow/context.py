@@ -7,14 +7,16 @@ import functools
 
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import (AuthenticationRefused, ConfigError, HostKeyMismatch, ModelConfigError, OutputUnwritable,
-                             PlanError, ProbeError, PromptsError, ServerReplaced, ValidationFailed)
+                             PlanError, ProbeError, PromptsError, ServerReplaced, ShardPlanChanged,
+                             ValidationFailed)
 from fleetgen.outputs import RunLayout
 
 # Errors a retry cannot fix: bad input, a model we cannot size, a plan that cannot fit, failed data, a node
 # presenting another host key than its connection's or refusing its login or key (a missing key file is a
-# ConfigError), an output disk that is still full or not writable, a server that is not the launch wait_ready read.
+# ConfigError), an output disk that is still full or not writable, a server that is not the launch wait_ready read,
+# a shard's output written for another plan.
 DETERMINISTIC_ERRORS = (ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError, ValidationFailed,
-                        HostKeyMismatch, AuthenticationRefused, OutputUnwritable, ServerReplaced)
+                        HostKeyMismatch, AuthenticationRefused, OutputUnwritable, ServerReplaced, ShardPlanChanged)
 
 
 def fail_fast(function):

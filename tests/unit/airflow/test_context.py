@@ -11,7 +11,7 @@ from fleetgen.airflow.context import DETERMINISTIC_ERRORS, fail_fast, mapped_val
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import (AuthenticationRefused, ConfigError, FleetgenError, HostKeyMismatch, HostUnreachable,
                              ModelConfigError, OutputError, OutputUnwritable, PlanError, ProbeError, PromptsError,
-                             RemoteError, ValidationFailed)
+                             RemoteError, ServerReplaced, ShardPlanChanged, ValidationFailed)
 
 
 def _raising(error):
@@ -26,7 +26,7 @@ def _raising(error):
     ProbeError("no GPU"), PromptsError("no prompt"), ValidationFailed("too many truncated"),
     HostKeyMismatch("n1 presents another host key", expected="ssh-ed25519 SHA256:a", received="ssh-ed25519 SHA256:b",
                     host="n1"),
-    OutputUnwritable("disk full", errno=errno.ENOSPC)])
+    OutputUnwritable("disk full", errno=errno.ENOSPC), ShardPlanChanged("written for a different plan", shard=3)])
 def test_an_error_a_retry_cannot_fix_fails_the_task_at_once_keeping_message_and_cause(error):
     with pytest.raises(AirflowFailException) as caught:
         fail_fast(_raising(error))()
@@ -45,7 +45,8 @@ def test_any_other_error_is_left_to_airflows_retries(error):
 
 def test_the_deterministic_errors_are_exactly_those_a_retry_cannot_fix():
     assert set(DETERMINISTIC_ERRORS) == {ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError,
-                                         ValidationFailed, HostKeyMismatch, AuthenticationRefused, OutputUnwritable}
+                                         ValidationFailed, HostKeyMismatch, AuthenticationRefused, OutputUnwritable,
+                                         ServerReplaced, ShardPlanChanged}
 
 
 def test_a_wrapped_task_keeps_its_name_docs_arguments_and_result():

@@ -313,3 +313,27 @@ def test_the_first_shards_lost_try_is_recorded_with_its_map_index(run, recorder)
 def test_a_shard_without_a_lost_try_records_no_failure(run, recorder):
     run.call(generate_tasks.generate_shard, SHARD_0, READINESS, FLEET, IDENTITY)
     assert not run.layout().failures.exists()
+
+
+def test_a_shard_whose_output_was_written_for_another_plan_fails_at_once_saying_what_to_do(run, monkeypatch):
+    """Clearing a whole run after a prompt line was edited re-plans its shards: no retry can match the plan the
+    output on disk was written for, so the task fails at once and names a new run or the files to delete."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from fleetgen.airflow.context import fail_fast
+    from fleetgen.errors import ShardPlanChanged
+    from fleetgen.generate.store import ShardStore
+
+    monkeypatch.setattr(conf, "getint", lambda section, key: 1024)
+    monkeypatch.setattr(lifecycle, "api_key", lambda spec: None)
+    [shard, _] = run.call(generate_tasks.plan_shards, _scan(run), shard_size=5, sample_interval_s=0)
+    earlier, _ = ShardStore.open(run.layout().root, {**shard, "count": 6})  # the plan before the edit
+    earlier.close()
+    with pytest.raises(AirflowFailException) as caught:
+        run.call(fail_fast(generate_tasks.generate_shard), shard, READINESS, FLEET, IDENTITY, sample_interval_s=0)
+    error = caught.value.__cause__
+    assert isinstance(error, ShardPlanChanged) and error.shard == 0
+    assert ": count changed (the prompts file or shard_size changed" in error.message
+    assert error.hint.startswith("trigger a new run for the edited prompts file")
+    for path in earlier.output_files():
+        assert str(path) in error.hint

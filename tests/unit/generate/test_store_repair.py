@@ -207,8 +207,11 @@ def test_errors_say_what_to_do(tmp_path):
     assert (orphan.value.path, orphan.value.line) == (str(store.completions_path), None)
     with pytest.raises(GenerationError) as plan:
         ShardStore.open(tmp_path, {**SHARD, "count": 1})
-    assert (plan.value.shard, plan.value.hint) == (7, "shards must not be re-planned within a run; use a new run id "
-                                                      "(output root) or the same shard_size and prompts file")
+    files = " ".join(str(tmp_path / kind / "shard-00007.jsonl") for kind in ("completions", "stats", "errors", "reuse"))
+    assert (plan.value.shard, plan.value.hint) == (7, (
+        "trigger a new run for the edited prompts file (a new run id gets a folder of its own); or, to redo only this "
+        f"shard in this run, delete its output ({files} {tmp_path / 'shards' / 'shard-00007.json'} "
+        f"{tmp_path / 'shards' / 'shard-00007.mark.json'}) and clear this task"))
 
 
 def test_mismatch_errors_carry_the_completions_file_and_a_hint(tmp_path):
