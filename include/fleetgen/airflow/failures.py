@@ -10,7 +10,7 @@ import logging
 import jsonlines
 import orjson
 
-from fleetgen.errors import FleetgenError
+from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.outputs import RunLayout, read_failures
 
 log = logging.getLogger("fleetgen")
@@ -109,7 +109,7 @@ def describe_failure(context) -> None:
                   record.get("hint", _UNANTICIPATED))
     try:
         layout = RunLayout.for_run(context["params"]["output_root"], context["run_id"])
-    except KeyError as error:
+    except (KeyError, ConfigError) as error:  # no output_root, or a run id that names no folder of its own
         log.warning("could not append the failure summary (%s); it was: %s", error, json.dumps(record, default=str))
         return
     _append(layout, record)

@@ -222,6 +222,18 @@ def test_a_summary_without_an_output_root_goes_to_the_log(tmp_path, caplog):
     assert not (tmp_path / "manual__1").exists()
 
 
+def test_a_summary_of_a_run_whose_id_names_no_folder_goes_to_the_log_not_into_the_output_root(tmp_path, caplog):
+    context = _context(tmp_path, ConfigError("bad fleet", hint="fix it"), task_id="load_fleet", map_index=-1,
+                       label=None)
+    context["run_id"] = "."
+    with caplog.at_level("WARNING", logger="fleetgen"):
+        failures.describe_failure(context)
+    [warning] = caplog.records
+    assert warning.getMessage().startswith("could not append the failure summary (run id '.' does not name a folder")
+    assert json.loads(warning.getMessage().split("it was: ", 1)[1])["first_line"] == "bad fleet"
+    assert not (tmp_path / "failures.jsonl").exists()
+
+
 def test_a_wrapped_error_of_ours_is_not_summarised_again_in_the_log(tmp_path, caplog):
     from airflow.sdk.exceptions import AirflowFailException
 
