@@ -125,6 +125,25 @@ def _prompt_length_limit(spec: FleetSpec, config: RunConfig):
                         param_context=config.tuning.context_length or None)
 
 
+def _create_run_folder(layout) -> None:
+    """The run's folder, or ``OutputUnwritable`` naming it and ``output_root``: the first write of a run, and
+    a read-only, immutable or foreign output root fails the same way on every try."""
+    import os
+
+    from fleetgen.errors import OutputUnwritable
+
+    try:
+        layout.root.mkdir(parents=True, exist_ok=True)
+        if not os.access(layout.root, os.W_OK | os.X_OK):  # a read-only or immutable folder that exists
+            raise PermissionError(13, "Permission denied", str(layout.root))
+    except OSError as error:
+        raise OutputUnwritable(f"cannot create or write the run's folder {layout.root}: "
+                               f"{error.strerror or error}", errno=error.errno, path=str(layout.root),
+                               hint="the DAG parameter output_root (or FLEETGEN_OUTPUT_ROOT) must name a folder "
+                                    "the worker's user can write on every worker: fix its permissions or "
+                                    "choose another") from None
+
+
 def scan_prompts(fleet: dict) -> dict:
     """**Validates the prompts file** (`prompts_path`): structural errors fail with file:line; invalid prompts go to
     `rejects.jsonl` in the run's folder.
@@ -136,7 +155,7 @@ def scan_prompts(fleet: dict) -> dict:
     from fleetgen.report.previous import prompts_identity
 
     _, config, layout = run_context()
-    layout.root.mkdir(parents=True, exist_ok=True)
+    _create_run_folder(layout)
     limit = _prompt_length_limit(fleet_from_json(fleet), config)
     log.info("Validating prompts %s (rejects go to %s); prompts must fit a context of %d tokens with max_tokens "
              "%d (%s)", config.inputs.prompts_path, layout.rejects, limit.context_tokens, limit.max_tokens,

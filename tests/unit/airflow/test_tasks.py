@@ -528,3 +528,20 @@ def test_the_cap_cut_factor_sets_the_long_prompt_aside_at_scan_time(run, nodes, 
         f"of 200 tokens: a longer prompt would cut every server's running requests by more than that): estimated "
         f"prompt tokens + max_tokens 100 exceed it; the plan sizes the servers for the other prompts; each is in "
         f"{layout.rejects} with its estimate"]
+
+
+def test_an_unwritable_output_root_fails_the_scan_once_naming_the_folder_and_the_parameter(run, nodes, tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from fleetgen.airflow.context import fail_fast
+    from fleetgen.errors import OutputUnwritable
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the output root should be")  # mkdir fails as on a read-only root
+    with pytest.raises(OutputUnwritable) as raised:
+        run.call(tasks.scan_prompts, fleet_document(str(run.model)), output_root=str(blocked))
+    run_folder = RunConfig.from_params(run.context["params"]).layout(RUN_ID).root
+    assert raised.value.path == str(run_folder) and str(run_folder) in str(raised.value)
+    assert "output_root" in raised.value.hint
+    with pytest.raises(AirflowFailException, match="cannot create or write the run's folder"):  # not retried
+        run.call(fail_fast(tasks.scan_prompts), fleet_document(str(run.model)), output_root=str(blocked))
