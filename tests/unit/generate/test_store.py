@@ -30,7 +30,7 @@ def test_fresh_store_then_resume_sees_what_was_recorded(tmp_path):
     assert (report.finished, report.failed) == (0, 0)
     record(store, "a")
     record(store, 'quote"d')  # an id that takes the slow path
-    store.record_failure(jsonio.dumps({"id": "e", "status": "failed"}) + b"\n", "e")
+    store.record_failure(jsonio.dumps({"id": "e", "status": "failed", "fault": "prompt"}) + b"\n", "e")
     store.close()
     store, report = ShardStore.open(tmp_path, SHARD)
     assert store.done_ids == {b"a", b'quote"d', b"e"}
@@ -73,7 +73,7 @@ def test_kill_points_between_the_two_writes(tmp_path, cut_completions, cut_stats
 
 def test_torn_error_line_is_cut(tmp_path):
     store, _ = ShardStore.open(tmp_path, SHARD)
-    store.record_failure(b'{"id":"e1","status":"failed"}\n', "e1")
+    store.record_failure(b'{"id":"e1","status":"failed","fault":"prompt"}\n', "e1")
     store.close()
     with store.errors_path.open("ab") as handle:
         handle.write(b'{"id":"e2","sta')

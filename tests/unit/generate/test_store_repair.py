@@ -163,8 +163,8 @@ def test_fresh_files_are_created_private_to_the_user_and_nothing_is_reported_tor
     for path in (store.completions_path, store.stats_path, store.errors_path):
         assert path.stat().st_mode & 0o777 == 0o644 & ~_umask()
     record(store, "a")
-    store.record_failure(b'{"id":"e1"}\n', "e1")
-    store.record_failure(b'{"id":"e2"}\n', "e2")
+    store.record_failure(b'{"id":"e1","fault":"prompt"}\n', "e1")
+    store.record_failure(b'{"id":"e2","fault":"prompt"}\n', "e2")
     assert store.done_ids == {b"a", b"e1", b"e2"}
     store.close()
     store, report = ShardStore.open(tmp_path, SHARD)
