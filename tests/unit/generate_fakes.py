@@ -54,6 +54,8 @@ class FakeFleet:
         self.bodies: dict[str, dict] = {}
         self.headers: list[httpx.Headers] = []
         self.scrapes: Counter = Counter()  # /metrics requests per server
+        self.server_info: dict = {}  # name -> /server_info body, or a function of the name giving one
+        self.info_reads: Counter = Counter()  # /server_info requests per server
 
     def endpoints(self, limit: int | None = None) -> list[ServerEndpoint]:
         return [ServerEndpoint(name=name, url=f"http://{name}", max_in_flight=limit or self.limit)
@@ -68,6 +70,10 @@ class FakeFleet:
         if request.url.path == "/health":
             answer = self.health.get(name)
             return answer(name) if answer else httpx.Response(200)
+        if request.url.path == "/server_info":
+            self.info_reads[name] += 1
+            answer = self.server_info.get(name, {})
+            return httpx.Response(200, json=answer(name) if callable(answer) else answer)
         if request.url.path == "/metrics":
             self.scrapes[name] += 1
             return httpx.Response(200, text=metrics_page(self.in_flight[name]))
@@ -85,6 +91,8 @@ class FakeFleet:
             act = self.behaviour.get(name)
             if act is not None:
                 answer = act(prompt_id, number)
+                if asyncio.iscoroutine(answer):  # an answer that takes its time
+                    answer = await answer
                 if answer is not None:
                     return answer
             return httpx.Response(200, json=completion_body(prompt_id))

@@ -9,7 +9,7 @@ from airflow.sdk import BaseOperator
 
 from fleetgen.airflow.node_shell import authentication_refused, host_key_mismatch, key_file_unreadable
 from fleetgen.airflow.readiness_event import ReadinessEvent, ReadinessStatus
-from fleetgen.nodes import readiness
+from fleetgen.nodes import launch_identity, readiness
 from fleetgen.errors import (FailureKind, FleetgenError, HostUnreachable, PlanError, ServerError, ServerNotReady,
                             ServerStartupError)
 from fleetgen.nodes.reconnect import DEFAULT_COMMAND_TIMEOUT_S, DEFAULT_RECONNECT_ATTEMPTS, DEFAULT_RECONNECT_BUDGET_S
@@ -201,6 +201,10 @@ class WaitReadyOperator(BaseOperator):
                 **limits.to_dict(), "expected": plan.expected, "mismatches": mismatches, "relaunches": attempt,
                 "flags": plan.flags, "model": (info.get("_model_info") or {}).get("served_model_name"),
                 "kept": bool(launched.get("kept")), "waited_s": event.waited_s,
+                # which launch answered: each completion a shard accepts must name the same (launch_identity.py)
+                "launch_id": launch_identity.reported(info),
+                # what the shards re-read from /server_info to know it is still this launch (generate/launch_check.py)
+                "launch_fields": readiness.launch_fields(info, plan.flags),
                 "calibration": self._calibrate(launched, plan, limits, event.log_tail)}
 
     def _calibrate(self, launched: dict, plan, limits, log_lines: list[str]) -> dict | None:
@@ -223,6 +227,7 @@ class WaitReadyOperator(BaseOperator):
         return recorded
 
     def _relaunch_smaller(self, launched: dict, smaller, fatal_line: str) -> None:
+        from fleetgen.airflow.context import run_context
         from fleetgen.airflow.lifecycle import api_key, launch_server, stop_ports
         from fleetgen.airflow.node_shell import NodeShell
         from fleetgen.tuning import MAX_BACKOFF_ATTEMPTS, render_budget_table
@@ -234,5 +239,6 @@ class WaitReadyOperator(BaseOperator):
                           tuple(launched["gpu_ids"]), launched["port"])
         with NodeShell(slot.node, slot.ssh_conn_id) as shell:
             stop_ports(shell, fleet, [slot.port])
-            relaunched = launch_server(shell, fleet, slot, smaller.to_dict(), api_key(fleet))
+            relaunched = launch_server(shell, fleet, slot, smaller.to_dict(), api_key(fleet),
+                                       run_id=run_context()[0]["run_id"])
         self.defer(trigger=self._trigger(relaunched, smaller.attempt), method_name="execute_complete")

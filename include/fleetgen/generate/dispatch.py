@@ -41,11 +41,12 @@ from typing import Any
 
 import httpx
 
-from fleetgen.errors import AllServersDown, GenerationError
+from fleetgen.errors import AllServersDown, GenerationError, ServerReplaced
 from fleetgen.generate import jsonio
 from fleetgen.generate.chat import (CHAT_PATH, HEALTH_PATH, BadResponse, Verdict, error_message, parse_chat_response,
                                     request_body, verdict_for_status)
 from fleetgen.generate.health import DOWN, UP, HealthEntry, SharedHealth
+from fleetgen.generate.launch_check import REPLACED, LaunchCheck, replaced_hint, replaced_message
 from fleetgen.generate.liveness import FleetShare, alone
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.queue import QueuedPrompt, WorkQueue
@@ -56,6 +57,7 @@ from fleetgen.generate.server_state import ServerState
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.store import ShardStore
 from fleetgen.generate.watch import EventJournal, MetricsScraper
+from fleetgen.nodes import launch_identity
 
 MONITOR_TICK_S = 0.25
 MARK_INTERVAL_S = 1.0
@@ -144,6 +146,7 @@ class Dispatcher:
         self._health_extensions = {"timeout": {
             "connect": settings.connect_timeout_s, "read": settings.health_timeout_s,
             "write": settings.connect_timeout_s, "pool": settings.connect_timeout_s}}
+        self.launch_check = LaunchCheck(send=self._send, headers=self.headers, extensions=self._health_extensions)
         self.scraper = None
         if records.metrics_path is not None and settings.sample_interval_s > 0:
             by_name = {s.name: s for s in self.servers}
@@ -155,9 +158,13 @@ class Dispatcher:
     async def run(self) -> None:
         self._reshare()
         self._sync_health()  # servers other shards already found down are not sent anything
+        await self._check_launches()  # before anything is sent: a shard of an old run refuses another run's servers
+        if self.fatal is not None:
+            raise self.fatal
         tasks = [self._spawn(self._worker(server, slot)) for server in self.servers
                  for slot in range(server.endpoint.max_in_flight)]
         tasks.append(self._spawn(self._monitor()))
+        tasks.append(self._spawn(self._watch_launches()))
         if self.scraper is not None:
             tasks.append(self._spawn(self.scraper.run()))
         try:
@@ -239,6 +246,9 @@ class Dispatcher:
                 return self._server_failed(server, item, "bad_response", str(exc))
             if result.finish_reason == "abort":
                 return self._retry(server, item, "the server aborted the request (finish_reason abort)")
+            if server.endpoint.launch_id is not None and result.weight_version != server.endpoint.launch_id:
+                self._stop(self._replaced(server, item, result.weight_version))
+                return None
             return self._completed(server, item, result, latency_s, sampling)
         message = f"HTTP {status}: {error_message(response.content)}"
         if verdict is Verdict.BAD_KEY:
@@ -285,6 +295,23 @@ class Dispatcher:
         window, self._client_error_window = self._client_error_window, []
         for held in window:
             self._write_off(*held, fault=PROMPT_FAULT)
+
+    def _replaced(self, server: ServerState, item: QueuedPrompt, found: str | None) -> ServerReplaced:
+        """The completion came from another launch than the one wait_ready read: it is not written, and the
+        shard stops (docs/shards.md, "Which server wrote a completion")."""
+        expected = server.endpoint.launch_id
+        self._event("replaced", server, prompt=item.prompt.id, expected=expected, found=found)
+        if found is not None and found.startswith(launch_identity.PREFIX):
+            hint = ("another run relaunched the servers after this run's wait_ready read them, so this run's shards "
+                    "cannot use them: trigger a new run (the completions this run wrote stay in its folder)")
+        else:
+            hint = ("the server was restarted outside fleetgen: stop it, then trigger a new run (stop_servers and "
+                    "wait_ready launch and read tonight's servers again)")
+        return ServerReplaced(
+            f"{server.name} ({server.endpoint.url}) is not the launch wait_ready read: it answered prompt "
+            f"{item.prompt.id!r} {launch_identity.describe(found)}, wait_ready read a server "
+            f"{launch_identity.describe(expected)}; that completion was not written", shard=self.shard_id,
+            server=server.name, hint=hint)
 
     def _write_off(self, server: ServerState, item: QueuedPrompt, code: str, message: str, *, fault: str) -> None:
         record = error_record(item.prompt.id, code=code, message=message, server=server.name, fault=fault)
@@ -398,6 +425,10 @@ class Dispatcher:
             if superseded():
                 return
             if why is None:
+                why = await self._launch_changed(server)  # a server that came back may be another launch
+                if self.fatal is not None:
+                    return
+            if why is None:
                 why = await self._trial(server)
                 if why is None:
                     break
@@ -418,6 +449,32 @@ class Dispatcher:
         except httpx.TransportError as exc:
             return f"{HEALTH_PATH}: {type(exc).__name__}: {exc}"
         return None if response.status_code == 200 else f"{HEALTH_PATH}: HTTP {response.status_code}"
+
+    async def _launch_changed(self, server: ServerState) -> str | None:
+        """Re-read the server's /server_info: None when it is still the launch wait_ready read, else why not (it
+        could not be read, or it is another launch, which stops the shard)."""
+        changes, info, unreadable = await self.launch_check.changes(server.endpoint)
+        if not changes:
+            return unreadable
+        if self.fatal is None:
+            abandoned = server.load.in_flight
+            self._event("replaced", server, changes=changes)
+            self._stop(ServerReplaced(replaced_message(server.endpoint, changes, info, abandoned=abandoned),
+                                      shard=self.shard_id, server=server.name, hint=replaced_hint(server.endpoint, info)))
+            server.load.abandon(REPLACED)  # what is in flight there is never written
+        return f"another launch: {'; '.join(changes)}"
+
+    async def _check_launches(self) -> None:
+        """Every server not down, re-read at once; one that cannot be read is left to its answers and its health."""
+        servers = [server for server in self.servers if not server.health.is_down]
+        for server, why in zip(servers, await asyncio.gather(*(self._launch_changed(s) for s in servers))):
+            if why is not None and self.fatal is None:
+                self.log.warning("shard %d: could not re-read the launch of %s (%s)", self.shard_id, server.name, why)
+
+    async def _watch_launches(self) -> None:
+        while self.fatal is None:
+            await asyncio.sleep(self.settings.launch_check_s)
+            await self._check_launches()
 
     async def _trial(self, server: ServerState) -> str | None:
         """One real request before the server's workers resume; None when it did not fail."""

@@ -26,6 +26,12 @@ class ServerEndpoint:
     host: str = ""
     gpu_ids: tuple[int, ...] = ()
     effective_max_running_requests: int = 0  # the server's own cap (/server_info), for the occupancy series
+    # the launch wait_ready read (nodes/launch_identity.py): every completion accepted must name it; None when
+    # the server reported none (an SGLang without weight_version), and then nothing is checked
+    launch_id: str | None = None
+    # what identified its launch in wait_ready's /server_info (nodes/readiness.py launch_fields): the shard re-reads
+    # it at its start, when the server comes back up and every launch_check_s (generate/launch_check.py); {}: unchecked
+    launch_fields: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -83,6 +89,9 @@ class GenerationSettings:
     # (generate/health.py): a server one shard found down is skipped by all until re-checked.
     share_server_health: bool = True
     sample_interval_s: float = 5.0  # scrape every server's /metrics this often (0: no occupancy series)
+    # Re-read every server's /server_info this often to know it is still the launch wait_ready read (one cheap
+    # request per server; generate/launch_check.py), besides at the shard's start and before a trial request.
+    launch_check_s: float = 30.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -101,7 +110,7 @@ class GenerationSettings:
         if not is_positive_int(self.max_attempts) or not is_positive_int(self.client_error_breaker):
             problems.append("max_attempts and client_error_breaker must be positive integers")
         for name in ("connect_timeout_s", "retry_backoff_s", "recheck_initial_s", "recheck_max_s",
-                     "health_timeout_s", "all_down_timeout_s", "stall_check_s", "lease_wait_s"):
+                     "health_timeout_s", "all_down_timeout_s", "stall_check_s", "lease_wait_s", "launch_check_s"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         if not self.sample_interval_s >= 0:
@@ -169,5 +178,6 @@ def shard_endpoints(readiness: list[dict], *, headroom: float, parallel_shards: 
                            headroom=headroom, parallel_shards=parallel_shards or 1)
     return [ServerEndpoint(name=ready["server"], url=ready["url"], max_in_flight=limits[ready["server"]],
                            host=ready["host"], gpu_ids=tuple(ready["gpu_ids"]),
-                           effective_max_running_requests=ready["effective_max_running_requests"])
+                           effective_max_running_requests=ready["effective_max_running_requests"],
+                           launch_id=ready.get("launch_id"), launch_fields=dict(ready.get("launch_fields") or {}))
             for ready in readiness]

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from fleetgen.errors import FailureKind, ServerError
+from fleetgen.nodes import launch_identity
 
 K = FailureKind
 # (kind, needle). Specific causes first: the first specific match in a log wins over a generic one.
@@ -244,13 +245,38 @@ def _same(field: str, expected: object, reported: object) -> bool:
         return str(expected) == str(reported)
 
 
+def flag_field(flag: str) -> str:
+    """The ``/server_info`` field a launch flag sets: ``--max-running-requests`` -> ``max_running_requests``."""
+    return _ALIAS_FIELDS.get(flag) or flag.lstrip("-").replace("-", "_")
+
+
+# What a launch is known by besides its planned flags: the checkpoint it loaded, and the launch identity fleetgen
+# gave it (nodes/launch_identity.py's field). SGLang reports every server-args field in /server_info
+# (sglang/srt/utils/common.py build_server_info: server_args.resolved_dict()), fixed for the launch's life.
+LAUNCH_FIELDS = ("model_path", launch_identity.FIELD)
+
+
+def launch_fields(info: dict, flags: dict[str, object]) -> dict[str, object]:
+    """What identifies the launch behind a ``/server_info`` body, as it reported it: its model path, its launch
+    identity and the field of every flag the plan set (``max_running_requests``, ``mem_fraction_static``, ...)."""
+    names = LAUNCH_FIELDS + tuple(flag_field(flag) for flag in sorted(flags))
+    return {name: info.get(name) for name in dict.fromkeys(names)}
+
+
+def launch_changes(read: dict[str, object], info: dict) -> list[str]:
+    """How a fresh ``/server_info`` differs from the launch read earlier (``launch_fields``); empty when it is
+    the same launch. Each line names the field, what was read then and what the server reports now."""
+    return [f"{name}: read {value!r}, now {info.get(name)!r}" for name, value in read.items()
+            if info.get(name) != value]
+
+
 def launch_differences(info: dict, expected_flags: dict[str, object], *, expected_version: str | None) -> list[str]:
     """How a running server's ``/server_info`` differs from tonight's launch flags (every flag of the
     launch command, model path included) and from the SGLang version installed on its node; empty when
     the server runs exactly tonight's plan."""
     differences = []
     for flag, expected in expected_flags.items():
-        field = _ALIAS_FIELDS.get(flag) or flag.lstrip("-").replace("-", "_")
+        field = flag_field(flag)
         if field not in info:
             differences.append(f"{flag}: the server does not report {field}")
         elif not _same(field, expected, info[field]):

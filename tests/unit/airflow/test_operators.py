@@ -11,7 +11,9 @@ from fleetgen.airflow.operators import WaitReadyOperator
 from fleetgen.airflow.readiness_event import ReadinessEvent, ReadinessStatus
 from fleetgen.errors import (AuthenticationRefused, ConfigError, FailureKind, HostKeyMismatch, HostUnreachable,
                              PlanError, ServerError, ServerNotReady, ServerStartupError)
+from fleetgen.nodes import readiness
 from fleetgen.nodes.fleet import ServerSlot
+from fleetgen.generate.settings import shard_endpoints
 from fleetgen.tuning import (LaunchOptions, ServerPlan, TunerBounds, Workload, backoff, plan_server, profile_model,
                              render_budget_table)
 from fleetgen.tuning import planner
@@ -179,6 +181,20 @@ def test_a_ready_server_gives_its_effective_limits_and_where_it_runs(run_outputs
         plan.expected["max_running_requests"], plan.expected["max_total_num_tokens"])
     assert result["relaunches"] == 2 and result["expected"] == plan.expected and result["mismatches"] == []
     assert (result["model"], result["kept"], result["waited_s"], result["flags"]) == ("qwen", False, 95.4, plan.flags)
+    assert result["launch_id"] is None  # it reported no weight_version: its completions are not checked
+
+
+def test_a_ready_server_gives_the_launch_identity_it_answers_with(run_outputs):
+    plan = _plan(0)
+    info = _server_info(plan.expected, weight_version="fleetgen/scheduled__1", model_path="/models/qwen")
+    result = _ready(_event("ready", launched=_launched(plan), server_info=info, log_tail=[LOAD_LINE]))
+    assert result["launch_id"] == "fleetgen/scheduled__1"
+    endpoint, = shard_endpoints([result], headroom=1.0, parallel_shards=1)
+    assert endpoint.launch_id == "fleetgen/scheduled__1"
+    # what the shards re-read from /server_info: the model path, the identity and each planned flag's field
+    assert endpoint.launch_fields == result["launch_fields"] == readiness.launch_fields(info, plan.flags)
+    assert (result["launch_fields"]["weight_version"], result["launch_fields"]["model_path"]) == \
+        ("fleetgen/scheduled__1", "/models/qwen")
 
 
 def test_a_ready_server_that_differs_from_its_plan_says_how(run_outputs):

@@ -108,10 +108,10 @@ def test_an_endpoint_defaults_to_no_host_no_gpus_and_no_known_cap():
 
 def test_an_endpoint_dict_is_json_with_gpu_ids_as_a_list_and_unknown_keys_are_ignored_on_reading():
     endpoint = ServerEndpoint(name="h:1", url="http://h:1", max_in_flight=3, host="h", gpu_ids=(0, 1),
-                              effective_max_running_requests=40)
+                              effective_max_running_requests=40, launch_id="fleetgen/r1")
     data = endpoint.to_dict()
     assert data == {"name": "h:1", "url": "http://h:1", "max_in_flight": 3, "host": "h", "gpu_ids": [0, 1],
-                    "effective_max_running_requests": 40}
+                    "effective_max_running_requests": 40, "launch_id": "fleetgen/r1", "launch_fields": {}}
     assert ServerEndpoint.from_dict({**data, "added_later": 1}) == endpoint
 
 

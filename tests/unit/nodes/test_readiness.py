@@ -355,3 +355,29 @@ def test_the_sliding_window_pool_is_read_from_each_ranks_memory_usage():
     plain = {"max_running_requests": 8, "max_total_num_tokens": None, "max_mamba_cache_size": None}
     assert [rank.to_dict() for rank in limits.ranks] == [{**plain, "swa_max_total_num_tokens": 4096}, plain, plain]
     assert readiness.ServerInfo.from_dict(limits.to_dict(), server="n:1") == limits
+
+
+def test_a_launch_is_read_by_its_model_path_identity_and_the_field_of_each_planned_flag():
+    info = {"model_path": "/models/a", "weight_version": "fleetgen/night-1", "max_running_requests": 71,
+            "mem_fraction_static": 0.83, "tp_size": 2, "context_length": 8192}
+    fields = readiness.launch_fields(info, {"--max-running-requests": 71, "--mem-fraction-static": 0.83,
+                                            "--tensor-parallel-size": 2})
+    assert fields == {"model_path": "/models/a", "weight_version": "fleetgen/night-1", "max_running_requests": 71,
+                      "mem_fraction_static": 0.83, "tp_size": 2}
+
+
+def test_the_same_launch_read_again_has_no_change():
+    info = {"model_path": "/models/a", "weight_version": "fleetgen/night-1", "max_running_requests": 71}
+    read = readiness.launch_fields(info, {"--max-running-requests": 71})
+    assert readiness.launch_changes(read, {**info, "last_gen_throughput": 812.5}) == []
+
+
+def test_a_server_restarted_with_another_checkpoint_and_cap_names_each_changed_field_both_ways():
+    read = readiness.launch_fields({"model_path": "/models/a", "weight_version": "fleetgen/night-1",
+                                    "max_running_requests": 71}, {"--max-running-requests": 71})
+    now = {"model_path": "/models/b", "weight_version": "fleetgen/night-1", "max_running_requests": 4}
+    assert readiness.launch_changes(read, now) == ["model_path: read '/models/a', now '/models/b'",
+                                                   "max_running_requests: read 71, now 4"]
+    assert readiness.launch_changes(read, {}) == ["model_path: read '/models/a', now None",
+                                                  "weight_version: read 'fleetgen/night-1', now None",
+                                                  "max_running_requests: read 71, now None"]
