@@ -128,7 +128,8 @@ class Inputs(_Group):
         f"${PROMPTS_PATH_VARIABLE} of the deployment (scheduled runs use it).", env=PROMPTS_PATH_VARIABLE)
     output_root: Path = setting(
         Path, default_output_root, "Output root", INPUTS,
-        "Each run writes to <output_root>/<run_id>/. Default: $FLEETGEN_OUTPUT_ROOT of the deployment.")
+        "Each run writes to <output_root>/<run_id>/. Default: $FLEETGEN_OUTPUT_ROOT of the deployment; "
+        "the results view serves only runs of that root.")
     dry_run: bool = setting(bool, False, "Dry run", INPUTS,
                             "Probe and print the plan, then stop: no server is touched.")
     fleet_file: str = setting(

@@ -37,7 +37,7 @@ def served_run_layout(deployment_root: str | Path, run_id: str, run_output_root:
     """The folder the results view serves for a run: ``<deployment_root>/<run folder>``, the deployment's output
     root (``FLEETGEN_OUTPUT_ROOT``), never a root taken from the run's conf (``run_output_root``), which whoever
     triggers the run chooses. Refuses a run whose conf names another output root, a run id that is not a plain
-    folder name, and a run folder that is a symlink leading elsewhere."""
+    folder name, and a run folder that is a symlink (docs/security-and-ssh.md §5)."""
     if not run_id or any(character in run_id for character in "/\\\x00"):
         raise PathOutsideRun(f"run id {run_id!r} is not a plain folder name; the results view does not serve it")
     try:
