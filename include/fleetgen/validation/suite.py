@@ -330,6 +330,8 @@ def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: V
             raise ValidationFailed(
                 "\n".join(lines), summary=summary, path=str(out),
                 hint=(f"open {docs_index or summary_path} for every expectation; "
-                      "missing ids usually mean a shard did not finish (re-run generate for it), "
-                      "errors are listed in errors/*.jsonl"))
+                      "missing ids usually mean a shard did not finish (clear its generate task: it resumes); "
+                      "errors are listed in errors/*.jsonl: clearing a shard's generate task, once the servers are "
+                      'fixed, sends its "fault": "server" prompts again (then clear validate); "fault": "prompt" '
+                      "ones (e.g. too long) need their lines fixed and a new run"))
     return summary

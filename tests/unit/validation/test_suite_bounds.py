@@ -210,8 +210,10 @@ def test_each_failed_expectation_is_logged_and_the_hint_says_where_to_look(tmp_p
     assert warnings == ["expectation failed no_missing_ids: observed 2, expected 0 prompts without a completion or "
                         "an error record; sample ids: p00020, p00021"]
     assert caught.value.hint == (f"open {out / 'validation' / 'summary.json'} for every expectation; missing ids "
-                                 "usually mean a shard did not finish (re-run generate for it), errors are listed in "
-                                 "errors/*.jsonl")
+                                 "usually mean a shard did not finish (clear its generate task: it resumes); errors "
+                                 "are listed in errors/*.jsonl: clearing a shard's generate task, once the servers are "
+                                 'fixed, sends its "fault": "server" prompts again (then clear validate); "fault": '
+                                 '"prompt" ones (e.g. too long) need their lines fixed and a new run')
 
 
 def test_with_data_docs_the_hint_points_at_them(tmp_path):
