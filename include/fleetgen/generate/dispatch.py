@@ -291,6 +291,8 @@ class Dispatcher:
         usage = result.usage
         self.progress.add_completion(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
         self.queue.finish(item)
+        if self.fatal is not None:  # a tripped breaker said none of its window is written off: keep its word
+            return
         self._breaker_armed = False  # the server works: the refusals held so far were the prompts' own fault
         window, self._client_error_window = self._client_error_window, []
         for held in window:

@@ -524,3 +524,14 @@ async def test_a_prompt_failing_every_attempt_is_recorded_as_the_servers_fault(t
                           transport=fleet.transport())
     [error] = shard_output(tmp_path / "out")["errors"]
     assert (error["id"], error["error"]["code"], error["fault"]) == ("p0002", "attempts_exhausted", "server")
+
+
+async def test_a_completion_landing_after_the_breaker_tripped_writes_off_nothing_of_its_window(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 4)
+    fleet = FakeFleet(1, limit=2, delay_s=0.05)  # both first requests answer in the same turn of the loop
+    fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, text="chat template") if pid == "p0000" else None
+    with pytest.raises(GenerationError, match="none of them is written off"):
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=1),
+                              transport=fleet.transport())
+    out = shard_output(tmp_path / "out")
+    assert out["errors"] == [] and [r["id"] for r in out["completions"]] in (["p0001"], [])
