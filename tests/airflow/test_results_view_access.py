@@ -167,3 +167,16 @@ def test_another_dags_run_does_not_open_our_runs_folder(runs, user):
     response = _view(runs["clients"][user], OTHER_DAG_ID, "plain", "files/report/report.md")
     assert response.status_code == 404, response.text
     assert DAG_ID in response.json()["detail"] and "legitimate" not in response.text
+
+
+@pytest.mark.parametrize("run_id, failures_link", [("etc", False), ("plain", True)])
+def test_the_links_of_a_run_point_only_into_the_view_and_a_run_not_served_gets_no_failures_link(runs, run_id,
+                                                                                                 failures_link):
+    if failures_link:
+        layout = RunLayout.for_run(runs["output_root"], run_id)
+        layout.failures.write_text(json.dumps({"task": "load_fleet", "task_id": "load_fleet"}) + "\n")
+    response = runs["clients"]["watcher"].get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/load_fleet/links")
+    assert response.status_code == 200, response.text
+    links = {name: url for name, url in response.json()["extra_links"].items() if url}
+    assert links == ({"Failures": f"/fleetgen/runs/{DAG_ID}/{run_id}/failures"} if failures_link
+                     else {}), links
