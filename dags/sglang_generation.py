@@ -74,6 +74,7 @@ DEFAULT_ARGS = {
     # Environment, not I/O: lets tests retry without waiting. Deterministic errors never retry (fail_fast).
     "retry_delay": timedelta(seconds=float(os.environ.get("FLEETGEN_RETRY_DELAY_S", "20"))),
     "on_failure_callback": failures.describe_failure,
+    "on_retry_callback": failures.describe_retry,  # a try that fails and is retried leaves its line too
 }
 
 with DAG(

@@ -99,10 +99,22 @@ def describe_failure(context) -> None:
     """on_failure_callback: one record an on-call engineer can act on, appended to ``<run output>/failures.jsonl``
     (and a summary in the log when the error is not one of ours, whose message already says it all). The
     run's outcome task is not a failure of its own."""
+    _describe(context)
+
+
+def describe_retry(context) -> None:
+    """on_retry_callback: a failed try that Airflow retries leaves its line too (``"retried": true``), so the
+    Failures link shows every failed try, also of a task whose last try succeeded."""
+    _describe(context, retried=True)
+
+
+def _describe(context, *, retried: bool = False) -> None:
     ti = context.get("task_instance")
     if getattr(ti, "task_id", None) == OUTCOME_TASK:
         return
     record = failure_record(context)
+    if retried:
+        record["retried"] = True
     if not isinstance(_unwrap(context.get("exception")), FleetgenError):
         # Our errors already print what failed and what to check in the exception above: summarise only the others.
         log.error("FAILED %s: %s\nWhat to check next: %s", record["task"], record["first_line"],

@@ -350,3 +350,14 @@ def test_a_lost_process_without_a_task_instance_is_still_recorded(tmp_path):
     record = failures.failure_record({"exception": None})
     assert record["task"] == "?" and "without an error from its code" in record["first_line"]
     assert not {"try", "map_index"} & set(record)
+
+
+def test_a_try_that_airflow_retries_leaves_its_line_too_marked_retried(tmp_path):
+    error = ConfigError("the first 20 results were all client errors", shard=3)
+    failures.describe_retry(_context(tmp_path, error, task_id="generate.generate_shard", map_index=3, label=None))
+    failures.describe_failure(_context(tmp_path, error, task_id="generate.generate_shard", map_index=3, label=None))
+    retried, final = _lines(tmp_path)
+    assert retried["retried"] is True and retried["shard"] == 3 and "retried" not in final
+    message = failures.outcome_message({"generate.generate_shard_3": "failed"},
+                                       read_failures(tmp_path / "manual__1" / "failures.jsonl"))
+    assert message.splitlines()[1].startswith("- generate.generate_shard[3]: [shard 3] the first 20 results")
