@@ -4,6 +4,7 @@ nodes whose commands run in a local bash (the model directory is a local folder)
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -130,6 +131,17 @@ def test_a_missing_prompts_file_fails_before_the_fleet_is_read(run, monkeypatch)
     monkeypatch.setattr(Variable, "get", staticmethod(lambda *a, **k: pytest.fail("the fleet is not read")))
     with pytest.raises(ConfigError, match="prompts file .*missing.jsonl not found"):
         run.call(tasks.load_fleet, prompts_path=str(run.tmp / "missing.jsonl"))
+
+
+@pytest.mark.parametrize("run_id", [".", ".."])
+def test_a_run_id_naming_no_folder_of_its_own_fails_the_first_task_before_the_fleet_is_read(run, monkeypatch,
+                                                                                            run_id):
+    # run "." would write into the output root itself, ".." beside it
+    monkeypatch.setattr(Variable, "get", staticmethod(lambda *a, **k: pytest.fail("the fleet is not read")))
+    monkeypatch.setattr(task_context_module, "task_context",
+                        lambda: {"params": run.params, "run_id": run_id, "ti": None})
+    with pytest.raises(ConfigError, match=f"run id {re.escape(repr(run_id))} does not name a folder of its own"):
+        tasks.load_fleet()
 
 
 # --- probe --------------------------------------------------------------------------------------------------------
