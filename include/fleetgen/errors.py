@@ -118,7 +118,8 @@ class ConfigError(FleetgenError):
 
 
 class PathOutsideRun(ConfigError):
-    """A results view asked for a file outside the run's folder (or one that is not there)."""
+    """A results view asked for a file outside the run's folder (or one that is not there), or for a run it does
+    not serve: outside the deployment's output root, or under a run id that is no plain folder name."""
 
 
 class ProbeError(FleetgenError):
