@@ -15,13 +15,19 @@ import pytest
 from generate_fakes import FakeFleet, completion_body, fast_settings, read_jsonl, write_prompts
 
 from fleetgen.errors import AllServersDown, GenerationError
-from fleetgen.generate import dispatch, run_shard_async
+from fleetgen.generate import dispatch, health_keeping, run_shard_async
 from fleetgen.generate.health import DOWN, UP, SharedHealth
 from fleetgen.generate.queue import WorkQueue
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]  # a hang (a broken dispatcher) fails in seconds
 
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+
+
+def patch_clock(monkeypatch, clock) -> None:
+    """The dispatcher's clock, in both its halves: sending prompts and keeping the servers' health."""
+    for module in (dispatch, health_keeping):
+        monkeypatch.setattr(module, "time", clock)
 API_KEY = "sk-recheck"
 
 
@@ -69,7 +75,7 @@ async def test_a_server_down_twice_is_rechecked_on_a_doubling_schedule_and_repor
         tmp_path, monkeypatch, caplog):
     waits = fast_rechecks(monkeypatch)
     clock = FakeClock()
-    monkeypatch.setattr(dispatch, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    patch_clock(monkeypatch, types.SimpleNamespace(monotonic=clock.monotonic))
     shard = write_prompts(tmp_path / "p.jsonl", 40)
     fleet = FakeFleet(2, limit=1, delay_s={"s0:1": 0.01, "s1:1": 0.001})
     # s1 fails its 1st and its 6th request; its /health fails twice after the first, once after the second.
@@ -268,7 +274,7 @@ async def test_every_server_down_on_a_resumed_shard_counts_earlier_and_new_promp
 
 async def test_a_hung_servers_reported_silence_is_measured_from_its_last_answer(tmp_path, monkeypatch):
     offset = 10_000_000.0  # a clock far from zero: a sum instead of a difference cannot pass for a duration
-    monkeypatch.setattr(dispatch, "time", types.SimpleNamespace(monotonic=lambda: time.monotonic() + offset))
+    patch_clock(monkeypatch, types.SimpleNamespace(monotonic=lambda: time.monotonic() + offset))
     shard = write_prompts(tmp_path / "p.jsonl", 6)
     fleet = FakeFleet(2, limit=1, delay_s={"s0:1": 0.01, "s1:1": 2.0})  # silent 40x the stall check
     fleet.health["s1:1"] = lambda name: (_ for _ in ()).throw(httpx.ConnectTimeout("no answer"))
@@ -294,7 +300,7 @@ def events_of(out_dir, kind):
 
 async def test_the_events_file_names_each_down_recovery_retry_and_write_off(tmp_path, monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(dispatch, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    patch_clock(monkeypatch, types.SimpleNamespace(monotonic=clock.monotonic))
     shard = write_prompts(tmp_path / "p.jsonl", 12)
     fleet = FakeFleet(2, limit=1, delay_s={"s0:1": 0.01, "s1:1": 0.001})
     crash = "CUDA error: " + "x" * 600  # reasons are kept to their first 500 characters
@@ -683,7 +689,7 @@ async def test_a_trial_request_abandoned_on_a_server_found_hung_is_logged_as_sta
 
 async def test_every_server_down_fails_the_shard_exactly_at_the_timeout(tmp_path, monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(dispatch, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    patch_clock(monkeypatch, types.SimpleNamespace(monotonic=clock.monotonic))
     shard = write_prompts(tmp_path / "p.jsonl", 5)
     fleet = FakeFleet(1, limit=1)
     fleet.behaviour["s0:1"] = lambda pid, n: (_ for _ in ()).throw(httpx.ConnectError("gone"))
@@ -702,7 +708,7 @@ async def test_every_server_down_fails_the_shard_exactly_at_the_timeout(tmp_path
 
 async def test_a_server_silent_for_exactly_the_stall_check_is_probed(tmp_path, monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(dispatch, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    patch_clock(monkeypatch, types.SimpleNamespace(monotonic=clock.monotonic))
     shard = write_prompts(tmp_path / "p.jsonl", 6)
     fleet = FakeFleet(2, limit=1, delay_s={"s0:1": 0.002, "s1:1": 1.0})
 
