@@ -52,7 +52,7 @@ SERVER_INFO_READ = {("$", "internal_states"), ("$", "max_total_num_tokens"), ("$
 SIMULATOR_ONLY_READ = {("$.internal_states[]", "sim")}
 # Chat completion fields the client reads (generate/chat.py, dispatch.py, records.py), and error fields.
 CHAT_READ = {"choices", "message", "content", "reasoning_content", "finish_reason", "usage", "model",
-             "prompt_tokens", "completion_tokens"}
+             "prompt_tokens", "completion_tokens", "metadata", "weight_version"}
 ERROR_READ = {"error", "message", "detail"}
 # /metrics names the product reads (generate/server_metrics.py).
 METRICS_READ = {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
@@ -63,7 +63,8 @@ LOG_NEEDLES = {("tuning/calibration.py", "LOAD_BEGIN_MARK"), ("tuning/calibratio
 # Constants of those modules that are no SGLang log text.
 NOT_LOG_TEXT = {("tuning/calibration.py", "PLANNED_SGLANG_VERSION"), ("nodes/remote.py", "SECTION_MARKER"),
                 ("nodes/remote.py", "ALIVE_MARK"), ("nodes/remote.py", "_ENV_NAME"),
-                ("nodes/readiness.py", "_EXCEPTION_LINE"), ("nodes/remote.py", "_MODEL_IDENTITY_PROGRAM")}
+                ("nodes/readiness.py", "_EXCEPTION_LINE"), ("nodes/remote.py", "_MODEL_IDENTITY_PROGRAM"),
+                ("nodes/readiness.py", "LAUNCH_FIELDS"), ("nodes/remote.py", "SERVER_MARKER_ENV")}
 # The fatal-line tables of readiness.py: none may match a healthy server's log (test_a_healthy_log_...).
 FATAL_TABLES = {("nodes/readiness.py", "_SPECIFIC"), ("nodes/readiness.py", "_GENERIC")}
 LOG_READING_MODULES = ("tuning/calibration.py", "nodes/remote.py", "nodes/readiness.py", "airflow/triggers.py",
@@ -253,6 +254,21 @@ def test_the_product_reads_the_same_limits_from_both_servers(pair):
     sim_limits = readiness.parse_server_info(sim_info, server="sim").to_dict()
     assert sim_limits.pop("simulated") is True and "simulated" not in real_limits
     assert sim_limits == real_limits  # same model, same flags: the same effective limits
+
+
+def test_both_servers_report_the_launch_a_shard_re_reads_alike(pair):
+    """generate/launch_check.py compares nodes/readiness.py launch_fields of a fresh /server_info with wait_ready's:
+    the model path, the launch identity (--weight-version, SGLang's "default" without it) and each launch flag's
+    field. Both servers report each of them alike, and every completion names the identity /server_info reports."""
+    real_info, sim_info = (reply.json for reply in _both(pair, "/server_info after"))
+    flags = readiness.args_as_flags(probes.sim_flags(pair.real))
+    real_fields, sim_fields = (readiness.launch_fields(info, flags) for info in (real_info, sim_info))
+    assert [name for name, value in real_fields.items() if value is None] == []
+    assert {name: probes.json_type(value) for name, value in sim_fields.items()} == \
+        {name: probes.json_type(value) for name, value in real_fields.items()}
+    assert real_fields["weight_version"] == sim_fields["weight_version"] == "default"
+    for reply, info in zip(_both(pair, "chat"), (real_info, sim_info)):
+        assert parse_chat_response(reply.body).weight_version == info["weight_version"]
 
 
 def test_chat_answers_read_by_the_product_alike(pair):
