@@ -472,6 +472,7 @@ async def test_completions_reused_from_an_earlier_run_count_as_done_before_and_a
     fleet = FakeFleet(1)
     await run_shard_async(shard, fleet.endpoints(), tmp_path / "night1", fast_settings(), transport=fleet.transport())
     write_reuse_index(RunLayout(tmp_path / "night1"), material=material, run_id="night1")
+    validated(RunLayout(tmp_path / "night1"))  # only a validated run is a source
     bigger = write_prompts(tmp_path / "p2.jsonl", 7)
     source = look_up_reuse(tmp_path, "night2", material).source
     fleet = FakeFleet(1)
@@ -584,6 +585,7 @@ def test_run_shard_hands_on_its_logger_progress_interval_sharing_and_reuse_sourc
     run_shard(write_prompts(tmp_path / "p.jsonl", 4), fleet.endpoints(), tmp_path / "night1", fast_settings(),
               transport=fleet.transport())
     write_reuse_index(RunLayout(tmp_path / "night1"), material=material, run_id="night1")
+    validated(RunLayout(tmp_path / "night1"))  # only a validated run is a source
     other = ShardHeartbeat(RunLayout(tmp_path / "night2"), 1)
     other.start()
     other.beat({}, draining=False)
@@ -614,3 +616,11 @@ async def test_a_shard_none_of_whose_prompts_completed_fails_saying_what_to_clea
                                     transport=fixed.transport())
     assert (summary["done"], summary["failed"]) == (3, 0)
     assert shard_output(tmp_path / "out")["errors"] == []
+
+
+def validated(layout: RunLayout) -> None:
+    """The passing validation summary validate writes: what makes a run a source of reuse."""
+    from fleetgen.validation.outcome import summary_path
+
+    summary_path(layout).parent.mkdir(parents=True, exist_ok=True)
+    summary_path(layout).write_text(json.dumps({"success": True, "failed_expectations": []}))
