@@ -19,6 +19,11 @@ Failures, by what they say about the server:
   when it was found hung, the requests this shard holds there are abandoned at once; when another
   shard finds it back up, it is back up here.
 - 401/403/404: the run is misconfigured (key, URL, model), so the shard stops at once.
+- a server that is not the launch ``wait_ready`` read: a completion naming another launch (its
+  ``metadata.weight_version``), or a fresh ``/server_info`` (read before anything is sent, before a
+  returning server's trial request and every ``launch_check_s``) with another model path, identity or
+  planned flag: that completion is not written, the requests in flight there are abandoned, and the
+  shard stops (``ServerReplaced``, never retried; ``launch_check.py``, docs/shards.md §7).
 - any other 4xx: the prompt itself is wrong (e.g. longer than the context): written to the errors
   file as the prompt's own fault, not retried, and kept by every later try. Until a prompt of the
   shard has succeeded, such errors may as well be the server's (a broken chat template, a wrong
@@ -47,7 +52,7 @@ from fleetgen.generate import jsonio
 from fleetgen.generate.chat import (CHAT_PATH, BadResponse, Verdict, error_message, parse_chat_response, request_body,
                                     verdict_for_status)
 from fleetgen.generate.health import SharedHealth
-from fleetgen.generate.launch_check import LaunchCheck
+from fleetgen.generate.launch_check import LaunchCheck, replaced_hint
 from fleetgen.generate.liveness import FleetShare, alone
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.queue import QueuedPrompt, WorkQueue
@@ -304,17 +309,11 @@ class Dispatcher(ServerHealthKeeping):
         shard stops (docs/shards.md, "Which server wrote a completion")."""
         expected = server.endpoint.launch_id
         self._event("replaced", server, prompt=item.prompt.id, expected=expected, found=found)
-        if found is not None and found.startswith(launch_identity.PREFIX):
-            hint = ("another run relaunched the servers after this run's wait_ready read them, so this run's shards "
-                    "cannot use them: trigger a new run (the completions this run wrote stay in its folder)")
-        else:
-            hint = ("the server was restarted outside fleetgen: stop it, then trigger a new run (stop_servers and "
-                    "wait_ready launch and read tonight's servers again)")
         return ServerReplaced(
             f"{server.name} ({server.endpoint.url}) is not the launch wait_ready read: it answered prompt "
             f"{item.prompt.id!r} {launch_identity.describe(found)}, wait_ready read a server "
             f"{launch_identity.describe(expected)}; that completion was not written", shard=self.shard_id,
-            server=server.name, hint=hint)
+            server=server.name, hint=replaced_hint(expected, found))
 
     def _write_off(self, server: ServerState, item: QueuedPrompt, code: str, message: str, *, fault: str) -> None:
         record = error_record(item.prompt.id, code=code, message=message, server=server.name, fault=fault)

@@ -20,6 +20,7 @@ from fleetgen.generate.queue import WorkQueue
 from fleetgen.generate.records import utc_now
 from fleetgen.generate.server_state import ServerState
 from fleetgen.generate.settings import GenerationSettings
+from fleetgen.nodes import launch_identity
 
 STALLED = "fleetgen: server stalled"  # cancel message for requests abandoned on a hung server
 
@@ -133,7 +134,8 @@ class ServerHealthKeeping:
             abandoned = server.load.in_flight
             self._event("replaced", server, changes=changes)
             self._stop(ServerReplaced(replaced_message(server.endpoint, changes, info, abandoned=abandoned),
-                                      shard=self.shard_id, server=server.name, hint=replaced_hint(server.endpoint, info)))
+                                      shard=self.shard_id, server=server.name, hint=replaced_hint(launch_identity.reported(server.endpoint.launch_fields),
+                                                         launch_identity.reported(info))))
             server.load.abandon(REPLACED)  # what is in flight there is never written
         return f"another launch: {'; '.join(changes)}"
 

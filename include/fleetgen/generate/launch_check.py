@@ -65,12 +65,10 @@ def replaced_message(endpoint: ServerEndpoint, changes: list[str], found: dict, 
             f"completions written from now on")
 
 
-def replaced_hint(endpoint: ServerEndpoint, found: dict) -> str:
-    """Another run's launch (another identity of ours), or a server restarted by some other hand (another identity,
-    or ours copied from its command line with another checkpoint or flags)."""
-    identity = launch_identity.reported(found)
-    another_run = identity != launch_identity.reported(endpoint.launch_fields)
-    if another_run and identity is not None and identity.startswith(launch_identity.PREFIX):
+def replaced_hint(expected: str | None, found: str | None) -> str:
+    """What to do about a server that is not the launch read: another run's launch (another identity of ours), or a
+    server restarted by some other hand (another identity, or ours copied from its command line)."""
+    if found != expected and found is not None and found.startswith(launch_identity.PREFIX):
         return ("another run relaunched the servers after this run's wait_ready read them, so this run's shards "
                 "cannot use them: a shard of an old run is re-run by a new run (trigger the DAG again); the "
                 "completions this run wrote stay in its folder")
