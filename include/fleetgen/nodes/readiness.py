@@ -250,10 +250,12 @@ def flag_field(flag: str) -> str:
     return _ALIAS_FIELDS.get(flag) or flag.lstrip("-").replace("-", "_")
 
 
-# What a launch is known by besides its planned flags: the checkpoint it loaded, and the launch identity fleetgen
-# gave it (nodes/launch_identity.py's field). SGLang reports every server-args field in /server_info
-# (sglang/srt/utils/common.py build_server_info: server_args.resolved_dict()), fixed for the launch's life.
-LAUNCH_FIELDS = ("model_path", launch_identity.FIELD)
+# What a launch is known by besides its planned flags: the checkpoint it loaded, the launch identity fleetgen
+# gave it (nodes/launch_identity.py's field), and its start-up durations in seconds (load_weight, kv_cache_allocation,
+# ...; sglang/srt/observability/startup_time.py), set once when it started, so a restart with the very same command
+# line reads otherwise. SGLang reports every server-args field in /server_info (sglang/srt/utils/common.py
+# build_server_info: server_args.resolved_dict()) and startup_time beside them (entrypoints/http_server.py).
+LAUNCH_FIELDS = ("model_path", launch_identity.FIELD, "startup_time")
 
 
 def launch_fields(info: dict, flags: dict[str, object]) -> dict[str, object]:

@@ -358,12 +358,23 @@ def test_the_sliding_window_pool_is_read_from_each_ranks_memory_usage():
 
 
 def test_a_launch_is_read_by_its_model_path_identity_and_the_field_of_each_planned_flag():
+    started = {"load_weight": 41.2, "kv_cache_allocation": 3.1, "scheduler_e2e": 58.7, "tokenizer_e2e": 61.0}
     info = {"model_path": "/models/a", "weight_version": "fleetgen/night-1", "max_running_requests": 71,
-            "mem_fraction_static": 0.83, "tp_size": 2, "context_length": 8192}
+            "mem_fraction_static": 0.83, "tp_size": 2, "context_length": 8192, "startup_time": started}
     fields = readiness.launch_fields(info, {"--max-running-requests": 71, "--mem-fraction-static": 0.83,
                                             "--tensor-parallel-size": 2})
-    assert fields == {"model_path": "/models/a", "weight_version": "fleetgen/night-1", "max_running_requests": 71,
-                      "mem_fraction_static": 0.83, "tp_size": 2}
+    assert fields == {"model_path": "/models/a", "weight_version": "fleetgen/night-1", "startup_time": started,
+                      "max_running_requests": 71, "mem_fraction_static": 0.83, "tp_size": 2}
+
+
+def test_a_server_restarted_with_the_very_same_command_line_is_told_apart_by_its_start_up_durations():
+    info = {"model_path": "/models/a", "weight_version": "fleetgen/night-1", "max_running_requests": 71,
+            "startup_time": {"load_weight": 41.2, "scheduler_e2e": 58.7}}
+    read = readiness.launch_fields(info, {"--max-running-requests": 71})
+    again = {**info, "startup_time": {"load_weight": 40.9, "scheduler_e2e": 58.1}}
+    assert readiness.launch_changes(read, again) == [
+        "startup_time: read {'load_weight': 41.2, 'scheduler_e2e': 58.7}, now {'load_weight': 40.9, 'scheduler_e2e': "
+        "58.1}"]
 
 
 def test_the_same_launch_read_again_has_no_change():
