@@ -60,7 +60,7 @@ def _launch(environment) -> dict:
 
     fleet = _fleet(environment)
     with NodeShell("node0", CONN_ID) as shell:
-        return launch_server(shell, fleet, fleet.servers()[0], {"flags": {}}, None)
+        return launch_server(shell, fleet, fleet.servers()[0], {"flags": {}}, None, run_id="manual__e2e")
 
 
 def _trigger(launched: dict, **budget):
@@ -242,7 +242,7 @@ def test_the_api_key_is_in_no_command_line_on_the_node(node, monkeypatch):
     fleet = _fleet(node, api_key_conn_id="node_api_key")
     slot = fleet.servers()[0]
     with NodeShell("node0", CONN_ID) as shell:
-        launched = launch_server(shell, fleet, slot, {"flags": {}}, api_key(fleet))
+        launched = launch_server(shell, fleet, slot, {"flags": {}}, api_key(fleet), run_id="manual__e2e")
         scanned, deadline, status = 0, time.monotonic() + 60, None
         while status != 200 and time.monotonic() < deadline:  # every command line, while it loads and once up
             read, holding = _command_lines_holding(key.encode())

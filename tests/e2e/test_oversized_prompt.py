@@ -47,7 +47,9 @@ def test_a_700_kb_prompt_is_warned_about_and_max_cap_cut_factor_plans_without_it
     with_long.write_text("".join(lines[:60]) + json.dumps({"id": "long", "prompt": "x" * 700_000}) + "\n"
                          + "".join(lines[60:]))
     fleet, logs, caps = str(fleet_file()), [], []
-    for prompts, extra in ((sim_env.prompts_path, {}), (with_long, {}), (with_long, {"max_cap_cut_factor": 4})):
+    # each factor said, not left to the default: dag.test in one process keeps an earlier run's conf in the params
+    off = {"max_cap_cut_factor": 0}
+    for prompts, extra in ((sim_env.prompts_path, off), (with_long, off), (with_long, {"max_cap_cut_factor": 4})):
         conf = {"fleet_file": fleet, "prompts_path": str(prompts), "output_root": str(tmp_path / "out"),
                 "max_tokens": 4096, "dry_run": True, **extra}
         caplog.clear()

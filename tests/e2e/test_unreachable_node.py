@@ -33,7 +33,9 @@ def _states(dag_run) -> dict:
 
 def test_an_unreachable_node_stops_the_run_at_the_probe_by_default(dag, sim_env, fleet_with_a_gone_node):
     conf = {"fleet_file": str(fleet_with_a_gone_node), "prompts_path": str(sim_env.prompts_path),
-            "output_root": str(sim_env.output_root / "default"), "dry_run": True}
+            "output_root": str(sim_env.output_root / "default"), "dry_run": True,
+            # said, not left to the default: dag.test in one process keeps an earlier run's conf in the DAG's params
+            "skip_unreachable_nodes": False}
     states = _states(dag.test(run_conf=conf))
     assert states[("tune.probe_gpus", 0)] == "success" and states[("tune.probe_gpus", 1)] == "failed", states
     assert states[("tune.derive_plan", -1)] == "upstream_failed", states
@@ -44,7 +46,7 @@ def test_with_skip_unreachable_nodes_the_run_goes_on_on_the_reachable_node_and_s
     root = sim_env.output_root / "skip"
     conf = {"fleet_file": str(fleet_with_a_gone_node), "prompts_path": str(sim_env.prompts_path),
             "output_root": str(root), "shard_size": 60, "ready_timeout_s": 120, "skip_unreachable_nodes": True,
-            "keep_servers_up": False}
+            "keep_servers_up": False, "dry_run": False}
     dag_run = dag.test(run_conf=conf)
     states = _states(dag_run)
     assert dag_run.state == "success", states

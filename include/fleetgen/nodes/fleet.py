@@ -284,13 +284,18 @@ def _parse_server(doc: dict, source: str) -> ServerSpec:
             raise ConfigError("'server.extra_args' sets --config, but with server.api_key_conn_id the launch passes "
                               "its own --config (it carries the API key) and SGLang reads only one", path=source,
                               hint="move the options of that file into server.extra_args")
+    run_dir = _typed(doc.get("run_dir", defaults.run_dir), "server.run_dir", str, source)
+    if "\n" in run_dir or "\r" in run_dir:
+        # Our launch marker names the pid file under it, read back from /proc/PID/environ one line a variable.
+        raise ConfigError(f"'server.run_dir' holds a line break: {run_dir!r}", path=source,
+                          hint="name a folder without line breaks for the servers' pid files")
     return ServerSpec(
         python=_typed(doc.get("python", defaults.python), "server.python", str, source),
         module=module,
         tp_size=tp_size,
         extra_args=tuple(str(a) for a in extra_args),
         env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
-        run_dir=_typed(doc.get("run_dir", defaults.run_dir), "server.run_dir", str, source),
+        run_dir=run_dir,
         log_dir=_typed(doc.get("log_dir", defaults.log_dir), "server.log_dir", str, source),
         bind_host=parse_host(_typed(doc.get("bind_host", defaults.bind_host), "server.bind_host", str, source),
                              "server.bind_host", source, hint=BIND_HINT),

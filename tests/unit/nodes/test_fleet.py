@@ -344,6 +344,14 @@ def test_a_value_of_the_wrong_type_is_named_with_what_was_expected(document, mes
     assert error.value.message.startswith(message) and error.value.path == "fleet.yaml"
 
 
+@pytest.mark.parametrize("run_dir", ["/srv/run\nlater", "/srv/run\r"])
+def test_a_run_dir_with_a_line_break_is_refused_naming_the_setting(run_dir):
+    with pytest.raises(ConfigError) as error:
+        parse_fleet(_with(server__run_dir=run_dir), source="fleet.yaml")
+    assert error.value.message == f"'server.run_dir' holds a line break: {run_dir!r}"
+    assert error.value.path == "fleet.yaml" and "without line breaks" in error.value.hint
+
+
 def test_a_boolean_where_a_boolean_is_expected_is_accepted():
     from fleetgen.nodes.fleet import _typed
 

@@ -30,6 +30,8 @@ noise = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_c
 hostile = st.builds(lambda a, payload, b: a + payload + b, noise, st.sampled_from(PAYLOADS), noise)
 # One path component: no '/', never '.' or '..'.
 hostile_name = hostile.map(lambda text: text.replace("/", "_")).filter(lambda text: text not in (".", ".."))
+# A run folder holds no line break (the fleet file refuses one: the launch marker names a pid file under it).
+hostile_run_name = hostile_name.map(lambda text: text.replace("\n", "_").replace("\r", "_"))
 
 SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
 MODULE = "fleetgen_quoting_sleeper"
@@ -137,7 +139,7 @@ def _wait_for_log(path: Path) -> str:
 
 
 @settings(max_examples=12, deadline=None)
-@given(run_name=hostile_name, log_name=hostile_name, model_path=hostile, served_name=hostile,
+@given(run_name=hostile_run_name, log_name=hostile_name, model_path=hostile, served_name=hostile,
        extra=st.lists(hostile, max_size=2), env_value=hostile, key_noise=noise)
 def test_server_lifecycle_builders_every_branch_with_hostile_values(run_name, log_name, model_path, served_name,
                                                                     extra, env_value, key_noise):
