@@ -10,7 +10,7 @@ RUN = "manual__2026-12-03T22:00:00+00:00"
 
 def test_a_runs_launches_carry_its_id_as_sglangs_weight_version():
     assert launch_identity.launch_args(RUN) == ["--weight-version", "fleetgen/" + RUN]
-    with pytest.raises(ValueError, match="needs the run id"):
+    with pytest.raises(ValueError, match="^a launch identity needs the run id$"):
         launch_identity.launch_id("")
 
 
