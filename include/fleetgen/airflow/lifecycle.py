@@ -81,13 +81,7 @@ def launch_spec(fleet: FleetSpec, slot: ServerSlot, plan: dict, *, with_api_key:
                 run_id: str | None) -> remote.LaunchSpec:
     """The launch of ``slot`` on ``plan``; with ``run_id``, carrying that run's launch identity
     (nodes/launch_identity.py); without, what a server kept on plan is compared with."""
-    extra = list(fleet.server.extra_args)
-    if launch_identity.without_identity(extra) != extra:
-        from fleetgen.errors import ConfigError
-
-        raise ConfigError(f"server.extra_args sets {launch_identity.FLAG}, which fleetgen sets to know each launch "
-                          "by", server=slot.name, hint=f"remove {launch_identity.FLAG} from the fleet description's "
-                                                       "server.extra_args (docs/shards.md)")
+    extra = list(fleet.server.extra_args)  # the fleet file refuses our own flags there (nodes/fleet.py)
     args = remote.flags_to_args(plan["flags"]) + [arg for arg in ALWAYS_ARGS if arg not in extra] + extra
     if run_id is not None:
         args += launch_identity.launch_args(run_id)

@@ -133,9 +133,10 @@ class ServerHealthKeeping:
         if self.fatal is None:
             abandoned = server.load.in_flight
             self._event("replaced", server, changes=changes)
+            read_as = launch_identity.reported(server.endpoint.launch_fields)
+            hint = replaced_hint(read_as, launch_identity.reported(info))
             self._stop(ServerReplaced(replaced_message(server.endpoint, changes, info, abandoned=abandoned),
-                                      shard=self.shard_id, server=server.name, hint=replaced_hint(launch_identity.reported(server.endpoint.launch_fields),
-                                                         launch_identity.reported(info))))
+                                      shard=self.shard_id, server=server.name, hint=hint))
             server.load.abandon(REPLACED)  # what is in flight there is never written
         return f"another launch: {'; '.join(changes)}"
 

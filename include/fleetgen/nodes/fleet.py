@@ -39,6 +39,7 @@ from typing import Any
 
 from fleetgen.errors import ConfigError
 from fleetgen.nodes.addresses import BIND_HINT, http_url, ip_of, is_loopback, parse_host, url_host
+from fleetgen.nodes import launch_identity
 from fleetgen.nodes.remote import dp_size_of_args
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -163,8 +164,9 @@ class FleetSpec:
 
 
 # Flags the fleet decides itself; a user passing them in extra_args would fight the launcher.
+# --weight-version carries each launch's identity (nodes/launch_identity.py): every completion is checked against it.
 _RESERVED_FLAGS = ("--model-path", "--model", "--port", "--host", "--served-model-name", "--tp-size",
-                   "--tensor-parallel-size", "--api-key")
+                   "--tensor-parallel-size", "--api-key", launch_identity.FLAG)
 
 
 def parse_fleet(document: dict, *, source: str = "<fleet>") -> FleetSpec:
@@ -269,7 +271,8 @@ def _parse_server(doc: dict, source: str) -> ServerSpec:
         if isinstance(arg, str) and arg.split("=", 1)[0] in _RESERVED_FLAGS:
             raise ConfigError(f"'server.extra_args' sets {arg.split('=', 1)[0]}, which the fleet decides",
                               path=source, hint="use model.path, nodes[].ports/base_port, server.tp_size or "
-                                                "server.api_key_conn_id instead")
+                                                "server.api_key_conn_id instead (the launch sets --weight-version "
+                                                "to know each launch by)")
     env = _typed(doc.get("env", {}), "server.env", dict, source)
     for key, value in env.items():
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)):

@@ -226,13 +226,6 @@ def test_a_launch_carries_its_runs_identity_and_the_keep_comparison_does_not(fle
         "--weight-version", "fleetgen/" + RUN]
 
 
-def test_extra_args_that_set_the_launch_identity_are_refused_naming_the_setting():
-    fleet = fleet_from_json(fleet_document(extra_args=["--weight-version", "v2"]))
-    with pytest.raises(ConfigError, match=r"server\.extra_args sets --weight-version") as caught:
-        lifecycle.launch_spec(fleet, fleet.servers()[0], {"flags": {}}, with_api_key=False, run_id=RUN)
-    assert "remove --weight-version" in caught.value.hint
-
-
 def test_the_launch_spec_carries_the_servers_environment():
     fleet = fleet_from_json(fleet_document(env={"CUDA_LAUNCH_BLOCKING": "1"}))
     spec = lifecycle.launch_spec(fleet, fleet.servers()[0], {"flags": {}}, with_api_key=False, run_id=RUN)

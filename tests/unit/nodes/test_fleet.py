@@ -449,6 +449,10 @@ def test_an_unknown_server_key_lists_the_allowed_ones():
     ({"server__module": "sglang.launch_server;rm"}, "'server.module' is not a Python module name"),
     ({"server__extra_args": ["--model-path=/other"]}, "'server.extra_args' sets --model-path, which the fleet decides"),
     ({"server__extra_args": ["--api-key", "k"]}, "'server.extra_args' sets --api-key, which the fleet decides"),
+    ({"server__extra_args": ["--weight-version", "v2"]},
+     "'server.extra_args' sets --weight-version, which the fleet decides"),
+    ({"server__extra_args": ["--weight-version=v2"]},
+     "'server.extra_args' sets --weight-version, which the fleet decides"),
     ({"server__env": {"BAD-NAME": "1"}}, "'server.env' has an invalid variable name 'BAD-NAME'"),
     ({"server__env": {"1X": "1"}}, "'server.env' has an invalid variable name '1X'"),
     ({"server__extra_args": ["--served-model-name=a=b"]},
@@ -590,7 +594,8 @@ def test_an_ipv4_node_behind_an_ipv6_bind_host_is_told_to_listen_on_every_ipv4_a
 @pytest.mark.parametrize("changes, hint", [
     ({"nodes__1__ports": [31000]}, "keep 'ports' to list each server's port, or 'base_port' for consecutive ports"),
     ({"server__extra_args": ["--tp-size", "2"]},
-     "use model.path, nodes[].ports/base_port, server.tp_size or server.api_key_conn_id instead"),
+     "use model.path, nodes[].ports/base_port, server.tp_size or server.api_key_conn_id instead "
+     "(the launch sets --weight-version to know each launch by)"),
     ({"server__api_key_conn_id": "key", "server__extra_args": ["--config", "c.yaml"]},
      "move the options of that file into server.extra_args"),
 ])
