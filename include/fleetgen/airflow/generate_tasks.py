@@ -59,7 +59,7 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identi
     (the log shows SGLang's answer).
     """
     from fleetgen.airflow.sharing import running_shards_counter
-    from fleetgen.generate import run_shard, shard_endpoints
+    from fleetgen.generate import ShardRunOptions, run_shard, shard_endpoints
     from fleetgen.generate.reuse import look_up_reuse
     from fleetgen.nodes.gpu_sampling import GpuSampling
 
@@ -94,8 +94,9 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identi
                            log=log) \
         if settings.sample_interval_s > 0 else contextlib.nullcontext()
     with sampling:
-        result = run_shard(shard, endpoints, layout.root, settings, api_key=lifecycle.api_key(spec), log=log,
-                           sharing=sharing, try_number=context["ti"].try_number, reuse=source)
+        result = run_shard(shard, endpoints, layout.root, settings, options=ShardRunOptions(
+            api_key=lifecycle.api_key(spec), try_number=context["ti"].try_number, reuse=source, sharing=sharing,
+            log=log))
     if lookup is not None:  # the report's reuse section: where from, what was passed over, what changed
         result["reuse"] = lookup.summary()
     if result["lost_try"]:

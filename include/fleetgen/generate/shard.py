@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -33,18 +34,33 @@ _default_log = logging.getLogger("fleetgen.generate")
 _httpx_log = logging.getLogger("httpx")
 
 
+@dataclass(frozen=True)
+class ShardRunOptions:
+    """How one try of a shard runs, beside what it generates (shard, servers, out_dir, settings);
+    ``run_shard`` says what each option does. The defaults fit a shard run alone, outside Airflow."""
+
+    api_key: str | None = field(default=None, repr=False)  # only ever sent as a header, never logged
+    try_number: int | None = None
+    reuse: ReuseSource | None = None
+    transport: httpx.AsyncBaseTransport | None = None  # None: the shard's own pooled one, closed at its end
+    sharing: Callable[[], int] | None = None
+    sharing_interval_s: float = SHARING_INTERVAL_S
+    log: logging.Logger | None = None
+    progress_interval_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.progress_interval_s > 0:
+            raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
+
+
 async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.PathLike,
-                          settings: GenerationSettings, *, api_key: str | None = None,
-                          log: logging.Logger | None = None, progress_interval_s: float = 5.0,
-                          transport: httpx.AsyncBaseTransport | None = None,
-                          sharing: Callable[[], int] | None = None,
-                          sharing_interval_s: float = SHARING_INTERVAL_S,
-                          try_number: int | None = None, reuse: ReuseSource | None = None) -> dict:
+                          settings: GenerationSettings, *, options: ShardRunOptions = ShardRunOptions()) -> dict:
     """Generate every prompt of ``shard`` not already on disk under ``out_dir``; see ``run_shard``."""
-    log = log or _default_log
+    log = options.log or _default_log
+    try_number, reuse, transport = options.try_number, options.reuse, options.transport
     if _httpx_log.getEffectiveLevel() < logging.WARNING:
         _httpx_log.setLevel(logging.WARNING)
-    _check_inputs(shard, servers, progress_interval_s)
+    _check_inputs(shard, servers)
     shard_id = int(shard["shard_id"])
     store, resume = ShardStore.open(out_dir, shard, log=log, try_number=try_number,
                                     lease_wait_s=settings.lease_wait_s)
@@ -72,8 +88,8 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         queue = WorkQueue(store.pending_prompts(shard), store.resume_point(shard))
         progress = Progress(int(shard["count"]), already)
         headers = [(b"content-type", b"application/json")]
-        if api_key:
-            headers.append((b"authorization", b"Bearer " + api_key.encode()))
+        if options.api_key:
+            headers.append((b"authorization", b"Bearer " + options.api_key.encode()))
         # One pooled transport carries every request of the shard (see Dispatcher._send).
         pooled = transport or PooledTransport()
         who = f"shard {shard_id}" + (f" (try {try_number})" if try_number is not None else "")
@@ -83,9 +99,10 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         dispatcher = Dispatcher(
             servers=servers, settings=settings,
             work=ShardWork(shard_id, queue, store, progress, finished_before=resume.finished),
-            links=FleetLinks(pooled, headers, sharing=_shared_by_heartbeats(sharing, layout, heartbeat, log),
-                             sharing_interval_s=sharing_interval_s, health=health),
-            records=ShardRecords(log, progress_interval_s, events=events,
+            links=FleetLinks(pooled, headers,
+                             sharing=_shared_by_heartbeats(options.sharing, layout, heartbeat, log),
+                             sharing_interval_s=options.sharing_interval_s, health=health),
+            records=ShardRecords(log, options.progress_interval_s, events=events,
                                  metrics_path=layout.shard_file("metrics", shard_id)))
         beating = asyncio.create_task(heartbeat.run(dispatcher.share_state))
         try:
@@ -124,34 +141,30 @@ def _check_some_completed(shard: dict, completed: int, failed: int, errors_path:
 
 
 def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.PathLike,
-              settings: GenerationSettings, *, api_key: str | None = None, log: logging.Logger | None = None,
-              progress_interval_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None,
-              sharing: Callable[[], int] | None = None, try_number: int | None = None,
-              reuse: ReuseSource | None = None) -> dict:
+              settings: GenerationSettings, *, options: ShardRunOptions = ShardRunOptions()) -> dict:
     """Generate one shard to ``out_dir``/{completions,stats,errors}/shard-NNNNN.jsonl; resumable.
 
     Returns ``{"shard_id", "lost_try", "done", "failed", "skipped_already_done", "prompt_tokens",
     "completion_tokens", "seconds", "servers": {name: {"completed", "failed", "retried",
     "marked_down": [{"at", "reason"}], "recovered": [{"at", "down_s"}]}}}`` (JSON-safe).
     Raises ``AllServersDown`` (after saving progress) when every server stays down, and
-    ``GenerationError`` when the run is misconfigured. ``api_key`` is only ever sent as a header.
+    ``GenerationError`` when the run is misconfigured. ``options.api_key`` is only ever sent as a header.
 
-    ``reuse``, when given, is an earlier run's index: the shard first copies the completions it holds
+    ``options.reuse``, when given, is an earlier run's index: the shard first copies the completions it holds
     for its prompts (``fleetgen.generate.reuse``), counted in ``reused``, and generates the rest.
 
-    ``servers[].max_in_flight`` is the whole fleet's limit for a server. ``sharing``, when given, is
-    asked every few seconds how many shards generate right now (this one included); this shard then
-    uses 1/n of each server's limit, so concurrent shards together keep it at the limit.
+    ``servers[].max_in_flight`` is the whole fleet's limit for a server. ``options.sharing``, when given, is
+    asked every ``options.sharing_interval_s`` how many shards generate right now (this one included); this
+    shard then uses 1/n of each server's limit, so concurrent shards together keep it at the limit.
+    ``options.log`` takes the shard's lines, among them a progress line every ``options.progress_interval_s``.
 
-    ``try_number`` (Airflow's) names this try in the shard's output lease: a newer try of the same
+    ``options.try_number`` (Airflow's) names this try in the shard's output lease: a newer try of the same
     shard takes the output over and this one stops with ``ShardLeaseLost`` (see generate/lease.py).
     A failed output write raises ``OutputError`` (``OutputUnwritable`` when a retry cannot help).
     The try keeps a heartbeat while it runs (see liveness.py); ``lost_try`` is the earlier try of this
     shard that died without finishing, if this try found one, else None (also named by ``try_number``).
     """
-    coroutine = run_shard_async(shard, servers, out_dir, settings, api_key=api_key, log=log,
-                                progress_interval_s=progress_interval_s, transport=transport, sharing=sharing,
-                                try_number=try_number, reuse=reuse)
+    coroutine = run_shard_async(shard, servers, out_dir, settings, options=options)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - depends on the environment
@@ -170,7 +183,7 @@ def _shared_by_heartbeats(running_in_airflow: Callable[[], int] | None, layout: 
     return lambda: fleet_share(layout, heartbeat, running_in_airflow=running_in_airflow(), log=log)
 
 
-def _check_inputs(shard: dict, servers: list[ServerEndpoint], progress_interval_s: float) -> None:
+def _check_inputs(shard: dict, servers: list[ServerEndpoint]) -> None:
     missing = [key for key in SHARD_KEYS if key not in shard]
     if missing:
         raise ConfigError(f"shard record lacks {', '.join(missing)}: {shard!r}",
@@ -184,5 +197,3 @@ def _check_inputs(shard: dict, servers: list[ServerEndpoint], progress_interval_
     names = [server.name for server in servers]
     if len(set(names)) != len(names):
         raise ConfigError(f"server names repeat: {names}", hint='name each server "host:port"')
-    if not progress_interval_s > 0:
-        raise ConfigError(f"progress_interval_s must be > 0, got {progress_interval_s}")

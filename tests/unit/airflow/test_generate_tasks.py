@@ -14,7 +14,7 @@ import fleetgen.generate as generate
 from fleetgen.airflow import context as task_context_module
 from fleetgen.airflow import generate_tasks, lifecycle
 from fleetgen.airflow.run_config import RunConfig
-from fleetgen.generate import reuse
+from fleetgen.generate import ShardRunOptions, reuse
 from fleetgen.nodes import gpu_sampling
 from fleetgen.errors import PromptsError
 from fleetgen.outputs import read_failures
@@ -144,11 +144,13 @@ class Recorder:
         self.source = None
         recorder = self
 
-        def run_shard(shard, endpoints, out_dir, settings, *, api_key, log, sharing, try_number, reuse):
-            recorder.logs.append(("run_shard", log))
+        def run_shard(shard, endpoints, out_dir, settings, *, options):
+            assert isinstance(options, ShardRunOptions), options
+            recorder.logs.append(("run_shard", options.log))
             recorder.run_shard.append(SimpleNamespace(shard=shard, endpoints=endpoints, out_dir=out_dir,
-                                                      settings=settings, api_key=api_key, sharing=sharing,
-                                                      try_number=try_number, reuse=reuse))
+                                                      settings=settings, api_key=options.api_key,
+                                                      sharing=options.sharing, try_number=options.try_number,
+                                                      reuse=options.reuse))
             return dict(recorder.result)
 
         def look_up_reuse(output_root, current_run_folder, material, log=None):
