@@ -333,3 +333,22 @@ def test_an_unusable_gpu_0_does_not_hide_the_gpus_after_it():
     assert probe.format_inventory(inventory).splitlines() == [
         "n: 2 GPU(s)", "  GPU 0 H200: unusable, nvidia-smi reports memory.total as [Unknown Error]",
         "  GPU 1 H200: total 143771 MiB, used 512, free 143259 (no processes)"]
+
+
+def test_the_probe_command_run_by_bash_counts_a_process_carrying_our_launch_marker_as_ours(tmp_path):
+    # SGLang's scheduler: its command line is not our module's, but it inherited the marker from the server.
+    node = create_node(tmp_path / "node", name="gpu-node", gpus=1)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    marker = {remote.SERVER_MARKER_ENV: remote.pid_file(str(run_dir), 30002)}
+    scheduler = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, **marker})
+    try:
+        node.set_holder(0, scheduler.pid, "sglang::scheduler", 70000)
+        command = probe.probe_command(run_dir=str(run_dir), module="sglang_sim.server", ports=[30002])
+        ran = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                             env={**os.environ, **node.env()}, timeout=60)
+    finally:
+        scheduler.kill()
+        scheduler.wait()
+    [gpu0] = probe.parse_probe_output(ran.stdout, host="gpu-node")["gpus"]
+    assert [(p["pid"], p["ours"], p["port"]) for p in gpu0["processes"]] == [(scheduler.pid, True, 30002)], ran.stdout
