@@ -3,7 +3,8 @@
 The names are SGLang 0.5.23's (``sglang/srt/observability/metrics_collector.py``); docs/output-formats.md
 describes the sample rows this module writes. The scheduler reports one series per data-parallel rank
 (label ``dp_rank``): running and queued requests add up over the ranks, usages and accept length are
-averaged. A sample keeps only what the report reads, so a night of samples stays small.
+averaged. The tokenizer's counters (one series per ``is_streaming`` label) add up too. A sample keeps only
+what the report and the tuning trial read, so a night of samples stays small.
 """
 
 from __future__ import annotations
@@ -21,15 +22,21 @@ TOKEN_USAGE = "sglang:token_usage"
 GEN_THROUGHPUT = "sglang:gen_throughput"
 ACCEPT_LENGTH = "sglang:spec_accept_length"
 MAMBA_USAGE = "sglang:mamba_usage"
+# Counters since the server started (TokenizerMetricsCollector): SGLang adds a request's output tokens and
+# the request itself when it finishes (tokenizer_manager.py, observe_one_finished_request), so they step at
+# completions; fleetgen.tuning.trial measures output tokens/s from their increase.
+GENERATION_TOKENS = "sglang:generation_tokens_total"
+REQUESTS = "sglang:num_requests_total"
 # metric -> how its per-rank series combine into one value for the server
-_SUMMED = (RUNNING, QUEUE, GEN_THROUGHPUT)
+_SUMMED = (RUNNING, QUEUE, GEN_THROUGHPUT, GENERATION_TOKENS, REQUESTS)
 _AVERAGED = (TOKEN_USAGE, ACCEPT_LENGTH, MAMBA_USAGE)
 # SGLang registers the accept-length gauge on every server and leaves it at 0 without speculative decoding (and
 # before the first decode step): a 0 is no acceptance length (sglang/srt/observability/metrics_collector.py).
 _ZERO_IS_ABSENT = (ACCEPT_LENGTH,)
 # field of a sample row -> metric
 SAMPLE_FIELDS = {"running": RUNNING, "queue": QUEUE, "token_usage": TOKEN_USAGE, "gen_throughput": GEN_THROUGHPUT,
-                 "accept_length": ACCEPT_LENGTH, "mamba_usage": MAMBA_USAGE}
+                 "accept_length": ACCEPT_LENGTH, "mamba_usage": MAMBA_USAGE,
+                 "generation_tokens": GENERATION_TOKENS, "requests": REQUESTS}
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,8 @@ class MetricsSample:
     gen_throughput: float | None
     accept_length: float | None
     mamba_usage: float | None
+    generation_tokens: float | None = None  # output tokens of the requests finished since the server started
+    requests: float | None = None           # requests finished since the server started
 
     def row(self, *, at: float, server: str, cap: int) -> dict:
         """The compact JSONL row (docs/output-formats.md): absent metrics are left out."""
@@ -79,4 +88,5 @@ def parse_metrics(text: str, *, server: str) -> MetricsSample:
 
     return MetricsSample(running=combined(RUNNING), queue=combined(QUEUE), token_usage=combined(TOKEN_USAGE),
                          gen_throughput=combined(GEN_THROUGHPUT), accept_length=combined(ACCEPT_LENGTH),
-                         mamba_usage=combined(MAMBA_USAGE))
+                         mamba_usage=combined(MAMBA_USAGE), generation_tokens=combined(GENERATION_TOKENS),
+                         requests=combined(REQUESTS))

@@ -36,6 +36,31 @@ def test_a_zero_accept_length_is_left_out_of_the_average_and_only_accept_length_
     assert sample.accept_length == 3.5 and sample.mamba_usage == pytest.approx(0.2) and sample.running == 4
 
 
+def counter(name: str, values: dict[str, float]) -> str:
+    """A counter as prometheus_client writes it: HELP and TYPE on the ``_total`` name, one series per label value,
+    and the ``_created`` sample beside each."""
+    lines = [f"# HELP sglang:{name}_total x.", f"# TYPE sglang:{name}_total counter"]
+    for streaming, value in values.items():
+        labels = f'{{is_streaming="{streaming}",model_name="m"}}'
+        lines += [f"sglang:{name}_total{labels} {value}", f"sglang:{name}_created{labels} 1.7645e+09"]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_output_token_and_request_counters_add_up_over_their_series():
+    text = page(num_running_reqs=[2]) + counter("generation_tokens", {"false": 90000.0, "true": 1234.0}) \
+        + counter("num_requests", {"false": 88.0, "true": 2.0})
+    sample = parse_metrics(text, server="n:1")
+    assert (sample.generation_tokens, sample.requests) == (91234.0, 90.0)  # the _created samples are not counts
+    row = sample.row(at=1.0, server="n:1", cap=4)
+    assert (row["generation_tokens"], row["requests"]) == (91234.0, 90.0)
+
+
+def test_a_server_without_the_counters_reads_none():
+    sample = parse_metrics(page(num_running_reqs=[1]), server="n:1")
+    assert sample.generation_tokens is None and sample.requests is None
+    assert "generation_tokens" not in sample.row(at=0.0, server="n:1", cap=1)
+
+
 def test_other_metrics_and_counters_are_ignored():
     text = page(num_running_reqs=[2]) + ("# TYPE sglang:prompt_tokens counter\nsglang:prompt_tokens_total 99.0\n"
                                           "# TYPE other gauge\nother 5\n")
@@ -69,8 +94,9 @@ def test_a_row_keeps_what_the_server_reports_rounded_and_leaves_out_the_rest():
 
 
 def test_every_field_of_a_full_sample_is_in_its_row():
-    sample = MetricsSample(*(float(n) for n in range(1, 7)))
+    sample = MetricsSample(*(float(n) for n in range(1, 9)))
     row = sample.row(at=0.0, server="s", cap=1)
     assert {field: row[field] for field in SAMPLE_FIELDS} == {"running": 1.0, "queue": 2.0, "token_usage": 3.0,
                                                               "gen_throughput": 4.0, "accept_length": 5.0,
-                                                              "mamba_usage": 6.0}
+                                                              "mamba_usage": 6.0, "generation_tokens": 7.0,
+                                                              "requests": 8.0}

@@ -77,6 +77,12 @@ def test_metrics_follow_the_load_in_prometheus_text(tools):
     sample = parse_metrics(busy, server="sim:30000")
     assert (sample.running, sample.queue) == (cap, 6)
     assert sample.accept_length == families["sglang:spec_accept_length"].samples[0].value
+    # SGLang counts a request's output tokens when it finishes (tokenizer_manager.py): none while all are running
+    assert (sample.generation_tokens, sample.requests) == (0.0, 0.0)
+    tokens = [s for s in done["sglang:generation_tokens"].samples if s.name == "sglang:generation_tokens_total"]
+    assert done["sglang:generation_tokens"].type == "counter" and set(tokens[0].labels) == set(TOKENIZER_LABELS)
+    finished = parse_metrics(idle, server="sim:30000")
+    assert finished.requests == cap + 6 and finished.generation_tokens == tokens[0].value > cap + 6
 
 
 def test_metrics_are_off_without_the_flag(tools):
