@@ -20,12 +20,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from devstack.demo import PROJECT_ROOT, SimEnvironment, airflow_cli
-from devstack.sessions import STOP_GRACE_S, terminate_sessions
+from devstack.sessions import STOP_GRACE_S, hold_sessions, reap_sessions, release_sessions, signal_session, terminate_sessions
 
 DAG_ID = "sglang_generation"
 PG_ADMIN_URL = os.environ.get("FLEETGEN_PG_ADMIN_URL", "postgresql://root@127.0.0.1:5432/postgres")
@@ -267,8 +269,28 @@ class ProdStack:
         """Signal every process of a component's session, as a machine's shutdown or an orchestrator does
         (a worker's pool and the task processes too: each task runs in a process group of its own, but in
         the worker's session). What still runs ``grace_s`` later is killed. True when it exited in time."""
+        self.signal(component, sig)
+        return self.reap(component, sig, grace_s)
+
+    def signal(self, component: str, sig: int) -> None:
+        """Send ``sig`` to every process of a component's session and return at once (``reap`` then waits)."""
+        signal_session(self.processes[component].pid, sig)
+
+    @contextmanager
+    def held(self, *components: str) -> Iterator[None]:
+        """Inside the block every process of these components' sessions is stopped (SIGSTOP; entered once all
+        are): a held worker's task processes write, report and heartbeat nothing. Let go on (SIGCONT) after."""
+        leaders = [self.processes[component].pid for component in components]
+        try:
+            hold_sessions(leaders)
+            yield
+        finally:
+            release_sessions(leaders)
+
+    def reap(self, component: str, sig: int, grace_s: float = STOP_GRACE_S) -> bool:
+        """After ``signal``: up to ``grace_s`` for it to exit, then SIGKILL to its session. True when it exited."""
         process = self.processes[component]
-        stuck = terminate_sessions([process.pid], sig, grace_s)
+        stuck = reap_sessions([process.pid], grace_s)
         process.wait(timeout=10)
         if stuck:
             print(f"{component} did not exit within {grace_s:.0f} s of {signal.Signals(sig).name}: killed "

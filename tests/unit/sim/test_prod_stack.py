@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +122,35 @@ def test_a_stack_component_stuck_on_sigterm_is_reported_with_its_log(tmp_path, c
     error = capsys.readouterr().err
     assert error.startswith("scheduler did not exit within 1 s of SIGTERM: killed (SIGKILL)")
     assert str(tmp_path / "logs" / "scheduler.log") in error
+
+
+def _state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+# A leader whose child moved to a process group of its own (an Airflow task process in a worker's session).
+LEADER_AND_CHILD = ("import subprocess, sys, time\n"
+                    "child = subprocess.Popen([sys.executable, '-c', 'import os, time; os.setpgid(0, 0); "
+                    "print(1, flush=True); time.sleep(120)'], stdout=subprocess.PIPE)\n"
+                    "child.stdout.readline(); print('ready', flush=True); time.sleep(120)")
+
+
+def test_a_held_component_is_stopped_in_every_process_of_its_session_until_the_block_ends(tmp_path):
+    stack = prod.ProdStack(environment=SimEnvironment(root=tmp_path, nodes=1, gpus_per_node=1))
+    stack.processes["worker-a"] = leader = _session(LEADER_AND_CHILD)
+    try:
+        members = sessions.session_members(leader.pid)
+        assert len(members) == 2
+        with stack.held("worker-a"):
+            assert {pid: _state(pid) for pid in members} == {pid: "T" for pid in members}
+        assert all(_state(pid) != "T" for pid in members)
+        with pytest.raises(AssertionError), stack.held("worker-a"):  # a failed check inside lets it go on too
+            raise AssertionError("seen while held")
+        assert all(_state(pid) != "T" for pid in members)
+        with stack.held("worker-a"):
+            assert stack.kill("worker-a") is True  # killed while held: nothing is left to let go on
+        assert leader.returncode == -9
+    finally:
+        sessions.terminate_sessions([leader.pid], grace_s=0)
+        leader.wait(timeout=10)
