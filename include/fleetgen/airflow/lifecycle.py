@@ -80,8 +80,9 @@ ALWAYS_ARGS = ("--enable-metrics",)
 def launch_spec(fleet: FleetSpec, slot: ServerSlot, plan: dict, *, with_api_key: bool,
                 run_id: str | None) -> remote.LaunchSpec:
     """The launch of ``slot`` on ``plan``; with ``run_id``, carrying that run's launch identity
-    (nodes/launch_identity.py); without, what a server kept on plan is compared with."""
-    extra = list(fleet.server.extra_args)  # the fleet file refuses our own flags there (nodes/fleet.py)
+    (nodes/launch_identity.py); without, what a server kept on plan is compared with. The args after the plan's
+    flags are the plan's own (its candidate's, tuning/candidates.py), else the fleet's ``server.extra_args``."""
+    extra = launch_extra_args(fleet, plan)
     args = remote.flags_to_args(plan["flags"]) + [arg for arg in ALWAYS_ARGS if arg not in extra] + extra
     if run_id is not None:
         args += launch_identity.launch_args(run_id)
@@ -90,6 +91,14 @@ def launch_spec(fleet: FleetSpec, slot: ServerSlot, plan: dict, *, with_api_key:
         served_name=fleet.model.served_name, port=slot.port, gpu_ids=slot.gpu_ids,
         bind_host=fleet.server.bind_host, run_dir=fleet.server.run_dir, log_dir=fleet.server.log_dir,
         args=tuple(args), env=fleet.server.env, api_key_on_stdin=with_api_key)
+
+
+def launch_extra_args(fleet: FleetSpec, plan: dict) -> list[str]:
+    """The SGLang args ``plan`` launches with after its flags: its candidate's edit of the fleet's extra args, or
+    (a plan naming none) the fleet's. Neither holds a flag the launch sets itself: the fleet file refuses them
+    (nodes/fleet.py) and so does ``tuning_candidates`` (tuning/candidates.py)."""
+    own = plan.get("extra_args")
+    return list(fleet.server.extra_args) if own is None else [str(arg) for arg in own]
 
 
 def launch_server(shell: NodeShell, fleet: FleetSpec, slot: ServerSlot, plan: dict, key: str | None, *,

@@ -165,8 +165,8 @@ class FleetSpec:
 
 # Flags the fleet decides itself; a user passing them in extra_args would fight the launcher.
 # --weight-version carries each launch's identity (nodes/launch_identity.py): every completion is checked against it.
-_RESERVED_FLAGS = ("--model-path", "--model", "--port", "--host", "--served-model-name", "--tp-size",
-                   "--tensor-parallel-size", "--api-key", launch_identity.FLAG)
+RESERVED_FLAGS = ("--model-path", "--model", "--port", "--host", "--served-model-name", "--tp-size",
+                  "--tensor-parallel-size", "--api-key", launch_identity.FLAG)
 
 
 def parse_fleet(document: dict, *, source: str = "<fleet>") -> FleetSpec:
@@ -268,7 +268,7 @@ def _parse_server(doc: dict, source: str) -> ServerSpec:
     extra_args = _typed(doc.get("extra_args", []), "server.extra_args", list, source)
     for position, arg in enumerate(extra_args):
         _typed(arg, f"server.extra_args[{position}]", (str, int, float), source)
-        if isinstance(arg, str) and arg.split("=", 1)[0] in _RESERVED_FLAGS:
+        if isinstance(arg, str) and arg.split("=", 1)[0] in RESERVED_FLAGS:
             raise ConfigError(f"'server.extra_args' sets {arg.split('=', 1)[0]}, which the fleet decides",
                               path=source, hint="use model.path, nodes[].ports/base_port, server.tp_size or "
                                                 "server.api_key_conn_id instead (the launch sets --weight-version "

@@ -9,6 +9,9 @@ from fleetgen.errors import ConfigError, PlanError
 from fleetgen.json_types import is_json_int
 
 MODES = ("tuned", "sglang_defaults")
+# The candidate configuration that is the fleet file's own: its ``server.extra_args`` as written, planned as
+# before the tuning trial existed (fleetgen.tuning.candidates names the others).
+INCUMBENT = "incumbent"
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,10 @@ class ServerPlan:
     user's own extra args are appended by the launcher. ``expected`` holds what SGLang should report
     in /server_info. ``budget`` rows are (item, bytes, note). ``inputs`` keeps everything needed to
     re-plan (backoff) without the probe or the model files.
+
+    ``candidate`` names the configuration the plan is for (``INCUMBENT``: the fleet file's own; the tuning
+    trial's challengers, fleetgen.tuning.candidates). ``extra_args`` are the SGLang args the launcher appends
+    after ``flags``: the candidate's edit of the fleet's ``server.extra_args``; None: the fleet's own.
     """
 
     host: str
@@ -108,8 +115,15 @@ class ServerPlan:
     mode: str = "tuned"
     notes: list[str] = field(default_factory=list)
     inputs: dict = field(default_factory=dict)
+    candidate: str = INCUMBENT
+    extra_args: list[str] | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.candidate, str) or not self.candidate:
+            raise PlanError(f"plan for port {self.port} names no candidate configuration", host=self.host)
+        if self.extra_args is not None and not all(isinstance(arg, str) for arg in self.extra_args):
+            raise PlanError(f"plan for port {self.port}: extra_args must be strings, got {self.extra_args!r}",
+                            host=self.host)
         if self.mode not in MODES:
             raise PlanError(f"plan mode must be one of {MODES}, got {self.mode!r}", host=self.host)
         missing = {"max_running_requests", "max_mamba_cache_size", "max_total_num_tokens"} - set(self.expected)
@@ -123,7 +137,9 @@ class ServerPlan:
     def to_dict(self) -> dict:
         return {"host": self.host, "gpu_ids": list(self.gpu_ids), "port": self.port, "flags": dict(self.flags),
                 "expected": dict(self.expected), "budget": [dict(row) for row in self.budget],
-                "attempt": self.attempt, "mode": self.mode, "notes": list(self.notes), "inputs": self.inputs}
+                "attempt": self.attempt, "mode": self.mode, "notes": list(self.notes), "inputs": self.inputs,
+                "candidate": self.candidate,
+                "extra_args": None if self.extra_args is None else list(self.extra_args)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "ServerPlan":
@@ -132,7 +148,8 @@ class ServerPlan:
                        flags=dict(data["flags"]), expected=dict(data["expected"]),
                        budget=[dict(row) for row in data["budget"]], attempt=int(data.get("attempt", 0)),
                        mode=data.get("mode", "tuned"), notes=list(data.get("notes", [])),
-                       inputs=dict(data.get("inputs", {})))
+                       inputs=dict(data.get("inputs", {})), candidate=data.get("candidate", INCUMBENT),
+                       extra_args=None if data.get("extra_args") is None else list(data["extra_args"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"not a server plan: {exc!r}") from None
 

@@ -28,7 +28,7 @@ from fleetgen.tuning.budget import budget_rows, compare_expected, render_budget_
 from fleetgen.tuning.geometry import MULTIMODAL_PREFILL_GRAPH_ARCHITECTURES
 from fleetgen.tuning.platform import (attention_choice, backend_refusal, gpu_generation, is_large_hopper_qwen3_vl,
                                       qwen3_vl_hopper_reserve_mib)
-from fleetgen.tuning.plan import ServerPlan, TunerBounds, Workload, format_flag_value
+from fleetgen.tuning.plan import INCUMBENT, ServerPlan, TunerBounds, Workload, format_flag_value
 from fleetgen.tuning.quantization import check_gpu_capability
 from fleetgen.tuning.sizing import (SPEC_DEFAULT_MAX_RUNNING_REQUESTS, PoolSizing, ReserveEstimate,
                                     auto_mem_fraction_static, gpu_table, sglang_reserve_mb, size_pools)
@@ -85,17 +85,21 @@ class _SizingInputs:
 
 def plan_server(*, host: str, gpu_ids: list[int], port: int, gpus: list[dict], profile: MemoryProfile,
                 options: LaunchOptions, workload: Workload, bounds: TunerBounds,
-                calibration_bytes: int = 0) -> ServerPlan:
+                calibration_bytes: int = 0, candidate: str = INCUMBENT,
+                extra_args: list[str] | tuple[str, ...] | None = None) -> ServerPlan:
     """Plan one server on ``gpus`` (the probe's inventory rows for ``gpu_ids``). ``calibration_bytes``:
     the correction a previous run's readback measured for this GPU, SGLang version, model and tp
-    (``tuning/calibration.py``), taken off the pre-load free memory fleetgen's constants give."""
+    (``tuning/calibration.py``), taken off the pre-load free memory fleetgen's constants give.
+    ``candidate`` / ``extra_args``: the configuration ``options`` were read from and the args it launches with
+    (``ServerPlan``); a back-off keeps both."""
     for gpu in gpus[:1]:
         check_gpu_capability(profile.quantization, gpu_generation(str(gpu.get("name", ""))), str(gpu.get("name")),
                              host=host)
     inputs = {"gpus": [dict(g) for g in gpus], "profile": profile.to_dict(), "options": options.to_dict(),
               "workload": workload.to_dict(), "bounds": bounds.to_dict(),
               "adjust": {"mrr_cap": None, "extra_reserve_bytes": 0, "pre_free_shrink_bytes": 0,
-                         "calibration_bytes": int(calibration_bytes)}}
+                         "calibration_bytes": int(calibration_bytes)},
+              "launch": {"candidate": candidate, "extra_args": None if extra_args is None else list(extra_args)}}
     return _plan(host=host, gpu_ids=list(gpu_ids), port=port, inputs=inputs, attempt=0)
 
 
@@ -239,8 +243,10 @@ def _plan(*, host: str, gpu_ids: list[int], port: int, inputs: dict, attempt: in
               "platform": {"generation": generation, "attention_backend": choice.backend, "page_size": choice.page_size,
                            "chunked_prefill_size": best.chunked_prefill_size, "decode_max_bs": best.decode_max_bs,
                            "mem_fraction_static": best.mem_fraction_static}}
+    launch = inputs.get("launch") or {}
     return ServerPlan(host=host, gpu_ids=list(gpu_ids), port=port, flags=flags, expected=expected,
-                      budget=budget, attempt=attempt, mode=bounds.mode, notes=notes, inputs=inputs)
+                      budget=budget, attempt=attempt, mode=bounds.mode, notes=notes, inputs=inputs,
+                      candidate=launch.get("candidate", INCUMBENT), extra_args=launch.get("extra_args"))
 
 
 def resolved_page_size(profile: MemoryProfile, options: LaunchOptions, gpus: list[dict], bounds: TunerBounds) -> int:

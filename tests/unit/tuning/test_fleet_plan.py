@@ -209,3 +209,80 @@ def test_the_first_servers_plans_follow_each_workload_and_record_nothing(tmp_pat
     assert with_it.flags["--context-length"] == 102_400 and without_it.flags["--context-length"] == 4096
     assert without_it.expected["max_running_requests"] > 4 * with_it.expected["max_running_requests"]
     assert not any(tmp_path.iterdir())  # a what-if: no plan record, no calibration written
+
+
+# --- the tuning trial's candidates --------------------------------------------------------------------------------
+
+SEED_CONFIG = Path(__file__).parents[1] / "tuning" / "configs" / "seed-qwen3.6-27b.json"
+SEED_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", "4", "--reasoning-parser", "qwen3"]
+
+
+def _b200s(host: str, count: int) -> dict:
+    gpus = [{"index": i, "uuid": f"GPU-{host}-{i}", "name": "NVIDIA B200", "total_mib": 183_359, "used_mib": 500,
+             "free_mib": 183_359 - 500, "processes": []} for i in range(count)]
+    return {"host": host, "gpus": gpus}
+
+
+def _candidate_plans(tmp_path, candidates, *, args=SEED_ARGS, bounds=None):
+    from fleetgen.tuning.candidates import candidate_set, default_candidates
+    from fleetgen.tuning.fleet_plan import plan_fleet_candidates
+
+    fleet = {"model": {"path": "/models/seed", "served_name": "seed"},
+             "server": {"python": "/venv/bin/python", "extra_args": list(args)},
+             "nodes": [{"name": "a", "ssh_conn_id": "ssh_a", "address": "10.0.0.1", "gpus": [0, 1, 2]}]}
+    model = ModelFiles(config=json.loads(SEED_CONFIG.read_text()), weights_bytes=54 * 10**9, hf_quant_config=None,
+                       weights_source="index")
+    run = FleetPlanRun(tmp_path, RunLayout(tmp_path / "run"), run_on_node=lambda node, command: "")
+    if candidates is None:
+        candidates = candidate_set(default_candidates(args, (3, 1, 4), eagle_family=True), [])
+    return plan_fleet_candidates(parse_fleet(fleet), {"a": _b200s("a", 3)}, model, candidates, WORKLOAD,
+                                 bounds or TunerBounds(), run, LOG)
+
+
+def test_every_candidate_is_a_whole_plan_for_its_own_options_on_every_server(tmp_path):
+    from fleetgen.tuning import LaunchOptions, backoff
+
+    result = _candidate_plans(tmp_path, None)
+    assert list(result.plans) == ["incumbent", "no_speculation", "draft_minus_1", "cap_3_4", "cap_1_2"]
+    assert result.skipped == {}
+    incumbent = result.plans["incumbent"]
+    cap = incumbent[0].expected["max_running_requests"]
+    for name, plans in result.plans.items():
+        assert [(p.port, p.candidate) for p in plans] == [(30000, name), (30001, name), (30002, name)]
+        assert all(LaunchOptions.from_args(p.extra_args).tp_size == 1 for p in plans)
+    caps = {name: plans[0].expected["max_running_requests"] for name, plans in result.plans.items()}
+    assert (caps["cap_3_4"], caps["cap_1_2"]) == (int(cap * 0.75), cap // 2)
+    # without speculation a request holds fewer Mamba state slots and no draft buffers: more requests fit
+    assert caps["no_speculation"] > cap
+    no_spec = result.plans["no_speculation"][0]
+    assert no_spec.extra_args == ["--reasoning-parser", "qwen3"]
+    assert no_spec.inputs["profile"]["draft_tokens"] == 0
+    assert result.plans["draft_minus_1"][0].inputs["profile"]["draft_tokens"] == 3
+    assert incumbent[0].extra_args == SEED_ARGS and result.plans["cap_1_2"][0].extra_args == SEED_ARGS
+    # a server of a challenger that runs out of memory backs off on its own configuration
+    smaller = backoff(no_spec, "oom_kv")
+    assert (smaller.candidate, smaller.extra_args) == ("no_speculation", ["--reasoning-parser", "qwen3"])
+    assert smaller.expected["max_running_requests"] < no_spec.expected["max_running_requests"]
+
+
+def test_a_cap_the_fleet_pins_is_scaled_through_its_flag(tmp_path):
+    result = _candidate_plans(tmp_path, None, args=SEED_ARGS + ["--max-running-requests", "40"])
+    assert result.plans["incumbent"][0].expected["max_running_requests"] == 40
+    half = result.plans["cap_1_2"][0]
+    assert half.expected["max_running_requests"] == 20 and half.extra_args[-2:] == ["--max-running-requests", "20"]
+
+
+def test_a_candidate_that_cannot_be_planned_or_changes_nothing_is_left_out_saying_why(tmp_path):
+    from fleetgen.tuning.candidates import INCUMBENT, Candidate
+
+    candidates = [Candidate(INCUMBENT), Candidate("huge", (("--max-running-requests", 100_000),
+                                                           ("--max-mamba-cache-size", 500_000)), listed=True),
+                  Candidate("same", (("--reasoning-parser", "qwen3"),), listed=True),
+                  Candidate("bf16", (("--mamba-ssm-dtype", "bfloat16"),), listed=True)]
+    result = _candidate_plans(tmp_path, candidates)
+    assert list(result.plans) == ["incumbent", "bf16"]
+    assert result.skipped["huge"].startswith("cannot be planned: ")
+    assert result.skipped["same"] == "plans the incumbent's very launch on every server"
+    assert result.plans["bf16"][0].expected["max_running_requests"] > \
+        result.plans["incumbent"][0].expected["max_running_requests"]

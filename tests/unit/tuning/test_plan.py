@@ -121,8 +121,15 @@ def test_a_plan_names_its_server_and_round_trips_through_a_dict():
     data = plan.to_dict()
     assert data == {"host": "node-a", "gpu_ids": [0, 1], "port": 30001, "flags": {"--mem-fraction-static": 0.85},
                     "expected": EXPECTED, "budget": BUDGET, "attempt": 2, "mode": "sglang_defaults",
-                    "notes": ["a note"], "inputs": {"options": {"tp_size": 2}}}
+                    "notes": ["a note"], "inputs": {"options": {"tp_size": 2}}, "candidate": "incumbent",
+                    "extra_args": None}
     assert ServerPlan.from_dict(data) == plan
+    challenger = _plan(candidate="no_speculation", extra_args=["--reasoning-parser", "qwen3"])
+    assert ServerPlan.from_dict(challenger.to_dict()) == challenger
+    assert challenger.to_dict()["extra_args"] == ["--reasoning-parser", "qwen3"]
+    # a plan written before candidates existed is the fleet file's own configuration
+    older = {key: value for key, value in data.items() if key not in ("candidate", "extra_args")}
+    assert ServerPlan.from_dict(older) == plan
     # the dict is a copy: changing it leaves the plan alone
     data["flags"]["--x"] = 1
     data["gpu_ids"].append(7)
