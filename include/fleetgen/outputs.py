@@ -24,8 +24,10 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       failures.jsonl               one line per failed task: what broke and what to check
       workload_plan.json           per server: the cap, KV pool and ceiling the workload mode planned
       calibration.json             each server's readback: the memory it really had vs the plan
+      trial-decision.json          the tuning trial's decision, its candidates' scores and each server's candidate
 
     <output_root>/calibration.json   corrections per (GPU, SGLang version, model, tp) the next plan starts from
+    <output_root>/tuning-trials.jsonl  one tuning trial decision a line, per (GPU, model, SGLang version, workload)
 """
 
 from __future__ import annotations
@@ -137,6 +139,11 @@ class RunLayout:
         """Per server: the request cap and KV pool the run was planned with (fleetgen.tuning.workload_history)."""
         return self.root / "workload_plan.json"
 
+    @property
+    def trial_decision(self) -> Path:
+        """The tuning trial's decision (fleetgen.tuning.trial.decision_record), or why no trial ran."""
+        return self.root / "trial-decision.json"
+
     def gpu_sampler_claim(self, node: str) -> Path:
         """Which shard samples ``node``'s GPUs now (fleetgen.nodes.gpu_sampling.SamplerClaim)."""
         return self.kind_dir("gpu") / f"{node}.sampler"
@@ -225,6 +232,11 @@ class ShardPaths:
 def calibration_file(output_root: str | Path) -> Path:
     """The corrections every run reads and the readiness check updates, shared by the runs of one output root."""
     return Path(output_root).expanduser() / "calibration.json"
+
+
+def trial_history_file(output_root: str | Path) -> Path:
+    """The tuning trials' decisions across nights (fleetgen.tuning.trial_history), shared by the runs of one root."""
+    return Path(output_root).expanduser() / "tuning-trials.jsonl"
 
 
 def run_root_of_report(report_json: str | Path) -> Path:

@@ -7,7 +7,7 @@ import pytest
 
 from fleetgen.errors import ConfigError
 from fleetgen.outputs import (SHARD_KINDS, RunLayout, calibration_file, default_output_root, read_failures,
-                              run_folder_name, run_root_of_report)
+                              run_folder_name, run_root_of_report, trial_history_file)
 
 # The nearest docs/ above this file: the checkout's, also from the copy of tests/ a mutation run makes inside it.
 DOC = next(folder / "docs" / "output-formats.md" for folder in Path(__file__).resolve().parents
@@ -81,6 +81,14 @@ def test_every_run_file_has_its_documented_place():
     assert run_root_of_report(layout.report_json) == layout.root
     documented = DOC.read_text()
     assert all(name.split("/")[-1] in documented for name in places.values())
+
+
+def test_the_tuning_trials_files_have_their_documented_places():
+    layout = RunLayout(Path("/out/run"))
+    assert layout.trial_decision == Path("/out/run/trial-decision.json")
+    assert trial_history_file("/out") == Path("/out/tuning-trials.jsonl")
+    documented = DOC.read_text()
+    assert "trial-decision.json" in documented and "tuning-trials.jsonl" in documented
 
 
 def test_the_first_shard_and_large_shard_numbers_are_named_with_five_digits():

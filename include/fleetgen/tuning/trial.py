@@ -240,10 +240,12 @@ def decide(rates_by_candidate: dict[str, list[float]], *, incumbent: str, min_ga
         unscored=unscored)
 
 
-def decision_record(decision: TrialDecision, *, servers: dict[str, dict], samples: list[dict]) -> dict:
-    """What ``RunLayout.trial_decision`` holds: the decision and, per server of the trial, its candidate, cap and
-    GPUs (``servers``: server -> {"candidate", "cap", "gpus"}) with the seconds it was sampled in the trial (first
-    to last metrics row), which the report charges to the trial's cost."""
+def decision_record(decision: TrialDecision, *, servers: dict[str, dict], samples: list[dict], decided_at: float,
+                    auto_sizing: str | None = None) -> dict:
+    """What ``RunLayout.trial_decision`` holds: the decision, when it was taken, which candidate (if any) is SGLang's
+    own automatic sizing, and per server of the trial its candidate, cap and GPUs (``servers``: server ->
+    {"candidate", "cap", "gpus"}) with the seconds it was sampled in the trial (first to last metrics row of
+    ``samples``, the trial's rows), which the report charges to the trial's cost."""
     seen: dict[str, list[float]] = {}
     for row in samples:
         if row.get("server") in servers and row.get("t") is not None:
@@ -252,7 +254,7 @@ def decision_record(decision: TrialDecision, *, servers: dict[str, dict], sample
                            "gpus": int(entry.get("gpus") or 1),
                            "trial_seconds": round(max(seen[server]) - min(seen[server]), 3) if server in seen else 0.0}
                   for server, entry in sorted(servers.items())}
-    return {**decision.to_dict(), "servers": per_server}
+    return {**decision.to_dict(), "decided_at": decided_at, "auto_sizing": auto_sizing, "servers": per_server}
 
 
 def skipped_record(why: str) -> dict:

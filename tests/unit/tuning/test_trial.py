@@ -176,9 +176,11 @@ def test_the_decision_record_charges_each_server_its_trial_seconds():
     samples = rows("a:1", seconds=40) + rows("b:1", seconds=25, start=1010.0)
     record = decision_record(decision, servers={"a:1": {"candidate": "incumbent", "cap": 10, "gpus": 2},
                                                 "b:1": {"candidate": "x", "cap": 5, "gpus": 1},
-                                                "c:1": {"candidate": "x", "cap": 5}}, samples=samples)
+                                                "c:1": {"candidate": "x", "cap": 5}}, samples=samples,
+                             decided_at=1041.5, auto_sizing="x")
     assert record["servers"]["a:1"] == {"candidate": "incumbent", "cap": 10, "gpus": 2, "trial_seconds": 40.0}
     assert record["servers"]["b:1"]["trial_seconds"] == 25.0 and record["servers"]["c:1"]["trial_seconds"] == 0.0
+    assert (record["decided_at"], record["auto_sizing"]) == (1041.5, "x")
     assert TrialDecision.from_dict(record) == decision
     assert skipped_record("the trial is off") == {"skipped": "the trial is off"}
 
