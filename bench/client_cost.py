@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from _common import parse_args
-from fleetgen.generate import GenerationSettings, ServerEndpoint, run_shard
+from fleetgen.generate import GenerationSettings, ServerEndpoint, ShardRunOptions, run_shard
 from fleetgen.prompts.scan import plan_shards
 from sglang_sim.synthetic import write_synthetic_prompts
 
@@ -76,7 +76,8 @@ def measure(prompts: Path, count: int, out_dir: Path, endpoints: list[ServerEndp
     shard = plan_shards(prompts, shard_size=count)[0]
     settings = GenerationSettings(model="qwen3.6-27b", max_tokens=4096, request_timeout_s=60.0)
     before = resource.getrusage(resource.RUSAGE_SELF)
-    summary = run_shard(shard, endpoints, out_dir, settings, transport=transport, progress_interval_s=5.0)
+    summary = run_shard(shard, endpoints, out_dir, settings,
+                        options=ShardRunOptions(transport=transport, progress_interval_s=5.0))
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return cpu_s / summary["done"] * 1e6, summary

@@ -37,7 +37,7 @@ from _common import parse_args
 from devstack.local_fleet import LocalSimFleet  # noqa: E402
 from sglang_sim.synthetic import write_synthetic_prompts  # noqa: E402
 
-from fleetgen.generate import GenerationSettings, run_shard_async  # noqa: E402
+from fleetgen.generate import GenerationSettings, ShardRunOptions, run_shard_async  # noqa: E402
 from fleetgen.prompts.scan import plan_shards, scan_prompts  # noqa: E402
 
 SERVERS = 3
@@ -95,7 +95,8 @@ async def run_arm(fleet: LocalSimFleet, shards: list[dict], out_dir: Path, *, sh
     async def one(shard: dict) -> None:
         async with slots:
             started[shard["shard_id"]] = time.monotonic()
-            await run_shard_async(shard, endpoints, out_dir, settings, log=log, progress_interval_s=30.0)
+            await run_shard_async(shard, endpoints, out_dir, settings,
+                                  options=ShardRunOptions(log=log, progress_interval_s=30.0))
 
     try:
         await asyncio.gather(*(one(shard) for shard in shards))

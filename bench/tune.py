@@ -33,7 +33,7 @@ from pathlib import Path
 
 from _common import parse_args
 from utilization import HEADROOM
-from fleetgen.generate import GenerationSettings, run_shard_async
+from fleetgen.generate import GenerationSettings, ShardRunOptions, run_shard_async
 from fleetgen.nodes import probe, remote
 from fleetgen.prompts.scan import plan_shards, scan_prompts
 from fleetgen.tuning.planner import TunerBounds, Workload, plan_server, render_budget_table, resolved_page_size
@@ -105,7 +105,8 @@ def run_arm(name: str, root: Path, shard: dict, time_scale: float, flags: list[s
         settings = GenerationSettings(model="qwen3.6-27b", max_tokens=MAX_TOKENS)
         started = time.perf_counter()
         result = asyncio.run(run_shard_async(shard, endpoints, root / name / "out", settings,
-                                             log=logging.getLogger(f"bench.{name}"), progress_interval_s=30.0))
+                                             options=ShardRunOptions(log=logging.getLogger(f"bench.{name}"),
+                                                                     progress_interval_s=30.0)))
         seconds = time.perf_counter() - started
         sampler.stop.set()
         sampler.join()

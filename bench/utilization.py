@@ -41,7 +41,7 @@ from _common import parse_args
 from devstack.local_fleet import LocalSimFleet  # noqa: E402
 
 from fleetgen.airflow.run_config import Generation  # noqa: E402
-from fleetgen.generate import GenerationSettings, run_shard_async  # noqa: E402
+from fleetgen.generate import GenerationSettings, ShardRunOptions, run_shard_async  # noqa: E402
 from fleetgen.generate.chat import CHAT_PATH, parse_chat_response, request_body  # noqa: E402
 from fleetgen.generate.transport import PooledTransport  # noqa: E402
 from fleetgen.prompts.planned import iter_shard
@@ -106,7 +106,8 @@ def capacity(fleet: LocalSimFleet, mean_prompt: float, mean_output: float) -> tu
 async def run_fleetgen(fleet: LocalSimFleet, shards: list[dict], out_dir: Path) -> list[tuple[float, int, int]]:
     endpoints = fleet.endpoints(headroom=HEADROOM, parallel_shards=len(shards))
     log = logging.getLogger("bench.fleetgen")
-    await asyncio.gather(*(run_shard_async(shard, endpoints, out_dir, SETTINGS, log=log, progress_interval_s=5.0)
+    await asyncio.gather(*(run_shard_async(shard, endpoints, out_dir, SETTINGS,
+                                           options=ShardRunOptions(log=log, progress_interval_s=5.0))
                            for shard in shards))
     rows = []
     for path in (out_dir / "stats").glob("*.jsonl"):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from fleetgen.generate import GenerationSettings, ServerEndpoint
+from fleetgen.generate import GenerationSettings, ServerEndpoint, ShardRunOptions
 from fleetgen.prompts.scan import plan_shards
 
 FAST = dict(retry_backoff_s=0.01, recheck_initial_s=0.02, recheck_max_s=0.1, all_down_timeout_s=5.0)
@@ -63,6 +63,10 @@ class FakeFleet:
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
+
+    def options(self, **overrides) -> ShardRunOptions:
+        """A shard's options whose requests reach this fleet; ``overrides`` set the others."""
+        return ShardRunOptions(transport=self.transport(), **overrides)
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         name = f"{request.url.host}:{request.url.port}"

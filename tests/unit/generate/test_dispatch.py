@@ -31,8 +31,8 @@ async def test_generates_every_prompt_once_with_the_documented_fields(tmp_path, 
     fleet = FakeFleet(2)
     settings = fast_settings(extra_body={"chat_template_kwargs": {"enable_thinking": True}})
     with caplog.at_level(logging.DEBUG):
-        summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", settings, api_key=API_KEY,
-                                        transport=fleet.transport(), progress_interval_s=0.01)
+        summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", settings,
+                                        options=fleet.options(api_key=API_KEY, progress_interval_s=0.01))
     out = shard_output(tmp_path / "out")
     assert_each_prompt_once(out, 30)
     assert summary["done"] == 30 and summary["failed"] == 0 and summary["skipped_already_done"] == 0
@@ -61,7 +61,7 @@ async def test_bare_prompts_are_sent_as_one_user_turn(tmp_path):
     path.write_text('{"id": "p0001", "prompt": "say 1"}\n')
     fleet = FakeFleet(1)
     await run_shard_async(plan_shards(path, shard_size=5)[0], fleet.endpoints(), tmp_path / "out", fast_settings(),
-                          transport=fleet.transport())
+                          options=fleet.options())
     assert fleet.bodies["p0001"]["messages"] == [{"role": "user", "content": "say 1"}]
     assert shard_output(tmp_path / "out")["completions"][0]["prompt"] == "say 1"
 
@@ -70,7 +70,7 @@ async def test_in_flight_limits_hold_and_faster_servers_take_more(tmp_path):
     shard = write_prompts(tmp_path / "p.jsonl", 200)
     fleet = FakeFleet(2, delay_s={"s0:1": 0.002, "s1:1": 0.03}, limit=5)  # 15x apart: robust to a loaded machine
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert fleet.max_in_flight == Counter({"s0:1": 5, "s1:1": 5})
     assert summary["servers"]["s0:1"]["completed"] > 2 * summary["servers"]["s1:1"]["completed"]
     assert_each_prompt_once(shard_output(tmp_path / "out"), 200)
@@ -92,7 +92,7 @@ async def test_a_server_answering_500_is_marked_down_rechecked_and_used_again(tm
     fleet.health["s1:1"] = health
     with caplog.at_level(logging.INFO):
         summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                        transport=fleet.transport())
+                                        options=fleet.options())
     out = shard_output(tmp_path / "out")
     assert_each_prompt_once(out, 120) and not out["errors"]
     server = summary["servers"]["s1:1"]
@@ -115,7 +115,7 @@ async def test_a_dead_server_loses_nothing(tmp_path, error):
     fleet.behaviour["s1:1"] = crash
     fleet.health["s1:1"] = lambda name: (_ for _ in ()).throw(httpx.ConnectError("refused"))
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert_each_prompt_once(shard_output(tmp_path / "out"), 60)
     assert summary["done"] == 60 and summary["servers"]["s1:1"]["completed"] == 5
     assert type(error).__name__ in summary["servers"]["s1:1"]["marked_down"][0]["reason"]
@@ -129,7 +129,7 @@ async def test_all_servers_down_saves_progress_and_a_retry_finishes_exactly_once
         fleet.health[name] = lambda name: httpx.Response(503)
     with pytest.raises(AllServersDown) as caught:
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(all_down_timeout_s=0.2),
-                              transport=fleet.transport())
+                              options=fleet.options())
     assert caught.value.shard == 0 and "s0:1: down since" in str(caught.value)
     saved = shard_output(tmp_path / "out")
     assert len(saved["completions"]) == len(saved["stats"]) == 20 and not saved["errors"]
@@ -139,7 +139,7 @@ async def test_all_servers_down_saves_progress_and_a_retry_finishes_exactly_once
 
     healthy = FakeFleet(2)
     summary = await run_shard_async(shard, healthy.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=healthy.transport())
+                                    options=healthy.options())
     assert summary["skipped_already_done"] == 20 and summary["done"] == 60
     assert_each_prompt_once(shard_output(tmp_path / "out"), 80)
     assert not set(healthy.by_prompt) & {r["id"] for r in saved["completions"]}
@@ -153,7 +153,7 @@ async def test_a_client_error_fails_that_prompt_only(tmp_path):
     for name in fleet.names:
         fleet.behaviour[name] = lambda pid, n: httpx.Response(400, json=too_long) if pid == "p0007" else None
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     out = shard_output(tmp_path / "out")
     assert_each_prompt_once(out, 40)
     [error] = out["errors"]
@@ -170,7 +170,7 @@ async def test_only_client_errors_stop_the_shard(tmp_path):
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, json={"error": {"message": "unknown model"}})
     with pytest.raises(GenerationError, match="first 5 results were all client errors") as caught:
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=5),
-                              transport=fleet.transport())
+                              options=fleet.options())
     assert "model name" in str(caught.value)
     assert shard_output(tmp_path / "out")["errors"] == []  # the server's fault: the next try sends them again
 
@@ -181,8 +181,8 @@ async def test_a_refused_key_stops_at_once_without_leaking_it(tmp_path, caplog):
     for name in fleet.names:
         fleet.behaviour[name] = lambda pid, n: httpx.Response(401, json={"error": "Unauthorized"})
     with caplog.at_level(logging.DEBUG), pytest.raises(GenerationError, match="API key") as caught:
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), api_key=API_KEY,
-                              transport=fleet.transport())
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                              options=fleet.options(api_key=API_KEY))
     assert sum(fleet.requests.values()) <= 2
     assert API_KEY not in str(caught.value) and API_KEY not in caplog.text
 
@@ -195,7 +195,7 @@ async def test_aborted_requests_are_retried_then_written_off(tmp_path):
     for name in fleet.names:
         fleet.behaviour[name] = lambda pid, n: httpx.Response(200, json=aborted) if pid == "p0002" else None
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(max_attempts=3),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     out = shard_output(tmp_path / "out")
     assert_each_prompt_once(out, 10)
     assert len(fleet.by_prompt["p0002"]) == 3
@@ -206,10 +206,10 @@ async def test_aborted_requests_are_retried_then_written_off(tmp_path):
 async def test_a_finished_shard_sends_nothing_on_rerun(tmp_path):
     shard = write_prompts(tmp_path / "p.jsonl", 25)
     fleet = FakeFleet(2)
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     again = FakeFleet(2)
     summary = await run_shard_async(shard, again.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=again.transport())
+                                    options=again.options())
     assert summary["done"] == 0 and summary["skipped_already_done"] == 25 and not again.requests
     assert_each_prompt_once(shard_output(tmp_path / "out"), 25)
 
@@ -249,8 +249,7 @@ async def test_a_prompts_file_cut_short_mid_run_stops_the_shard_with_progress_sa
 
     fleet.behaviour[fleet.names[0]] = truncate_once
     with pytest.raises(PromptsError, match="malformed JSON") as caught:
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                              transport=fleet.transport())
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     assert "as they were when it was planned" in str(caught.value) and caught.value.shard == 0
     out = shard_output(tmp_path / "out")
     assert 0 < len(out["completions"]) == len(out["stats"]) < 2000
@@ -263,8 +262,7 @@ async def test_a_prompts_file_cut_short_after_planning_is_refused_before_the_fir
     with path.open("r+b") as handle:
         handle.truncate(path.stat().st_size // 2)
     with pytest.raises(PromptsError, match="changed after the run was planned: bytes 0 to 2,950 ") as caught:
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                              transport=fleet.transport())
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     assert "the file is now 1,475 bytes" in caught.value.message
     assert "put the prompts_path file back" in caught.value.hint
     assert sum(fleet.requests.values()) == 0 and shard_output(tmp_path / "out")["completions"] == []
@@ -281,16 +279,17 @@ async def test_concurrent_shards_split_each_servers_limit_and_a_lone_shard_takes
     other.beat({}, draining=False)  # taking prompts, nothing in flight yet
     fleet = FakeFleet(2, limit=8)
     shard = write_prompts(tmp_path / "a.jsonl", 120)
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out-a", fast_settings(), transport=fleet.transport(),
-                          sharing=lambda: 2)
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out-a", fast_settings(),
+                          options=fleet.options(sharing=lambda: 2))
     assert all(fleet.max_in_flight[name] == 4 for name in fleet.names), fleet.max_in_flight
     assert_each_prompt_once(shard_output(tmp_path / "out-a"), 120)
     # ... and when the count drops to one mid-run, the shard grows back to the full limit.
     fleet = FakeFleet(2, limit=8, delay_s=0.02)
     counts = iter([3] + [1] * 10_000)
     shard = write_prompts(tmp_path / "b.jsonl", 200)
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out-b", fast_settings(), transport=fleet.transport(),
-                          sharing=lambda: next(counts), sharing_interval_s=0.05, progress_interval_s=0.01)
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out-b", fast_settings(),
+                          options=fleet.options(sharing=lambda: next(counts), sharing_interval_s=0.05,
+                                                progress_interval_s=0.01))
     assert all(fleet.max_in_flight[name] == 8 for name in fleet.names), fleet.max_in_flight
     assert_each_prompt_once(shard_output(tmp_path / "out-b"), 200)
 
@@ -304,7 +303,7 @@ async def test_a_failing_share_count_keeps_generating(tmp_path, caplog):
 
     with caplog.at_level(logging.WARNING):
         summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                        transport=fleet.transport(), sharing=broken)
+                                        options=fleet.options(sharing=broken))
     assert summary["done"] == 20 and "could not count the shards sharing the fleet" in caplog.text
 
 
@@ -318,7 +317,7 @@ async def test_request_timeout_and_rate_limit_are_retried_and_the_server_stays_u
     fleet = FakeFleet(1, limit=2)
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(status, text="busy") if pid == "p0003" and n < 6 else None
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(max_attempts=3),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     out = shard_output(tmp_path / "out")
     assert not out["errors"] and len(out["completions"]) == 12
     assert len(fleet.by_prompt["p0003"]) == 2
@@ -333,7 +332,7 @@ async def test_requests_failing_on_a_server_already_down_do_not_count_against_th
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
     # One attempt per prompt: only the request whose failure marked s1 down is the prompt's fault.
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(max_attempts=1),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     out = shard_output(tmp_path / "out")
     assert _finished_ids(out) == [f"p{n:04d}" for n in range(20)]
     [written_off] = out["errors"]
@@ -349,7 +348,7 @@ async def test_client_errors_after_a_success_do_not_stop_the_shard(tmp_path):
     fleet = FakeFleet(1, limit=1)
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, text="bad") if n > 2 else None
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=3),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert summary["done"] == 2 and summary["failed"] == 10
     assert len(shard_output(tmp_path / "out")["errors"]) == 10
 
@@ -361,11 +360,11 @@ async def test_client_errors_on_resuming_a_shard_that_already_succeeded_do_not_s
     first.health["s0:1"] = lambda name: httpx.Response(503)
     with pytest.raises(AllServersDown):
         await run_shard_async(shard, first.endpoints(), tmp_path / "out", fast_settings(all_down_timeout_s=0.1),
-                              transport=first.transport())
+                              options=first.options())
     again = FakeFleet(1, limit=1)
     again.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, text="bad")
     summary = await run_shard_async(shard, again.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=2),
-                                    transport=again.transport())
+                                    options=again.options())
     assert summary["skipped_already_done"] == 3 and summary["failed"] == 9
 
 
@@ -375,7 +374,7 @@ async def test_the_breaker_trips_exactly_at_its_count(tmp_path):
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, json={"error": {"message": "unknown model"}})
     with pytest.raises(GenerationError) as caught:
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=2),
-                              transport=fleet.transport())
+                              options=fleet.options())
     assert (caught.value.shard, caught.value.server) == (0, "s0:1")
     assert caught.value.message == ("the first 2 results were all client errors, e.g. HTTP 400: unknown model; "
                                     "none of them is written off")
@@ -386,7 +385,7 @@ async def test_a_busy_but_healthy_server_is_not_marked_down_by_the_stall_watchdo
     shard = write_prompts(tmp_path / "p.jsonl", 6)
     fleet = FakeFleet(1, limit=3, delay_s=0.2)  # 4x the stall check, /health answers 200
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(stall_check_s=0.05),
-                                    transport=fleet.transport(), progress_interval_s=0.01)
+                                    options=fleet.options(progress_interval_s=0.01))
     assert summary["done"] == 6 and summary["servers"]["s0:1"]["marked_down"] == []
     assert fleet.requests["s0:1"] == 6
 
@@ -397,7 +396,7 @@ async def test_a_hung_server_is_marked_down_and_its_requests_go_elsewhere(tmp_pa
     fleet.health["s1:1"] = lambda name: (_ for _ in ()).throw(httpx.ConnectTimeout("no answer"))
     summary = await asyncio.wait_for(
         run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(stall_check_s=0.1),
-                        transport=fleet.transport(), progress_interval_s=0.01), timeout=20)
+                        options=fleet.options(progress_interval_s=0.01)), timeout=20)
     out = shard_output(tmp_path / "out")
     assert summary["done"] == 10 and not out["errors"]
     assert {r["server"] for r in out["completions"]} == {"s0:1"}
@@ -426,7 +425,7 @@ async def test_a_wrong_url_or_key_stops_the_shard_at_once_naming_the_server(tmp_
     fleet = FakeFleet(1, limit=1)
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(status, json={"error": {"message": "nope"}})
     with pytest.raises(GenerationError) as caught:
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     assert caught.value.message == words and (caught.value.shard, caught.value.server) == (0, "s0:1")
     assert caught.value.hint == hint
     assert fleet.requests["s0:1"] == 1 and shard_output(tmp_path / "out")["errors"] == []
@@ -439,7 +438,7 @@ async def test_a_200_that_is_not_a_completion_marks_the_server_down_and_a_failin
     fleet.behaviour["s1:1"] = lambda pid, n: httpx.Response(200, text="<html>proxy</html>") if n <= 2 else None
     with caplog.at_level("INFO"):
         summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                        transport=fleet.transport())
+                                        options=fleet.options())
     out = shard_output(tmp_path / "out")
     assert summary["done"] == 40 and not out["errors"]
     server = summary["servers"]["s1:1"]
@@ -456,7 +455,7 @@ async def test_every_server_down_names_each_with_its_reason(tmp_path):
         fleet.health[name] = lambda name: httpx.Response(503)
     with pytest.raises(AllServersDown) as caught:
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(all_down_timeout_s=0.2),
-                              transport=fleet.transport())
+                              options=fleet.options())
     message = caught.value.message
     assert re.match(r"every server has been down for \d+ s; progress is saved \(0 done, 10 left\):\n", message)
     assert "  s0:1: down since " in message and "(http_502: HTTP 502: bad gateway)" in message
@@ -483,12 +482,12 @@ async def test_a_tripped_breaker_writes_off_none_of_its_window_and_a_retry_sends
     broken.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, json={"error": {"message": "chat template"}})
     with pytest.raises(GenerationError, match="first 5 results were all client errors") as caught:
         await run_shard_async(shard, broken.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=5),
-                              transport=broken.transport())
+                              options=broken.options())
     assert shard_output(tmp_path / "out")["errors"] == []
     assert "none of them is written off" in caught.value.message
     fixed = FakeFleet(1, limit=2)
     summary = await run_shard_async(shard, fixed.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fixed.transport())
+                                    options=fixed.options())
     assert (summary["done"], summary["failed"], summary["skipped_already_done"]) == (30, 0, 0)
     assert_each_prompt_once(shard_output(tmp_path / "out"), 30)
 
@@ -499,7 +498,7 @@ async def test_a_shard_whose_every_result_is_a_client_error_fails_below_the_brea
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, json={"error": {"message": "chat template"}})
     with pytest.raises(GenerationError, match="all 3 results were client errors") as caught:
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=20),
-                              transport=fleet.transport())
+                              options=fleet.options())
     assert "clear this task" in caught.value.hint
     assert shard_output(tmp_path / "out")["errors"] == []
 
@@ -509,7 +508,7 @@ async def test_client_errors_before_the_first_success_are_written_off_as_the_pro
     fleet = FakeFleet(1, limit=1)
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, text="too long") if n <= 2 else None
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=3),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     out = shard_output(tmp_path / "out")
     assert (summary["done"], summary["failed"]) == (4, 2)
     assert sorted((r["id"], r["fault"]) for r in out["errors"]) == [("p0000", "prompt"), ("p0001", "prompt")]
@@ -521,7 +520,7 @@ async def test_a_prompt_failing_every_attempt_is_recorded_as_the_servers_fault(t
     fleet = FakeFleet(1, limit=1)
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(429, text="busy") if pid == "p0002" else None
     await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(max_attempts=2),
-                          transport=fleet.transport())
+                          options=fleet.options())
     [error] = shard_output(tmp_path / "out")["errors"]
     assert (error["id"], error["error"]["code"], error["fault"]) == ("p0002", "attempts_exhausted", "server")
 
@@ -532,6 +531,6 @@ async def test_a_completion_landing_after_the_breaker_tripped_writes_off_nothing
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, text="chat template") if pid == "p0000" else None
     with pytest.raises(GenerationError, match="none of them is written off"):
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=1),
-                              transport=fleet.transport())
+                              options=fleet.options())
     out = shard_output(tmp_path / "out")
     assert out["errors"] == [] and [r["id"] for r in out["completions"]] in (["p0001"], [])

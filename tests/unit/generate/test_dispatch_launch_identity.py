@@ -44,7 +44,7 @@ async def test_completions_of_the_launch_wait_ready_read_are_all_accepted(tmp_pa
     fleet = FakeFleet(2)
     serving(fleet, {name: NIGHT_1 for name in fleet.names})
     summary = await run_shard_async(shard, launched_as(fleet, NIGHT_1), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert summary["done"] == 20 and len(shard_output(tmp_path / "out")["completions"]) == 20
 
 
@@ -55,7 +55,7 @@ async def test_a_server_replaced_mid_shard_stops_it_and_none_of_its_later_comple
     serving(fleet, {"s0:1": lambda number: NIGHT_1 if number <= 5 else launch_identity.SGLANG_DEFAULT})
     with pytest.raises(ServerReplaced) as caught:
         await run_shard_async(shard, launched_as(fleet, NIGHT_1, limit=1), tmp_path / "out", fast_settings(),
-                              transport=fleet.transport())
+                              options=fleet.options())
     out = shard_output(tmp_path / "out")
     assert len(out["completions"]) == 5 and out["errors"] == []
     error = caught.value
@@ -74,7 +74,7 @@ async def test_a_shard_of_an_earlier_run_refuses_servers_another_run_relaunched(
     with pytest.raises(ServerReplaced, match="launched by run 'scheduled__2026-12-02T00:00:00\\+00:00', wait_ready "
                                              "read a server launched by run 'scheduled__2026-12-01") as caught:
         await run_shard_async(shard, launched_as(fleet, NIGHT_1), tmp_path / "out", fast_settings(),
-                              transport=fleet.transport())
+                              options=fleet.options())
     assert shard_output(tmp_path / "out")["completions"] == []
     assert caught.value.hint.startswith("another run relaunched the servers after this run's wait_ready read them")
     assert isinstance(caught.value, DETERMINISTIC_ERRORS)  # a retry reads the same readback: failed at once
@@ -86,7 +86,7 @@ async def test_a_completion_without_any_weight_version_is_refused_when_the_readb
     serving(fleet, {"s0:1": None})
     with pytest.raises(ServerReplaced, match="no weight_version at all"):
         await run_shard_async(shard, launched_as(fleet, NIGHT_1, limit=1), tmp_path / "out", fast_settings(),
-                              transport=fleet.transport())
+                              options=fleet.options())
 
 
 async def test_a_server_that_reported_no_launch_identity_is_not_checked(tmp_path):
@@ -94,7 +94,7 @@ async def test_a_server_that_reported_no_launch_identity_is_not_checked(tmp_path
     fleet = FakeFleet(1)
     serving(fleet, {"s0:1": None})
     summary = await run_shard_async(shard, launched_as(fleet, None, limit=1), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert summary["done"] == 6
 
 

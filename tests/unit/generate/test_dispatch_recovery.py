@@ -15,7 +15,7 @@ import pytest
 from generate_fakes import FakeFleet, completion_body, fast_settings, read_jsonl, write_prompts
 
 from fleetgen.errors import AllServersDown, GenerationError
-from fleetgen.generate import dispatch, health_keeping, run_shard_async
+from fleetgen.generate import ShardRunOptions, dispatch, health_keeping, run_shard_async
 from fleetgen.generate.health import DOWN, UP, SharedHealth
 from fleetgen.generate.queue import WorkQueue
 
@@ -92,8 +92,8 @@ async def test_a_server_down_twice_is_rechecked_on_a_doubling_schedule_and_repor
     seen = []
     settings = fast_settings(recheck_initial_s=1.0, recheck_max_s=8.0, health_timeout_s=3.5, connect_timeout_s=2.5)
     with caplog.at_level("INFO"):
-        summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", settings, api_key=API_KEY,
-                                        transport=recording(fleet, seen))
+        summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", settings,
+                                        options=ShardRunOptions(api_key=API_KEY, transport=recording(fleet, seen)))
     assert summary["done"] == 40 and summary["failed"] == 0
     # 1 s, doubling after each failed check; a server down a second time starts at 2 s.
     assert waits == [1.0, 2.0, 4.0, 2.0, 4.0]
@@ -134,7 +134,7 @@ async def test_a_server_whose_health_keeps_failing_is_not_used_again_even_when_i
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
     with caplog.at_level("INFO"):
         summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                        transport=fleet.transport())
+                                        options=fleet.options())
     assert summary["done"] == 30
     server = summary["servers"]["s1:1"]
     assert len(server["marked_down"]) == 1 and server["recovered"] == [] and server["completed"] == 0
@@ -147,7 +147,7 @@ async def test_a_lone_server_back_up_goes_on_generating(tmp_path):
     fleet = FakeFleet(1, limit=2)
     fleet.behaviour["s0:1"] = lambda pid, n: (_ for _ in ()).throw(httpx.ConnectError("refused")) if n == 2 else None
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport(), progress_interval_s=0.01)
+                                    options=fleet.options(progress_interval_s=0.01))
     server = summary["servers"]["s0:1"]
     assert summary["done"] == 12 and len(server["marked_down"]) == 1 and len(server["recovered"]) == 1
 
@@ -160,7 +160,7 @@ async def test_a_server_back_up_while_no_prompt_is_waiting_resumes_without_a_tri
     fleet.behaviour["s1:1"] = lambda pid, n: (_ for _ in ()).throw(httpx.ConnectError("refused")) if n == 1 else None
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out",
                                     fast_settings(retry_backoff_s=0.1, recheck_initial_s=0.005),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     server = summary["servers"]["s1:1"]
     assert summary["done"] == 2 and len(server["marked_down"]) == 1 and len(server["recovered"]) == 1
     assert fleet.by_prompt["p0001"] == ["s1:1", "s1:1"] and server["completed"] == 1
@@ -180,7 +180,7 @@ async def test_a_retried_prompt_waits_a_doubling_backoff_capped_at_recheck_max(t
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(429, text="slow down") if pid == "p0002" else None
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out",
                                     fast_settings(max_attempts=5, retry_backoff_s=0.5, recheck_max_s=3.0),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert waits == [("p0002", 0.5), ("p0002", 1.0), ("p0002", 2.0), ("p0002", 3.0)]
     assert summary["failed"] == 1 and summary["servers"]["s0:1"]["retried"] == 5
 
@@ -200,7 +200,7 @@ async def test_requests_failing_on_a_server_already_down_wait_the_first_backoff(
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out",
                                     fast_settings(retry_backoff_s=0.25, recheck_max_s=5.0),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert summary["done"] == 10 and summary["servers"]["s1:1"]["retried"] == 3
     assert waits == [0.25, 0.25, 0.25]  # one blamed failure (1st try), two not counted (still 1st try)
 
@@ -211,7 +211,7 @@ async def test_written_off_prompts_are_counted_on_their_server(tmp_path):
     written_off = ("p0001", "p0004", "p0005")
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, text="too long") if pid in written_off else None
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert summary["failed"] == 3 and summary["done"] == 5
     assert summary["servers"]["s0:1"]["failed"] == 3 and summary["servers"]["s0:1"]["completed"] == 5
 
@@ -222,7 +222,7 @@ async def test_the_breaker_says_which_settings_to_check(tmp_path):
     fleet.behaviour["s0:1"] = lambda pid, n: httpx.Response(400, text="max_tokens too large")
     with pytest.raises(GenerationError) as caught:
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=3),
-                              transport=fleet.transport())
+                              options=fleet.options())
     assert caught.value.hint == ("a setting or the server is wrong rather than the prompts: check the model name, "
                                  "max_tokens against the context length, extra_body and the server's chat template; "
                                  "once fixed, clear this task: it sends these prompts again")
@@ -239,7 +239,7 @@ async def test_completions_without_token_counts_add_no_tokens(tmp_path):
 
     fleet.behaviour["s0:1"] = no_usage
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert summary["done"] == 4 and (summary["prompt_tokens"], summary["completion_tokens"]) == (0, 0)
 
 
@@ -259,12 +259,12 @@ async def test_every_server_down_on_a_resumed_shard_counts_earlier_and_new_promp
     settings = fast_settings(all_down_timeout_s=0.05, share_server_health=False)
     first = failing_except({"p0000", "p0001", "p0002"})
     with pytest.raises(AllServersDown):
-        await run_shard_async(shard, first.endpoints(), tmp_path / "out", settings, transport=first.transport(),
-                              progress_interval_s=0.01)
+        await run_shard_async(shard, first.endpoints(), tmp_path / "out", settings,
+                              options=first.options(progress_interval_s=0.01))
     again = failing_except({"p0003", "p0004"})
     with pytest.raises(AllServersDown) as caught:
-        await run_shard_async(shard, again.endpoints(), tmp_path / "out", settings, transport=again.transport(),
-                              progress_interval_s=0.01)
+        await run_shard_async(shard, again.endpoints(), tmp_path / "out", settings,
+                              options=again.options(progress_interval_s=0.01))
     head, *lines = caught.value.message.split("\n")
     down_for = re.fullmatch(r"every server has been down for (\d+) s; progress is saved \(5 done, 5 left\):", head)
     assert down_for and int(down_for.group(1)) <= 60, head  # measured since the last server went down
@@ -280,7 +280,7 @@ async def test_a_hung_servers_reported_silence_is_measured_from_its_last_answer(
     fleet.health["s1:1"] = lambda name: (_ for _ in ()).throw(httpx.ConnectTimeout("no answer"))
     started = time.monotonic()
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(stall_check_s=0.05),
-                                    transport=fleet.transport(), progress_interval_s=0.01)
+                                    options=fleet.options(progress_interval_s=0.01))
     ran_s = time.monotonic() - started
     [down] = summary["servers"]["s1:1"]["marked_down"]
     silent = re.fullmatch(r"stalled: no answer for (\d+) s with 1 request\(s\) in flight, and /health: "
@@ -313,7 +313,7 @@ async def test_the_events_file_names_each_down_recovery_retry_and_write_off(tmp_
 
     fleet.health["s1:1"] = health
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert summary["done"] == 11 and summary["failed"] == 1
     [down] = events_of(tmp_path / "out", "down")
     assert down == {"shard": 0, "event": "down", "server": "s1:1", "reason": ("http_500: HTTP 500: " + crash)[:500]}
@@ -352,7 +352,7 @@ async def test_a_server_another_shard_marks_down_and_back_up_follows_its_word(tm
         200 if used_before_up and fleet.requests["s1:1"] > used_before_up[0] else 503)
     with caplog.at_level("INFO"):
         summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                        transport=fleet.transport(), progress_interval_s=0.005)
+                                        options=fleet.options(progress_interval_s=0.005))
     assert summary["done"] == 150
     server = summary["servers"]["s1:1"]
     assert [d["reason"] for d in server["marked_down"]] == ["marked down by shard 9: http_502: HTTP 502: bad gateway"]
@@ -369,7 +369,7 @@ async def test_a_server_this_shard_finds_down_is_published_for_the_other_shards(
     fleet.behaviour["s1:1"] = lambda pid, n: httpx.Response(502, text="bad gateway")
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
     before = time.time()
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     entries = SharedHealth(tmp_path / "out", who="shard 9", log=logging.getLogger("other")).changed_entries()
     entry = entries["s1:1"]
     assert (entry.state, entry.reason, entry.by) == (DOWN, "http_502: HTTP 502: bad gateway", "shard 0")
@@ -382,7 +382,7 @@ async def test_a_server_this_shard_brings_back_is_published_up_and_generation_go
     fleet = FakeFleet(2, limit=1, delay_s=0.002)
     fleet.behaviour["s1:1"] = lambda pid, n: httpx.Response(502, text="bad gateway") if n == 1 else None
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport(), progress_interval_s=0.005)
+                                    options=fleet.options(progress_interval_s=0.005))
     assert summary["done"] == 80 and len(summary["servers"]["s1:1"]["recovered"]) == 1
     entry = SharedHealth(tmp_path / "out", who="shard 9", log=logging.getLogger("other")).changed_entries()["s1:1"]
     assert (entry.state, entry.reason, entry.by) == (UP, "health and a trial request succeeded", "shard 0")
@@ -392,18 +392,18 @@ async def test_server_metrics_are_sampled_at_the_interval_and_not_at_all_when_it
     shard = write_prompts(tmp_path / "p.jsonl", 20)
     sampled = FakeFleet(1, limit=1, delay_s=0.005)
     await run_shard_async(shard, sampled.endpoints(), tmp_path / "a", fast_settings(sample_interval_s=0.01),
-                          transport=sampled.transport())
+                          options=sampled.options())
     assert sampled.scrapes["s0:1"] > 0
     unsampled = FakeFleet(1, limit=1, delay_s=0.005)
     summary = await run_shard_async(shard, unsampled.endpoints(), tmp_path / "b", fast_settings(sample_interval_s=0),
-                                    transport=unsampled.transport())
+                                    options=unsampled.options())
     assert summary["done"] == 20 and not unsampled.scrapes
 
 
 async def test_each_completion_is_indexed_for_reuse_by_its_prompt_hash(tmp_path):
     shard = write_prompts(tmp_path / "p.jsonl", 5)
     fleet = FakeFleet(1, limit=1)
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     rows = read_jsonl(tmp_path / "out" / "reuse" / "shard-00000.jsonl")
     assert len(rows) == 5 and len({row["h"] for row in rows}) == 5
 
@@ -412,8 +412,8 @@ async def test_a_lone_shard_sharing_the_fleet_with_nobody_announces_no_change(tm
     shard = write_prompts(tmp_path / "p.jsonl", 5)
     fleet = FakeFleet(1, limit=2)
     with caplog.at_level("INFO"):
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport(),
-                              sharing=lambda: 1)
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                              options=fleet.options(sharing=lambda: 1))
     assert "share the fleet" not in caplog.text and fleet.max_in_flight["s0:1"] == 2
 
 
@@ -437,7 +437,7 @@ async def test_when_the_other_shard_ends_this_one_grows_back_to_each_servers_who
 
     fleet.behaviour["s0:1"] = s0
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport(), sharing=lambda: running[0], sharing_interval_s=0.02)
+                                    options=fleet.options(sharing=lambda: running[0], sharing_interval_s=0.02))
     assert summary["done"] == 60 and halves == [2] and fleet.max_in_flight["s0:1"] == 4
 
 
@@ -447,7 +447,7 @@ async def test_a_request_timeout_marks_the_server_down_as_timed_out(tmp_path):
     fleet.behaviour["s1:1"] = lambda pid, n: (_ for _ in ()).throw(httpx.ReadTimeout("timed out"))
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert summary["done"] == 10
     assert [d["reason"] for d in summary["servers"]["s1:1"]["marked_down"]] == ["timeout: ReadTimeout: timed out"]
 
@@ -458,7 +458,7 @@ async def test_the_final_progress_line_shows_nothing_left_in_flight_and_the_down
     fleet.behaviour["s1:1"] = lambda pid, n: httpx.Response(503, text="overloaded") if n > 3 else None
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
     with caplog.at_level("INFO"):
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     last = [m for m in messages(caplog) if "in flight:" in m][-1]
     assert last.startswith("shard 0: 20/20 done") and last.endswith("in flight: s0:1=0 s1:1=DOWN/0")
 
@@ -473,7 +473,7 @@ async def test_what_was_wrong_with_a_200_and_an_abort_is_kept(tmp_path):
     fleet.behaviour["s1:1"] = lambda pid, n: httpx.Response(200, text="<html>proxy</html>") if n == 1 else (
         httpx.Response(200, json=aborted) if pid == "p0002" else None)
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(max_attempts=2),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     [down] = summary["servers"]["s1:1"]["marked_down"]
     assert down["reason"].startswith("bad_response: not a chat completion (")
     assert down["reason"].endswith("): b'<html>proxy</html>'")
@@ -488,7 +488,7 @@ async def test_metrics_samples_count_this_shards_requests_and_skip_a_down_server
     fleet.behaviour["s1:1"] = lambda pid, n: httpx.Response(500, text="dead")
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(sample_interval_s=0.01),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert summary["done"] == 40
     rows = read_jsonl(tmp_path / "out" / "metrics" / "shard-00000.jsonl")
     sent = [row["sent"] for row in rows if row["server"] == "s0:1"]
@@ -505,7 +505,7 @@ async def test_a_server_without_metrics_is_named_once_in_the_log(tmp_path, caplo
 
     with caplog.at_level("WARNING"):
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(sample_interval_s=0.01),
-                              transport=httpx.MockTransport(handle))
+                              options=ShardRunOptions(transport=httpx.MockTransport(handle)))
     gaps = [m for m in messages(caplog, "WARNING") if "no metrics" in m]
     assert len(gaps) == 1 and gaps[0].startswith("shard 0: no metrics from s0:1 (") and gaps[0].endswith(
         "); its occupancy has gaps")
@@ -524,7 +524,7 @@ async def test_a_shard_that_ends_before_its_first_scrape_answers_still_samples_e
         return await fleet.handle(request)
 
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(sample_interval_s=60),
-                                    transport=httpx.MockTransport(handle))
+                                    options=ShardRunOptions(transport=httpx.MockTransport(handle)))
     rows = read_jsonl(tmp_path / "out" / "metrics" / "shard-00000.jsonl")
     assert summary["done"] == 3 and sorted(row["server"] for row in rows) == ["s0:1", "s1:1"]
 
@@ -542,7 +542,7 @@ async def test_a_server_another_shard_found_hung_has_this_shards_requests_abando
     fleet.behaviour["s0:1"] = s0
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(stall_check_s=60),
-                                    transport=fleet.transport(), progress_interval_s=0.005)
+                                    options=fleet.options(progress_interval_s=0.005))
     out_dir = tmp_path / "out"
     assert summary["done"] == 30 and {r["server"] for r in read_jsonl(out_dir / "completions" / "shard-00000.jsonl")} \
         == {"s0:1"}
@@ -561,8 +561,8 @@ async def test_a_shard_count_share_leaves_the_room_the_other_shard_uses_on_each_
         fleet = FakeFleet(2, limit=4, delay_s=0.005)
         with caplog.at_level("INFO"):
             await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                  transport=fleet.transport(), sharing=lambda: 2, sharing_interval_s=0.01,
-                                  progress_interval_s=0.005)
+                                  options=fleet.options(sharing=lambda: 2, sharing_interval_s=0.01,
+                                                        progress_interval_s=0.005))
     finally:
         other.stop()
     assert fleet.max_in_flight == Counter({"s0:1": 1, "s1:1": 2})
@@ -580,7 +580,7 @@ async def test_progress_is_saved_on_the_way_every_mark_interval(tmp_path, monkey
         (tmp_path / "out" / "shards" / "shard-00000.mark.json").exists()) if n == 25 else None
     with caplog.at_level("INFO"):
         summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                        transport=fleet.transport(), progress_interval_s=0.005)
+                                        options=fleet.options(progress_interval_s=0.005))
     assert summary["done"] == 30 and marks == [True]
     progress = [m for m in messages(caplog) if m.startswith("shard 0: ") and " done (" in m and "in flight: " in m]
     assert len(progress) >= 2  # lines on the way, and the last one
@@ -594,8 +594,8 @@ async def test_a_failing_share_count_is_logged_with_its_cause(tmp_path, caplog):
         raise RuntimeError("API unavailable")
 
     with caplog.at_level("WARNING"):
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport(),
-                              sharing=broken)
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                              options=fleet.options(sharing=broken))
     assert "shard 0: could not count the shards sharing the fleet (API unavailable); keeping 1/1" in messages(
         caplog, "WARNING")
 
@@ -612,7 +612,7 @@ async def test_a_server_answering_usage_as_strings_is_a_bad_response_and_its_pro
     fleet.behaviour["s1:1"] = string_usage
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert summary["done"] == 8 and summary["failed"] == 0
     assert summary["completion_tokens"] == 8 * 10  # s0:1's answers only
     [down] = summary["servers"]["s1:1"]["marked_down"]
@@ -625,7 +625,7 @@ async def test_a_server_this_shard_finds_hung_is_published_hung_for_the_other_sh
     fleet = FakeFleet(2, limit=1, delay_s={"s0:1": 0.01, "s1:1": 2.0})  # silent 40x the stall check
     fleet.health["s1:1"] = lambda name: (_ for _ in ()).throw(httpx.ConnectTimeout("no answer"))
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(stall_check_s=0.05),
-                                    transport=fleet.transport(), progress_interval_s=0.01)
+                                    options=fleet.options(progress_interval_s=0.01))
     assert summary["done"] == 6
     entry = SharedHealth(tmp_path / "out", who="shard 9", log=logging.getLogger("other")).changed_entries()["s1:1"]
     assert (entry.state, entry.hung, entry.by) == (DOWN, True, "shard 0")
@@ -648,7 +648,7 @@ async def test_a_server_down_here_that_another_shard_also_finds_down_stays_down(
 
     fleet.health["s1:1"] = health
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport(), progress_interval_s=0.005)
+                                    options=fleet.options(progress_interval_s=0.005))
     assert summary["done"] == 40 and checks["s1:1"] >= 1
     server = summary["servers"]["s1:1"]
     assert [d["reason"] for d in server["marked_down"]] == ["http_502: HTTP 502: bad gateway"]
@@ -677,8 +677,9 @@ async def test_a_trial_request_abandoned_on_a_server_found_hung_is_logged_as_sta
 
     with caplog.at_level("INFO"):
         summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out",
-                                        fast_settings(recheck_initial_s=0.05), transport=httpx.MockTransport(handle),
-                                        progress_interval_s=0.005)
+                                        fast_settings(recheck_initial_s=0.05),
+                                        options=ShardRunOptions(transport=httpx.MockTransport(handle),
+                                                                progress_interval_s=0.005))
     assert summary["done"] == 40 and summary["failed"] == 0
     assert [d["reason"] for d in summary["servers"]["s1:1"]["marked_down"]] == [
         "http_502: HTTP 502: bad gateway", "marked down by shard 9: stalled: no answer for 61 s"]
@@ -701,8 +702,8 @@ async def test_every_server_down_fails_the_shard_exactly_at_the_timeout(tmp_path
     fleet.health["s0:1"] = health
     with pytest.raises(AllServersDown) as caught:
         await asyncio.wait_for(run_shard_async(shard, fleet.endpoints(), tmp_path / "out",
-                                               fast_settings(all_down_timeout_s=0.25), transport=fleet.transport(),
-                                               progress_interval_s=0.005), timeout=2)
+                                               fast_settings(all_down_timeout_s=0.25),
+                                               options=fleet.options(progress_interval_s=0.005)), timeout=2)
     assert caught.value.message.startswith("every server has been down for 0 s; progress is saved (0 done, 5 left)")
 
 
@@ -719,7 +720,8 @@ async def test_a_server_silent_for_exactly_the_stall_check_is_probed(tmp_path, m
 
     fleet.health["s1:1"] = lambda name: (_ for _ in ()).throw(httpx.ConnectTimeout("no answer"))
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(stall_check_s=2.0),
-                                    transport=httpx.MockTransport(handle), progress_interval_s=0.005)
+                                    options=ShardRunOptions(transport=httpx.MockTransport(handle),
+                                                            progress_interval_s=0.005))
     assert summary["done"] == 6
     [down] = summary["servers"]["s1:1"]["marked_down"]
     assert down["reason"] == ("stalled: no answer for 2 s with 1 request(s) in flight, and /health: ConnectTimeout: "

@@ -60,11 +60,10 @@ async def test_a_shard_that_starts_after_a_server_hung_sends_it_nothing(tmp_path
     first, second = two_shards(tmp_path / "p.jsonl")
     fleet = HungFleet(2, hung="s1:1", after=5)
     settings = fast_settings(stall_check_s=0.3, health_timeout_s=0.2, request_timeout_s=600.0)
-    await run_shard_async(first, fleet.endpoints(), tmp_path / "out", settings, transport=fleet.transport())
+    await run_shard_async(first, fleet.endpoints(), tmp_path / "out", settings, options=fleet.options())
     assert servers_health(tmp_path / "out")["s1:1"]["state"] == "down"
     sent_before = fleet.requests["s1:1"]
-    summary = await run_shard_async(second, fleet.endpoints(), tmp_path / "out", settings,
-                                    transport=fleet.transport())
+    summary = await run_shard_async(second, fleet.endpoints(), tmp_path / "out", settings, options=fleet.options())
     assert fleet.requests["s1:1"] == sent_before  # not one request to the hung server
     assert summary["done"] == 60 and len(shard_output(tmp_path / "out", 1)["completions"]) == 60
     reason = summary["servers"]["s1:1"]["marked_down"][0]["reason"]
@@ -78,8 +77,8 @@ async def test_running_shards_abandon_a_server_another_shard_found_hung(tmp_path
     # The second shard alone would wait out 10 minutes: only the first shard's finding frees it.
     patient = fast_settings(stall_check_s=600.0, health_timeout_s=0.2, request_timeout_s=600.0)
     summaries = await asyncio.wait_for(asyncio.gather(
-        run_shard_async(first, fleet.endpoints(), tmp_path / "out", watchful, transport=fleet.transport()),
-        run_shard_async(second, fleet.endpoints(), tmp_path / "out", patient, transport=fleet.transport())), 60)
+        run_shard_async(first, fleet.endpoints(), tmp_path / "out", watchful, options=fleet.options()),
+        run_shard_async(second, fleet.endpoints(), tmp_path / "out", patient, options=fleet.options())), 60)
     assert [s["done"] for s in summaries] == [100, 100]
     held = summaries[1]["servers"]["s1:1"]
     assert held["marked_down"][0]["reason"].startswith("marked down by shard 0: stalled"), held
@@ -93,7 +92,7 @@ async def test_a_server_found_back_up_is_marked_up_for_every_shard(tmp_path, cap
                                                                                     "connection: refused")
     fleet = FakeFleet(2, delay_s=0.01)
     with caplog.at_level(logging.WARNING):
-        summary = await run_shard_async(shard, fleet.endpoints(), out, fast_settings(), transport=fleet.transport())
+        summary = await run_shard_async(shard, fleet.endpoints(), out, fast_settings(), options=fleet.options())
     server = summary["servers"]["s1:1"]
     assert server["marked_down"][0]["reason"] == "marked down by shard 9 (try 1): connection: refused"
     assert len(server["recovered"]) == 1 and server["completed"] > 0
@@ -108,7 +107,7 @@ async def test_an_unreadable_health_file_is_ignored_with_a_warning(tmp_path, cap
     fleet = FakeFleet(2)
     with caplog.at_level(logging.WARNING):
         summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                        transport=fleet.transport())
+                                        options=fleet.options())
     assert summary["done"] == 20 and fleet.requests["s1:1"] > 0
     assert f"ignoring an unreadable {RunLayout(tmp_path / 'out').servers_health}" in caplog.text
 
@@ -118,7 +117,7 @@ async def test_health_sharing_can_be_turned_off(tmp_path):
     SharedHealth(tmp_path / "out", who="shard 9", log=logging.getLogger("test")).publish("s1:1", "down", "x")
     fleet = FakeFleet(2)
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out",
-                                    fast_settings(share_server_health=False), transport=fleet.transport())
+                                    fast_settings(share_server_health=False), options=fleet.options())
     assert not summary["servers"]["s1:1"]["marked_down"]
 
 

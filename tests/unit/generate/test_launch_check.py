@@ -54,7 +54,7 @@ async def test_a_server_restarted_by_hand_from_our_command_line_is_caught_by_the
     fleet.behaviour["s0:1"] = answer
     with pytest.raises(ServerReplaced) as caught:
         await run_shard_async(shard, read_at_wait_ready(fleet, server_info(), limit=1), tmp_path / "out",
-                              fast_settings(launch_check_s=0.05), transport=fleet.transport())
+                              fast_settings(launch_check_s=0.05), options=fleet.options())
     assert [record["id"] for record in shard_output(tmp_path / "out")["completions"]] == \
         [f"p{number:04d}" for number in range(replaced_after)]
     error = caught.value
@@ -74,7 +74,7 @@ async def test_a_shard_of_an_old_run_refuses_servers_another_run_relaunched_befo
         fleet.behaviour[name] = lambda prompt_id, number: answered_by(NIGHT_2, prompt_id)
     with pytest.raises(ServerReplaced) as caught:
         await run_shard_async(shard, read_at_wait_ready(fleet, server_info(identity=NIGHT_1), limit=2),
-                              tmp_path / "out", fast_settings(), transport=fleet.transport())
+                              tmp_path / "out", fast_settings(), options=fleet.options())
     assert sum(fleet.requests.values()) == 0 and shard_output(tmp_path / "out")["completions"] == []
     assert ("wait_ready read '/models/a', launched by run 'night-1'; it now runs '/models/a', launched by run "
             "'night-2' (weight_version: read 'fleetgen/night-1', now 'fleetgen/night-2')") in caught.value.message
@@ -90,7 +90,7 @@ async def test_a_server_kept_from_an_earlier_run_is_accepted_by_the_run_that_rea
                                                          last_gen_throughput=float(fleet.requests[name]))
     fleet.behaviour["s0:1"] = lambda prompt_id, number: answered_by(NIGHT_1, prompt_id)
     summary = await run_shard_async(shard, read_at_wait_ready(fleet, server_info(identity=NIGHT_1), limit=2),
-                                    tmp_path / "out", fast_settings(launch_check_s=0.01), transport=fleet.transport())
+                                    tmp_path / "out", fast_settings(launch_check_s=0.01), options=fleet.options())
     assert summary["done"] == 20 and len(shard_output(tmp_path / "out")["completions"]) == 20
     assert fleet.info_reads["s0:1"] >= 2  # at the start, and at least once while it served
 
@@ -113,7 +113,7 @@ async def test_a_server_back_up_as_another_launch_stops_the_shard_before_its_tri
     fleet.behaviour["s0:1"] = s0
     with pytest.raises(ServerReplaced) as caught:
         await run_shard_async(shard, read_at_wait_ready(fleet, server_info(), limit=1), tmp_path / "out",
-                              fast_settings(), transport=fleet.transport())
+                              fast_settings(), options=fleet.options())
     assert fleet.requests["s0:1"] == went_down_at  # no trial request went to the new launch
     assert caught.value.server == "s0:1" and "0 request(s) in flight there abandoned" in caught.value.message
     written_by = {record["server"] for record in shard_output(tmp_path / "out")["completions"]}

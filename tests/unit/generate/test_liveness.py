@@ -96,11 +96,11 @@ async def test_a_shard_resumed_after_a_killed_try_reports_it_and_removes_its_hea
     killed.start()
     _die(killed, seconds_ago=30)
     fleet = FakeFleet(2)
-    summary = await run_shard_async(shard, fleet.endpoints(), layout.root, fast_settings(), transport=fleet.transport())
+    summary = await run_shard_async(shard, fleet.endpoints(), layout.root, fast_settings(), options=fleet.options())
     assert summary["done"] == 20
     assert summary["lost_try"]["try"] == 1 and summary["lost_try"]["dead_s"] >= 29
     assert not layout.heartbeat_files() and not killed.path.exists()
-    again = await run_shard_async(shard, fleet.endpoints(), layout.root, fast_settings(), transport=fleet.transport())
+    again = await run_shard_async(shard, fleet.endpoints(), layout.root, fast_settings(), options=fleet.options())
     assert again["lost_try"] is None
 
 
@@ -420,3 +420,39 @@ def test_a_heartbeat_first_seen_long_stale_counts_only_for_the_first_sight_grace
     assert fleet_share(layout, reader, seen_at=50.0).others_in_flight == {"s0:1": 8}
     assert fleet_share(layout, reader, seen_at=50.0 + liveness.FIRST_SIGHT_GRACE_S).active == 2
     assert fleet_share(layout, reader, seen_at=50.5 + liveness.FIRST_SIGHT_GRACE_S).active == 1
+
+
+def test_a_dead_try_stamped_ahead_by_its_clock_stays_dead_when_its_time_comes_into_range(tmp_path):
+    """Its clock 20 s ahead: once dead, its file's time drifts from 20 s ahead to 15 s behind the reader's clock
+    (in range by time for 30 s). Its beat number stopped, so it stays dead all along."""
+    layout = RunLayout(tmp_path)
+    reader, ahead = ShardHeartbeat(layout, 0), ShardHeartbeat(layout, 1)
+    reader.start(now=1000.0)
+    ahead.start(now=1000.0)
+    skew_s, wall_at_zero = 20.0, 1000.0  # the reader's wall clock at its monotonic time 0
+
+    def share_at(seen_at: float) -> FleetShare:
+        return fleet_share(layout, reader, now=wall_at_zero + seen_at, seen_at=seen_at)
+
+    for seen_at in (0.0, HEARTBEAT_INTERVAL_S):  # two beats, then it dies
+        ahead.beat({"s0:1": 10})
+        _beat_at(ahead, wall_at_zero + seen_at + skew_s)
+        assert share_at(seen_at).others_in_flight == {"s0:1": 10}
+    last_beat_seen = HEARTBEAT_INTERVAL_S
+    assert share_at(last_beat_seen + STALE_AFTER_S).active == 2
+    for silent_s in (STALE_AFTER_S + 0.5, skew_s, skew_s + 10.0, skew_s + STALE_AFTER_S, skew_s + STALE_AFTER_S + 5):
+        share = share_at(last_beat_seen + silent_s)
+        assert (share.active, share.others_in_flight) == (1, {}), f"{silent_s} s after its last beat: {share}"
+
+
+def test_the_watch_judges_each_try_by_its_own_beats():
+    """Two tries of one shard (the same file name), told apart by their tokens: one beating, one silent."""
+    watch = liveness.HeartbeatWatch(0, host="n0", pid=1)
+
+    def live(token: str, number: int, seen_at: float) -> bool:
+        return watch.is_live("shard-00001.alive", {"token": token, "beat": number}, 1000.0 + seen_at,
+                             now=1000.0 + seen_at, seen_at=seen_at, stale_after_s=STALE_AFTER_S)
+
+    assert live("beating", 1, 0.0) and live("silent", 1, 0.0)
+    assert live("beating", 2, 10.0)
+    assert live("beating", 3, 15.5) and not live("silent", 1, 15.5)

@@ -15,7 +15,7 @@ import pytest
 from generate_fakes import shard_output
 from devstack.local_fleet import LocalSimFleet
 
-from fleetgen.generate import GenerationSettings, run_shard
+from fleetgen.generate import GenerationSettings, ShardRunOptions, run_shard
 from fleetgen.prompts.scan import iter_prompt_ids, plan_shards, scan_prompts
 from sglang_sim.synthetic import write_synthetic_prompts
 
@@ -118,7 +118,8 @@ def test_servers_that_crash_hang_or_answer_500_mid_run(tmp_path, caplog):
         endpoints = fleet.endpoints()
         with caplog.at_level(logging.INFO, logger="fleetgen.generate"):
             summary = run_shard(shard, endpoints, tmp_path / "out",
-                                settings(request_timeout_s=3.0, health_timeout_s=1.0), progress_interval_s=1.0)
+                                settings(request_timeout_s=3.0, health_timeout_s=1.0),
+                                options=ShardRunOptions(progress_interval_s=1.0))
     out = shard_output(tmp_path / "out")
     assert sorted(r["id"] for r in out["completions"]) == sorted(iter_prompt_ids(prompts))
     assert not out["errors"] and summary["done"] == 500
@@ -143,7 +144,7 @@ def test_a_hung_server_is_abandoned_without_waiting_out_the_request_timeout(tmp_
             # A 10-minute request timeout: only the stall watchdog can free the hung server's prompts in time.
             summary = run_shard(shard, endpoints, tmp_path / "out",
                                 settings(request_timeout_s=600.0, health_timeout_s=1.0, stall_check_s=2.0),
-                                progress_interval_s=1.0)
+                                options=ShardRunOptions(progress_interval_s=1.0))
     out = shard_output(tmp_path / "out")
     assert sorted(r["id"] for r in out["completions"]) == sorted(iter_prompt_ids(prompts))
     assert summary["done"] == 300 and not out["errors"]

@@ -51,8 +51,8 @@ async def generate(root: Path, run: str, records: list[dict], *, material: dict 
     fleet = fleet or FakeFleet(2)
     shard = write_prompts(root / f"{run}.jsonl", records)
     lookup = look_up_reuse(root, run, material)
-    summary = await run_shard_async(shard, fleet.endpoints(), root / run, fast_settings(), transport=fleet.transport(),
-                                    reuse=lookup.source)
+    summary = await run_shard_async(shard, fleet.endpoints(), root / run, fast_settings(),
+                                    options=fleet.options(reuse=lookup.source))
     write_reuse_index(RunLayout(root / run), material=material, run_id=run)
     validated(RunLayout(root / run))
     return {**summary, "reuse": lookup.summary()}, fleet

@@ -16,7 +16,7 @@ import pytest
 from generate_fakes import FakeFleet, fast_settings, shard_output, write_prompts
 
 from fleetgen.errors import AllServersDown, ConfigError, GenerationError, ShardLeaseBusy
-from fleetgen.generate import run_shard, run_shard_async, shard as shard_module
+from fleetgen.generate import ShardRunOptions, run_shard, run_shard_async, shard as shard_module
 from fleetgen.generate.health import SharedHealth
 from fleetgen.generate.liveness import ShardHeartbeat
 from fleetgen.generate.watch import EventJournal
@@ -37,8 +37,7 @@ async def test_a_shard_record_lacking_keys_names_each_in_order(tmp_path, missing
     incomplete = {key: value for key, value in shard.items() if key not in missing}
     fleet = FakeFleet(1)
     with pytest.raises(ConfigError) as caught:
-        await run_shard_async(incomplete, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                              transport=fleet.transport())
+        await run_shard_async(incomplete, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     assert caught.value.message == f"shard record lacks {', '.join(missing)}: {incomplete!r}"
     assert caught.value.hint == "pass one element of plan_shards()'s list"
     assert not (tmp_path / "out").exists() and sum(fleet.requests.values()) == 0
@@ -78,31 +77,35 @@ async def test_two_servers_with_one_name_are_refused(tmp_path):
     first, second = fleet.endpoints()
     twin = type(second)(name=first.name, url=second.url, max_in_flight=2)
     with pytest.raises(ConfigError) as caught:
-        await run_shard_async(shard, [first, twin], tmp_path / "out", fast_settings(), transport=fleet.transport())
+        await run_shard_async(shard, [first, twin], tmp_path / "out", fast_settings(), options=fleet.options())
     assert caught.value.message == "server names repeat: ['s0:1', 's0:1']"
     assert caught.value.hint == 'name each server "host:port"'
     # two servers sharing a port number on different hosts are two servers
     other_host = type(second)(name="t0:1", url="http://t0:1", max_in_flight=2)
     fleet.names.append("t0:1")
     summary = await run_shard_async(shard, [first, other_host], tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert summary["done"] == 3 and set(summary["servers"]) == {"s0:1", "t0:1"}
 
 
 @pytest.mark.parametrize("interval", [0, -1.0])
-async def test_a_progress_interval_that_is_not_positive_is_refused(tmp_path, interval):
-    shard = write_prompts(tmp_path / "p.jsonl", 3)
+def test_a_progress_interval_that_is_not_positive_is_refused(interval):
     with pytest.raises(ConfigError) as caught:
-        await run_shard_async(shard, FakeFleet(1).endpoints(), tmp_path / "out", fast_settings(),
-                              progress_interval_s=interval)
+        ShardRunOptions(progress_interval_s=interval)
     assert caught.value.message == f"progress_interval_s must be > 0, got {interval}"
+
+
+def test_the_options_never_show_the_api_key():
+    options = ShardRunOptions(api_key="k-secret-7", try_number=2)
+    assert "k-secret-7" not in repr(options) and "try_number=2" in repr(options)
+    assert options.api_key == "k-secret-7"
 
 
 async def test_a_tiny_progress_interval_is_taken(tmp_path):
     shard = write_prompts(tmp_path / "p.jsonl", 3)
     fleet = FakeFleet(1)
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport(), progress_interval_s=0.001)
+                                    options=fleet.options(progress_interval_s=0.001))
     assert summary["done"] == 3
 
 
@@ -114,7 +117,7 @@ async def test_the_summary_of_the_first_shard_counts_every_server_and_token(tmp_
     fleet = FakeFleet(3)
     started = time.monotonic()
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     wall_s = time.monotonic() - started
     assert set(summary) == {"shard_id", "lost_try", "done", "failed", "skipped_already_done", "reused",
                             "prompt_tokens", "completion_tokens", "seconds", "servers"}
@@ -132,7 +135,7 @@ async def test_a_shard_id_given_as_text_is_reported_as_a_number(tmp_path):
     shard = {**write_prompts(tmp_path / "p.jsonl", 2), "shard_id": "7"}
     fleet = FakeFleet(1)
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert summary["shard_id"] == 7
     assert len(shard_output(tmp_path / "out", 7)["completions"]) == 2
 
@@ -142,7 +145,7 @@ async def test_failed_prompts_are_counted_apart_from_done_ones(tmp_path):
     fleet = FakeFleet(1)
     fleet.behaviour["s0:1"] = lambda prompt_id, n: _error(400, "bad prompt") if prompt_id == "p0002" else None
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport())
+                                    options=fleet.options())
     assert (summary["done"], summary["failed"]) == (5, 1)
     assert summary["servers"]["s0:1"]["completed"] == 5 and summary["servers"]["s0:1"]["failed"] == 1
 
@@ -151,11 +154,11 @@ async def test_a_rerun_counts_the_completed_and_the_failed_prompts_of_earlier_tr
     shard = write_prompts(tmp_path / "p.jsonl", 6)
     first = FakeFleet(1)
     first.behaviour["s0:1"] = lambda prompt_id, n: _error(400) if prompt_id in ("p0001", "p0004") else None
-    await run_shard_async(shard, first.endpoints(), tmp_path / "out", fast_settings(), transport=first.transport())
+    await run_shard_async(shard, first.endpoints(), tmp_path / "out", fast_settings(), options=first.options())
     again = FakeFleet(2)
     with caplog.at_level(logging.INFO, logger="fleetgen.generate"):
         summary = await run_shard_async(shard, again.endpoints(), tmp_path / "out", fast_settings(),
-                                        transport=again.transport())
+                                        options=again.options())
     assert summary["skipped_already_done"] == 6 and (summary["done"], summary["failed"]) == (0, 0)
     assert sum(again.requests.values()) == 0
     messages = [record.getMessage() for record in caplog.records]
@@ -171,8 +174,8 @@ async def test_the_shard_logs_to_the_logger_it_is_given(tmp_path, caplog):
     fleet = FakeFleet(1)
     own = logging.getLogger("tests.own_shard_log")
     with caplog.at_level(logging.INFO):
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport(),
-                              log=own)
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                              options=fleet.options(log=own))
     names = {record.name for record in caplog.records if "shard 0" in record.getMessage()}
     assert names == {"tests.own_shard_log"}
     assert any(record.getMessage().startswith("shard 0 finished: 2 done, 0 failed, 0 from earlier tries, 20 "
@@ -183,7 +186,7 @@ async def test_without_a_logger_the_shard_logs_to_fleetgen_generate(tmp_path, ca
     shard = write_prompts(tmp_path / "p.jsonl", 2)
     fleet = FakeFleet(1)
     with caplog.at_level(logging.INFO):
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     assert any(record.name == "fleetgen.generate" and record.getMessage().startswith("shard 0 finished")
                for record in caplog.records)
 
@@ -194,8 +197,8 @@ async def test_an_api_key_is_sent_as_a_bearer_header_and_none_or_empty_sends_no_
     shard = write_prompts(tmp_path / "p.jsonl", 2)
     for key, expected in (("k-1", "Bearer k-1"), (None, None), ("", None)):
         fleet = FakeFleet(1)
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / f"out-{key}", fast_settings(), api_key=key,
-                              transport=fleet.transport())
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / f"out-{key}", fast_settings(),
+                              options=fleet.options(api_key=key))
         assert fleet.requests["s0:1"] == 2
         assert {h.get("authorization") for h in fleet.headers} == {expected}
         assert {h.get("content-type") for h in fleet.headers if h.get("content-length")} == {"application/json"}
@@ -219,7 +222,8 @@ async def test_a_transport_the_caller_gives_is_left_open_and_the_shards_own_is_c
     shard = write_prompts(tmp_path / "p.jsonl", 3)
     fleet = FakeFleet(1)
     given = _RecordingTransport(fleet.transport())
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "a", fast_settings(), transport=given)
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "a", fast_settings(),
+                          options=ShardRunOptions(transport=given))
     assert given.closed == 0 and fleet.requests["s0:1"] == 3
     own: list[_RecordingTransport] = []
 
@@ -242,7 +246,7 @@ async def test_httpx_request_logging_is_quieted_to_warnings_and_a_quieter_level_
             httpx_log.setLevel(level)
             fleet = FakeFleet(1)
             await run_shard_async(shard, fleet.endpoints(), tmp_path / f"out-{level}", fast_settings(),
-                                  transport=fleet.transport())
+                                  options=fleet.options())
             assert httpx_log.level == after
     finally:
         httpx_log.setLevel(before)
@@ -269,7 +273,7 @@ async def test_a_server_found_down_is_shared_under_this_shards_and_tries_name(tm
     fleet.behaviour["s1:1"] = lambda prompt_id, n: _error(500, "engine died")
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fleet.transport(), try_number=try_number)
+                                    options=fleet.options(try_number=try_number))
     assert owners == [who] and summary["done"] == 20
     health = json.loads(RunLayout(tmp_path / "out").servers_health.read_text())
     assert health["servers"]["s1:1"]["state"] == "down" and health["servers"]["s1:1"]["by"] == who
@@ -282,7 +286,7 @@ async def test_without_shared_health_no_health_file_is_kept(tmp_path, monkeypatc
     fleet.behaviour["s1:1"] = lambda prompt_id, n: _error(500, "engine died")
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out",
-                                    fast_settings(share_server_health=False), transport=fleet.transport())
+                                    fast_settings(share_server_health=False), options=fleet.options())
     assert summary["done"] == 20 and owners == []
     assert not RunLayout(tmp_path / "out").servers_health.exists()
 
@@ -305,7 +309,7 @@ async def test_server_events_go_to_this_shards_journal_which_is_closed_at_the_en
     fleet = FakeFleet(2)
     fleet.behaviour["s1:1"] = lambda prompt_id, n: _error(500, "engine died")
     fleet.health["s1:1"] = lambda name: httpx.Response(503)
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     assert len(journals) == 1 and journals[0].closed and journals[0].shard_id == 5
     layout = RunLayout(tmp_path / "out")
     events = [json.loads(line) for line in layout.shard_file("events", 5).read_text().splitlines()]
@@ -316,7 +320,7 @@ async def test_metrics_samples_go_to_this_shards_metrics_file(tmp_path):
     shard = {**write_prompts(tmp_path / "p.jsonl", 30), "shard_id": 2}
     fleet = FakeFleet(2, delay_s=0.01)
     await run_shard_async(shard, fleet.endpoints(limit=1), tmp_path / "out", fast_settings(sample_interval_s=0.01),
-                          transport=fleet.transport())
+                          options=fleet.options())
     path = RunLayout(tmp_path / "out").shard_file("metrics", 2)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert rows and {row["server"] for row in rows} <= set(fleet.names) and sum(fleet.scrapes.values()) > 0
@@ -338,7 +342,7 @@ def _lock_is_free(out_dir, shard_id: int) -> bool:
 async def test_a_finished_shard_leaves_no_heartbeat_and_frees_its_output(tmp_path):
     shard = write_prompts(tmp_path / "p.jsonl", 5)
     fleet = FakeFleet(1)
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     assert not RunLayout(tmp_path / "out").shard(0).heartbeat.exists()
     assert _lock_is_free(tmp_path / "out", 0)
 
@@ -351,7 +355,7 @@ async def test_a_shard_stopped_by_every_server_down_still_removes_its_heartbeat_
         fleet.health[name] = lambda name: httpx.Response(503)
     with pytest.raises(AllServersDown):
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(all_down_timeout_s=0.1),
-                              transport=fleet.transport())
+                              options=fleet.options())
     assert not RunLayout(tmp_path / "out").shard(0).heartbeat.exists()
     assert _lock_is_free(tmp_path / "out", 0)
 
@@ -363,7 +367,7 @@ async def test_a_try_that_died_is_reported_as_the_lost_try(tmp_path, caplog):
     fleet = FakeFleet(1)
     with caplog.at_level(logging.WARNING, logger="fleetgen.generate"):
         summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                        transport=fleet.transport(), try_number=2)
+                                        options=fleet.options(try_number=2))
     assert summary["lost_try"]["try"] == 1 and summary["lost_try"]["shard_id"] == 0
     assert "the previous try" in caplog.text and "try 1" in caplog.text
     assert summary["done"] == 3
@@ -391,7 +395,7 @@ async def test_the_heartbeat_publishes_the_requests_in_flight_while_it_runs_and_
     fleet = FakeFleet(1, limit=2)
     shard = write_prompts(tmp_path / "p.jsonl", 6)
     await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                          transport=httpx.MockTransport(slow_then_read), try_number=4)
+                          options=ShardRunOptions(transport=httpx.MockTransport(slow_then_read), try_number=4))
     assert any(beat.get("in_flight", {}).get("s0:1", 0) >= 1 for beat in seen), seen
     assert {beat["try"] for beat in seen} == {4}
     assert not heartbeat_path.exists()
@@ -411,7 +415,7 @@ async def test_without_a_sharing_count_the_shard_takes_each_servers_whole_limit(
     fleet = FakeFleet(2, limit=6)
     shard = write_prompts(tmp_path / "p.jsonl", 60)
     with caplog.at_level(logging.WARNING):
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     assert all(fleet.max_in_flight[name] == 6 for name in fleet.names), fleet.max_in_flight
     assert "could not count" not in caplog.text
 
@@ -420,13 +424,13 @@ async def test_the_shards_heartbeats_decide_the_share_and_airflows_count_bounds_
     await _other_shard_taking_prompts(tmp_path / "out")
     fleet = FakeFleet(2, limit=6)
     shard = write_prompts(tmp_path / "p.jsonl", 60)
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport(),
-                          sharing=lambda: 2)
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                          options=fleet.options(sharing=lambda: 2))
     assert all(fleet.max_in_flight[name] == 3 for name in fleet.names), fleet.max_in_flight
     # Airflow counts this shard alone: the other heartbeat is of a try it no longer runs
     fleet = FakeFleet(2, limit=6)
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out2", fast_settings(), transport=fleet.transport(),
-                          sharing=lambda: 1)
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out2", fast_settings(),
+                          options=fleet.options(sharing=lambda: 1))
     assert all(fleet.max_in_flight[name] == 6 for name in fleet.names), fleet.max_in_flight
 
 
@@ -435,8 +439,9 @@ async def test_the_share_is_recounted_at_the_interval_given(tmp_path):
     fleet = FakeFleet(2, limit=8, delay_s=0.02)
     counts = iter([2] * 2 + [1] * 10_000)
     shard = write_prompts(tmp_path / "p.jsonl", 200)
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport(),
-                          sharing=lambda: next(counts), sharing_interval_s=0.02, progress_interval_s=0.01)
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                          options=fleet.options(sharing=lambda: next(counts), sharing_interval_s=0.02,
+                                                progress_interval_s=0.01))
     assert next(counts) == 1  # it was counted twice as shared, then alone
     assert all(fleet.max_in_flight[name] == 8 for name in fleet.names), fleet.max_in_flight
 
@@ -454,8 +459,9 @@ def test_run_shard_runs_the_shard_on_uvloop_and_returns_its_summary(tmp_path):
         return await fleet.handle(request)
 
     shard = write_prompts(tmp_path / "p.jsonl", 4)
-    summary = run_shard(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), api_key="k-2",
-                        transport=httpx.MockTransport(handle), try_number=3, progress_interval_s=0.5)
+    summary = run_shard(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                        options=ShardRunOptions(api_key="k-2", transport=httpx.MockTransport(handle), try_number=3,
+                                                progress_interval_s=0.5))
     assert summary["done"] == 4 and summary["shard_id"] == 0
     assert set(loops) == {uvloop.Loop}
     assert {h.get("authorization") for h in fleet.headers} == {"Bearer k-2"}
@@ -470,7 +476,7 @@ async def test_completions_reused_from_an_earlier_run_count_as_done_before_and_a
     material = {"model": {"weights": "w"}, "sampling": {"max_tokens": 64}, "extra_body": {}}
     shard = write_prompts(tmp_path / "p.jsonl", 5)
     fleet = FakeFleet(1)
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "night1", fast_settings(), transport=fleet.transport())
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "night1", fast_settings(), options=fleet.options())
     write_reuse_index(RunLayout(tmp_path / "night1"), material=material, run_id="night1")
     validated(RunLayout(tmp_path / "night1"))  # only a validated run is a source
     bigger = write_prompts(tmp_path / "p2.jsonl", 7)
@@ -478,7 +484,7 @@ async def test_completions_reused_from_an_earlier_run_count_as_done_before_and_a
     fleet = FakeFleet(1)
     with caplog.at_level(logging.INFO, logger="fleetgen.generate"):
         summary = await run_shard_async(bigger, fleet.endpoints(), tmp_path / "night2", fast_settings(),
-                                        transport=fleet.transport(), reuse=source)
+                                        options=fleet.options(reuse=source))
     assert (summary["reused"], summary["done"], summary["skipped_already_done"]) == (5, 2, 5)
     assert fleet.requests["s0:1"] == 2
     messages = [record.getMessage() for record in caplog.records]
@@ -494,7 +500,7 @@ async def test_a_fresh_shard_whose_first_results_are_all_client_errors_stops(tmp
     fleet.behaviour["s0:1"] = lambda prompt_id, n: _error(400, "unknown model")
     with pytest.raises(GenerationError, match="the first 2 results were all client errors"):
         await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=2),
-                              transport=fleet.transport())
+                              options=fleet.options())
 
 
 async def test_a_resumed_shard_with_completions_from_an_earlier_try_is_not_stopped_by_client_errors(tmp_path):
@@ -502,13 +508,13 @@ async def test_a_resumed_shard_with_completions_from_an_earlier_try_is_not_stopp
     first = FakeFleet(1, limit=1)
     first.behaviour["s0:1"] = lambda prompt_id, n: _error(400, "too long") if n > 2 else None
     await run_shard_async(shard, first.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=100),
-                          transport=first.transport())
+                          options=first.options())
     errors = RunLayout(tmp_path / "out").shard_file("errors", 0)
     errors.write_bytes(b"")  # the failed prompts are offered again
     again = FakeFleet(1, limit=1)
     again.behaviour["s0:1"] = lambda prompt_id, n: _error(400, "too long")
     summary = await run_shard_async(shard, again.endpoints(), tmp_path / "out", fast_settings(client_error_breaker=2),
-                                    transport=again.transport())
+                                    options=again.options())
     assert summary["skipped_already_done"] == 2 and summary["failed"] == 6
 
 
@@ -521,7 +527,7 @@ async def test_a_live_try_holding_the_output_makes_a_new_try_give_up_after_its_l
     try:
         with pytest.raises(ShardLeaseBusy):
             await run_shard_async(shard, FakeFleet(1).endpoints(), tmp_path / "out", fast_settings(lease_wait_s=0.05),
-                                  try_number=2)
+                                  options=ShardRunOptions(try_number=2))
     finally:
         os.close(fd)
 
@@ -529,13 +535,13 @@ async def test_a_live_try_holding_the_output_makes_a_new_try_give_up_after_its_l
 async def test_a_repair_of_an_interrupted_try_is_logged_to_the_shards_logger(tmp_path, caplog):
     shard = write_prompts(tmp_path / "p.jsonl", 3)
     fleet = FakeFleet(1)
-    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport())
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), options=fleet.options())
     completions = RunLayout(tmp_path / "out").shard_file("completions", 0)
     completions.write_bytes(completions.read_bytes() + b'{"id": "p00')  # a try killed mid-write
     own = logging.getLogger("tests.own_shard_log")
     with caplog.at_level(logging.WARNING, logger="tests.own_shard_log"):
-        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(), transport=fleet.transport(),
-                              log=own)
+        await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                              options=fleet.options(log=own))
     assert any(record.name == "tests.own_shard_log" and "repaired output after an interrupted run"
                in record.getMessage() for record in caplog.records)
 
@@ -551,7 +557,7 @@ async def test_an_unreadable_shared_health_file_is_logged_to_the_shards_logger(t
     own = logging.getLogger("tests.own_shard_log")
     with caplog.at_level(logging.WARNING, logger="tests.own_shard_log"):
         summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
-                                        transport=fleet.transport(), log=own)
+                                        options=fleet.options(log=own))
     assert summary["done"] == 20
     assert any(record.name == "tests.own_shard_log" and "ignoring an unreadable" in record.getMessage()
                for record in caplog.records)
@@ -572,7 +578,8 @@ async def test_a_failure_before_dispatch_still_removes_the_heartbeat_and_frees_t
             pass
 
     with pytest.raises(RuntimeError, match="index unreadable"):
-        await run_shard_async(shard, FakeFleet(1).endpoints(), tmp_path / "out", fast_settings(), reuse=BrokenSource())
+        await run_shard_async(shard, FakeFleet(1).endpoints(), tmp_path / "out", fast_settings(),
+                              options=ShardRunOptions(reuse=BrokenSource()))
     assert not RunLayout(tmp_path / "out").shard(0).heartbeat.exists()
     assert _lock_is_free(tmp_path / "out", 0)
 
@@ -583,7 +590,7 @@ def test_run_shard_hands_on_its_logger_progress_interval_sharing_and_reuse_sourc
     material = {"model": {"weights": "w"}, "sampling": {"max_tokens": 64}, "extra_body": {}}
     fleet = FakeFleet(2, limit=4, delay_s=0.01)
     run_shard(write_prompts(tmp_path / "p.jsonl", 4), fleet.endpoints(), tmp_path / "night1", fast_settings(),
-              transport=fleet.transport())
+              options=fleet.options())
     write_reuse_index(RunLayout(tmp_path / "night1"), material=material, run_id="night1")
     validated(RunLayout(tmp_path / "night1"))  # only a validated run is a source
     other = ShardHeartbeat(RunLayout(tmp_path / "night2"), 1)
@@ -593,8 +600,9 @@ def test_run_shard_hands_on_its_logger_progress_interval_sharing_and_reuse_sourc
     own = logging.getLogger("tests.own_shard_log")
     with caplog.at_level(logging.INFO, logger="tests.own_shard_log"):
         summary = run_shard(write_prompts(tmp_path / "p2.jsonl", 60), fleet.endpoints(), tmp_path / "night2",
-                            fast_settings(), transport=fleet.transport(), log=own, progress_interval_s=0.01,
-                            sharing=lambda: 2, reuse=look_up_reuse(tmp_path, "night2", material).source)
+                            fast_settings(), options=fleet.options(
+                                log=own, progress_interval_s=0.01, sharing=lambda: 2,
+                                reuse=look_up_reuse(tmp_path, "night2", material).source))
     assert summary["reused"] == 4 and summary["done"] == 56
     assert all(fleet.max_in_flight[name] == 2 for name in fleet.names), fleet.max_in_flight
     progress_lines = [record.getMessage() for record in caplog.records
@@ -608,12 +616,12 @@ async def test_a_shard_none_of_whose_prompts_completed_fails_saying_what_to_clea
     busy.behaviour["s0:1"] = lambda prompt_id, n: _error(429, "busy")
     with pytest.raises(GenerationError, match="none of the shard's 3 prompts completed: 3 failed") as caught:
         await run_shard_async(shard, busy.endpoints(), tmp_path / "out", fast_settings(max_attempts=1),
-                              transport=busy.transport())
+                              options=busy.options())
     assert caught.value.shard == 0 and "errors/shard-00000.jsonl" in caught.value.message
     assert "clear this task" in caught.value.hint and "start a new run" in caught.value.hint
     fixed = FakeFleet(1, limit=1)
     summary = await run_shard_async(shard, fixed.endpoints(), tmp_path / "out", fast_settings(),
-                                    transport=fixed.transport())
+                                    options=fixed.options())
     assert (summary["done"], summary["failed"]) == (3, 0)
     assert shard_output(tmp_path / "out")["errors"] == []
 

@@ -288,12 +288,12 @@ async def test_clearing_a_shard_after_the_server_is_fixed_regenerates_its_server
                                               else httpx.Response(429, text="busy") if pid in ("p0003", "p0004")
                                               else None)
     first = await run_shard_async(shard, night.endpoints(), tmp_path / "out", fast_settings(max_attempts=2),
-                                  transport=night.transport())
+                                  options=night.options())
     assert first["failed"] == 3
     fixed = FakeFleet(1, limit=1)
     with caplog.at_level(logging.INFO):
         summary = await run_shard_async(shard, fixed.endpoints(), tmp_path / "out", fast_settings(),
-                                        transport=fixed.transport())
+                                        options=fixed.options())
     assert sorted(fixed.by_prompt) == ["p0003", "p0004"]  # the too-long prompt is not sent again
     assert (summary["done"], summary["failed"], summary["skipped_already_done"]) == (2, 0, 4)
     out = shard_output(tmp_path / "out")

@@ -72,7 +72,7 @@ async def test_a_shard_samples_every_server_and_journals_its_failures(tmp_path):
 
     fleet.behaviour["s1:1"] = cuda_error
     await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(sample_interval_s=0.02),
-                          transport=fleet.transport())
+                          options=fleet.options())
     layout = RunLayout(tmp_path / "out")
     samples = read_jsonl(layout.shard_file("metrics", 0))
     assert {row["server"] for row in samples} == {"s0:1", "s1:1"} and fleet.scrapes["s0:1"] >= 2
@@ -89,7 +89,7 @@ async def test_no_metrics_series_when_sampling_is_off(tmp_path):
     shard = write_prompts(tmp_path / "p.jsonl", 10)
     fleet = FakeFleet(1)
     await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(sample_interval_s=0),
-                          transport=fleet.transport())
+                          options=fleet.options())
     assert fleet.scrapes["s0:1"] == 0 and not RunLayout(tmp_path / "out").shard_file("metrics", 0).exists()
 
 
