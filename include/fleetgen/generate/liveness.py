@@ -20,7 +20,10 @@ as seen on the reader's own monotonic clock: the second rule needs no agreement 
 worker whose clock (or the storage's, which stamps the file) is off by more than ``STALE_AFTER_S`` still
 holds its room instead of being counted dead and over-admitted beside; that case is logged as a warning
 naming both workers and the skew. A heartbeat first seen already stale by its time gets
-``FIRST_SIGHT_GRACE_S`` to advance before it stops counting.
+``FIRST_SIGHT_GRACE_S`` to advance before it stops counting. Whatever its file's time, a heartbeat whose beat
+number the reader has watched stand still for ``STALE_AFTER_S`` of its own monotonic clock is dead: the file
+of a try that died on a worker whose clock runs ahead would otherwise come into range by time after its death
+(for up to twice ``STALE_AFTER_S``) and be counted live again. ``HeartbeatWatch`` keeps what a reader saw.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class ShardHeartbeat:
         self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "try": try_number,
                       "token": uuid.uuid4().hex, "started_at": time.time()}
         self._beats = 0
-        self._seen: dict[str, _Sighting] = {}  # what this try saw of the others' heartbeats, by token
+        self.watch = HeartbeatWatch(shard_id, host=self.owner["host"], pid=self.owner["pid"])  # the others, as seen
 
     def start(self, *, now: float | None = None, log: logging.Logger | None = None) -> dict | None:
         """Take the shard's heartbeat; returns the record of a dead try found in its place, if any."""
@@ -147,8 +150,8 @@ def _live_heartbeats(layout: RunLayout, reader: ShardHeartbeat, now: float, seen
             beat = jsonio.loads(path.read_bytes())
         except (OSError, ValueError):  # ended, or replaced, while we looked
             continue
-        if beat.get("token") == reader.owner["token"] or _judge(reader, path.name, beat, mtime, now, seen_at,
-                                                                stale_after_s, log):
+        if beat.get("token") == reader.owner["token"] or reader.watch.is_live(
+                path.name, beat, mtime, now=now, seen_at=seen_at, stale_after_s=stale_after_s, log=log):
             beats.append(beat)
     return beats
 
@@ -158,34 +161,44 @@ class _Sighting:
     """What a reader saw of another try's heartbeat, on its own monotonic clock."""
 
     beat: int
-    advanced_at: float | None = None  # when its beat number was last seen to change
+    still_since: float  # when its beat number was first seen, or last seen to change
+    advanced: bool = False  # its beat number was seen to change
     grace_until: float | None = None  # first seen already stale by its time: counted until then unless it advances
     warned: bool = False  # the clock skew was logged
 
 
-def _judge(reader: ShardHeartbeat, name: str, beat: dict, mtime: float, now: float, seen_at: float,
-           stale_after_s: float, log: logging.Logger | None) -> bool:
-    """Whether another try's heartbeat is live, by its file's time on this machine's clock or by its beat number
-    advancing on this machine's own monotonic clock (see the module's docstring)."""
-    offset_s = mtime - now  # how far the clock that stamped the file is ahead of ours, give or take a beat
-    by_time = abs(offset_s) <= stale_after_s
-    number = beat.get("beat", 0)
-    seen = reader._seen.get(beat.get("token"))
-    if seen is None:
-        seen = reader._seen[beat.get("token")] = _Sighting(
-            number, grace_until=None if by_time else seen_at + FIRST_SIGHT_GRACE_S)
-    elif seen.beat != number:
-        seen.beat, seen.advanced_at, seen.grace_until = number, seen_at, None
-        if not by_time and not seen.warned and log is not None:
-            seen.warned = True
-            log.warning("shard %d: the heartbeat shards/%s (host %s, pid %s, try %s) is beating, but its file's "
-                        "time is %+.0f s off the clock of this worker (host %s, pid %d): the two workers' clocks, or "
-                        "the shared storage's, disagree by more than %.0f s. It is counted live by its beats, so the "
-                        "fleet is not over-admitted; sync the clocks (NTP) of every worker and of the storage",
-                        reader.shard_id, name, beat.get("host"), beat.get("pid"), beat.get("try"), offset_s,
-                        reader.owner["host"], reader.owner["pid"], stale_after_s)
-    return (by_time or (seen.advanced_at is not None and seen_at - seen.advanced_at <= stale_after_s)
-            or (seen.grace_until is not None and seen_at <= seen.grace_until))
+class HeartbeatWatch:
+    """What one try sees of the other tries' heartbeats (by token), and whether each is live (module docstring)."""
+
+    def __init__(self, shard_id: int, *, host: str, pid: int) -> None:
+        self.shard_id, self.host, self.pid = shard_id, host, pid  # the reader, named in the clock-skew warning
+        self._sightings: dict[str, _Sighting] = {}
+
+    def is_live(self, name: str, beat: dict, mtime: float, *, now: float, seen_at: float, stale_after_s: float,
+                log: logging.Logger | None = None) -> bool:
+        """Whether the heartbeat ``name`` (its record ``beat``, its file's ``mtime``) is live: by its file's time
+        on this machine's wall clock ``now``, or by its beat number advancing on this machine's monotonic clock
+        ``seen_at``; never once that number stood still for ``stale_after_s``."""
+        offset_s = mtime - now  # how far the clock that stamped the file is ahead of ours, give or take a beat
+        by_time = abs(offset_s) <= stale_after_s
+        number = beat.get("beat", 0)
+        seen = self._sightings.get(beat.get("token"))
+        if seen is None:
+            seen = self._sightings[beat.get("token")] = _Sighting(
+                number, still_since=seen_at, grace_until=None if by_time else seen_at + FIRST_SIGHT_GRACE_S)
+        elif seen.beat != number:
+            seen.beat, seen.still_since, seen.advanced, seen.grace_until = number, seen_at, True, None
+            if not by_time and not seen.warned and log is not None:
+                seen.warned = True
+                log.warning("shard %d: the heartbeat shards/%s (host %s, pid %s, try %s) is beating, but its file's "
+                            "time is %+.0f s off the clock of this worker (host %s, pid %d): the two workers' clocks, "
+                            "or the shared storage's, disagree by more than %.0f s. It is counted live by its beats, "
+                            "so the fleet is not over-admitted; sync the clocks (NTP) of every worker and of the "
+                            "storage", self.shard_id, name, beat.get("host"), beat.get("pid"), beat.get("try"),
+                            offset_s, self.host, self.pid, stale_after_s)
+        if seen_at - seen.still_since > stale_after_s:
+            return False  # its beats stopped: dead, whatever the clock that stamps its file says
+        return by_time or seen.advanced or (seen.grace_until is not None and seen_at <= seen.grace_until)
 
 
 def fleet_share(layout: RunLayout, heartbeat: ShardHeartbeat, *, running_in_airflow: int | None = None,
