@@ -391,13 +391,15 @@ def test_the_first_claim_of_a_run_creates_the_gpu_folder(tmp_path):
 
 
 def test_stopping_after_a_session_ended_is_harmless(tmp_path):
-    sampler, out = _sampler(tmp_path, lambda command: EndedSession(samples(1.0, "0, 1, 2, 3")), interval_s=0.01)
+    # The next session an interval away, longer than the test: between sessions is a state that lasts until the
+    # sampler stops (with a short interval the next session opened at once, and a poll could stop that one).
+    sampler, out = _sampler(tmp_path, lambda command: EndedSession(samples(1.0, "0, 1, 2, 3")), interval_s=600)
     sampler.start()
-    wait_until(lambda: sampler.rows >= 1 and sampler._stream is None, timeout_s=SHORT_WAIT_S)
+    wait_until(lambda: sampler.rows == 1 and sampler._stream is None, timeout_s=SHORT_WAIT_S)
     sampler.stop()
     sampler.join(timeout=SHORT_WAIT_S)
     out.close()
-    assert not sampler.is_alive()
+    assert not sampler.is_alive() and sampler.rows == 1  # stopped in the wait: no session opened after it
 
 
 class EndedSession(list):
