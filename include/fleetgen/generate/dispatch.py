@@ -46,13 +46,13 @@ from typing import Any
 
 import httpx
 
-from fleetgen.errors import AllServersDown, GenerationError, ServerReplaced
+from fleetgen.errors import AllServersDown, GenerationError
 from fleetgen.generate.health_keeping import STALLED, ServerHealthKeeping
 from fleetgen.generate import jsonio
 from fleetgen.generate.chat import (CHAT_PATH, BadResponse, Verdict, error_message, parse_chat_response, request_body,
                                     verdict_for_status)
 from fleetgen.generate.health import SharedHealth
-from fleetgen.generate.launch_check import LaunchCheck, replaced_hint
+from fleetgen.generate.launch_check import LaunchCheck, answered_by_another_launch
 from fleetgen.generate.liveness import FleetShare, alone
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.queue import QueuedPrompt, WorkQueue
@@ -62,7 +62,6 @@ from fleetgen.generate.server_state import ServerState
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.store import ShardStore
 from fleetgen.generate.watch import EventJournal, MetricsScraper
-from fleetgen.nodes import launch_identity
 
 MONITOR_TICK_S = 0.25
 MARK_INTERVAL_S = 1.0
@@ -253,7 +252,9 @@ class Dispatcher(ServerHealthKeeping):
             if result.finish_reason == "abort":
                 return self._retry(server, item, "the server aborted the request (finish_reason abort)")
             if server.endpoint.launch_id is not None and result.weight_version != server.endpoint.launch_id:
-                self._stop(self._replaced(server, item, result.weight_version))
+                changes, found = answered_by_another_launch(server.endpoint, result.weight_version)
+                self._stop_replaced(server, changes, found,
+                                    seen_in=f"its completion of prompt {item.prompt.id!r}, not written")
                 return None
             return self._completed(server, item, result, latency_s, sampling)
         message = f"HTTP {status}: {error_message(response.content)}"
@@ -303,17 +304,6 @@ class Dispatcher(ServerHealthKeeping):
         window, self._client_error_window = self._client_error_window, []
         for held in window:
             self._write_off(*held, fault=PROMPT_FAULT)
-
-    def _replaced(self, server: ServerState, item: QueuedPrompt, found: str | None) -> ServerReplaced:
-        """The completion came from another launch than the one wait_ready read: it is not written, and the
-        shard stops (docs/shards.md, "Which server wrote a completion")."""
-        expected = server.endpoint.launch_id
-        self._event("replaced", server, prompt=item.prompt.id, expected=expected, found=found)
-        return ServerReplaced(
-            f"{server.name} ({server.endpoint.url}) is not the launch wait_ready read: it answered prompt "
-            f"{item.prompt.id!r} {launch_identity.describe(found)}, wait_ready read a server "
-            f"{launch_identity.describe(expected)}; that completion was not written", shard=self.shard_id,
-            server=server.name, hint=replaced_hint(expected, found))
 
     def _write_off(self, server: ServerState, item: QueuedPrompt, code: str, message: str, *, fault: str) -> None:
         record = error_record(item.prompt.id, code=code, message=message, server=server.name, fault=fault)

@@ -12,15 +12,13 @@ import time
 
 import httpx
 
-from fleetgen.errors import ServerReplaced
 from fleetgen.generate.chat import HEALTH_PATH
 from fleetgen.generate.health import DOWN, UP, HealthEntry, SharedHealth
-from fleetgen.generate.launch_check import REPLACED, LaunchCheck, replaced_hint, replaced_message
+from fleetgen.generate.launch_check import REPLACED, SERVER_INFO_PATH, LaunchCheck, replaced
 from fleetgen.generate.queue import WorkQueue
 from fleetgen.generate.records import utc_now
 from fleetgen.generate.server_state import ServerState
 from fleetgen.generate.settings import GenerationSettings
-from fleetgen.nodes import launch_identity
 
 STALLED = "fleetgen: server stalled"  # cancel message for requests abandoned on a hung server
 
@@ -130,15 +128,19 @@ class ServerHealthKeeping:
         changes, info, unreadable = await self.launch_check.changes(server.endpoint)
         if not changes:
             return unreadable
-        if self.fatal is None:
-            abandoned = server.load.in_flight
-            self._event("replaced", server, changes=changes)
-            read_as = launch_identity.reported(server.endpoint.launch_fields)
-            hint = replaced_hint(read_as, launch_identity.reported(info))
-            self._stop(ServerReplaced(replaced_message(server.endpoint, changes, info, abandoned=abandoned),
-                                      shard=self.shard_id, server=server.name, hint=hint))
-            server.load.abandon(REPLACED)  # what is in flight there is never written
+        self._stop_replaced(server, changes, info, seen_in=f"its {SERVER_INFO_PATH}")
         return f"another launch: {'; '.join(changes)}"
+
+    def _stop_replaced(self, server: ServerState, changes: list[str], found: dict, *, seen_in: str) -> None:
+        """Stop the shard: ``server`` is not the launch wait_ready read (``changes``, seen in ``seen_in``); what is
+        in flight there is abandoned, never written (docs/shards.md, "Which server wrote a completion")."""
+        if self.fatal is not None:
+            return
+        abandoned = server.load.in_flight
+        self._event("replaced", server, changes=changes, seen_in=seen_in, abandoned=abandoned)
+        self._stop(replaced(server.endpoint, changes, found, seen_in=seen_in, shard=self.shard_id,
+                            abandoned=abandoned))
+        server.load.abandon(REPLACED)
 
     async def _check_launches(self) -> None:
         """Every server not down, re-read at once; one that cannot be read is left to its answers and its health."""

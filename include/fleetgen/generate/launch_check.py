@@ -7,7 +7,8 @@ compares what identified the launch when ``wait_ready`` read it (nodes/readiness
 launch identity, the field of every planned flag; SGLang reports each server-args field there,
 sglang/srt/utils/common.py ``build_server_info``): before it sends anything, so that a shard of an old run refuses
 servers another run relaunched at once; before the trial request of a server coming back up; and every
-``launch_check_s``. Another launch stops the shard (docs/shards.md, "Which server wrote a completion").
+``launch_check_s``. Another launch, told by either, stops the shard with the error ``replaced`` builds
+(docs/shards.md, "Which server wrote a completion").
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
+from fleetgen.errors import ServerReplaced
 from fleetgen.generate import jsonio
 from fleetgen.generate.settings import ServerEndpoint
 from fleetgen.nodes import launch_identity, readiness
@@ -55,17 +57,33 @@ class LaunchCheck:
         return readiness.launch_changes(endpoint.launch_fields, info), info, None
 
 
-def replaced_message(endpoint: ServerEndpoint, changes: list[str], found: dict, *, abandoned: int) -> str:
-    """Both launches: the one ``wait_ready`` read and the one answering now, with each field that differs."""
-    expected = endpoint.launch_fields
-    read = f"{expected.get('model_path')!r}, {launch_identity.describe(launch_identity.reported(expected))}"
-    now = f"{found.get('model_path')!r}, {launch_identity.describe(launch_identity.reported(found))}"
-    return (f"{endpoint.name} ({endpoint.url}) is not the launch wait_ready read: wait_ready read {read}; it now "
-            f"runs {now} ({'; '.join(changes)}); {abandoned} request(s) in flight there abandoned, none of its "
-            f"completions written from now on")
+def answered_by_another_launch(endpoint: ServerEndpoint, weight_version: str | None) -> tuple[list[str], dict]:
+    """``(changes, found)`` for a completion whose ``weight_version`` is not the identity ``wait_ready`` read."""
+    found = {launch_identity.FIELD: weight_version}
+    return readiness.launch_changes({launch_identity.FIELD: endpoint.launch_id}, found), found
 
 
-def replaced_hint(expected: str | None, found: str | None) -> str:
+def replaced(endpoint: ServerEndpoint, changes: list[str], found: dict, *, seen_in: str, shard: int,
+             abandoned: int) -> ServerReplaced:
+    """The error that stops a shard whose server is not the launch ``wait_ready`` read, told by a fresh
+    ``/server_info`` or by a completion's ``weight_version``: each field that differs and where it was seen, both
+    launches (the one read and the one answering now, as far as ``found`` tells), the requests abandoned there,
+    and what to do about it."""
+    read = endpoint.launch_fields or {launch_identity.FIELD: endpoint.launch_id}
+    message = (f"{endpoint.name} ({endpoint.url}) is not the launch wait_ready read: {'; '.join(changes)} "
+               f"({seen_in}). wait_ready read: {_launch_words(read)}; now: {_launch_words(found)}. {abandoned} "
+               f"request(s) in flight there abandoned, none of its completions written from now on")
+    return ServerReplaced(message, shard=shard, server=endpoint.name,
+                          hint=_replaced_hint(launch_identity.reported(read), launch_identity.reported(found)))
+
+
+def _launch_words(fields: dict) -> str:
+    """A launch as far as ``fields`` tell: its model path when known, and who launched it."""
+    identity = launch_identity.describe(launch_identity.reported(fields))
+    return f"{fields['model_path']!r}, {identity}" if "model_path" in fields else identity
+
+
+def _replaced_hint(expected: str | None, found: str | None) -> str:
     """What to do about a server that is not the launch read: another run's launch (another identity of ours), or a
     server restarted by some other hand (another identity, or ours copied from its command line)."""
     if found != expected and found is not None and found.startswith(launch_identity.PREFIX):

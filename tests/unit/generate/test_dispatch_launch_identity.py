@@ -5,7 +5,7 @@ import dataclasses
 
 import httpx
 import pytest
-from generate_fakes import FakeFleet, completion_body, fast_settings, shard_output, write_prompts
+from generate_fakes import FakeFleet, completion_body, fast_settings, read_jsonl, shard_output, write_prompts
 
 from fleetgen.airflow.context import DETERMINISTIC_ERRORS
 from fleetgen.errors import ServerReplaced
@@ -60,19 +60,25 @@ async def test_a_server_replaced_mid_shard_stops_it_and_none_of_its_later_comple
     assert len(out["completions"]) == 5 and out["errors"] == []
     error = caught.value
     assert error.server == "s0:1" and error.shard == 0
-    assert (f"s0:1 (http://s0:1) is not the launch wait_ready read: it answered prompt 'p0005' weight_version "
-            f"'default': started without fleetgen's launch identity (by hand or another tool), wait_ready read a "
-            f"server launched by run 'scheduled__2026-12-01T00:00:00+00:00'; that completion was not written"
-            ) in error.message
+    assert error.message == (
+        "s0:1 (http://s0:1) is not the launch wait_ready read: weight_version: read "
+        "'fleetgen/scheduled__2026-12-01T00:00:00+00:00', now 'default' (its completion of prompt 'p0005', not "
+        "written). wait_ready read: launched by run 'scheduled__2026-12-01T00:00:00+00:00'; now: weight_version "
+        "'default': started without fleetgen's launch identity (by hand or another tool). 0 request(s) in flight "
+        "there abandoned, none of its completions written from now on")
     assert error.hint.startswith("the server was restarted outside fleetgen: stop it, then trigger a new run")
+    [event] = [e for e in read_jsonl(tmp_path / "out" / "events" / "shard-00000.jsonl") if e["event"] == "replaced"]
+    assert (event["server"], event["changes"], event["seen_in"], event["abandoned"]) == (
+        "s0:1", ["weight_version: read 'fleetgen/scheduled__2026-12-01T00:00:00+00:00', now 'default'"],
+        "its completion of prompt 'p0005', not written", 0)
 
 
 async def test_a_shard_of_an_earlier_run_refuses_servers_another_run_relaunched(tmp_path):
     shard = write_prompts(tmp_path / "p.jsonl", 10)
     fleet = FakeFleet(2)
     serving(fleet, {name: NIGHT_2 for name in fleet.names})
-    with pytest.raises(ServerReplaced, match="launched by run 'scheduled__2026-12-02T00:00:00\\+00:00', wait_ready "
-                                             "read a server launched by run 'scheduled__2026-12-01") as caught:
+    with pytest.raises(ServerReplaced, match="wait_ready read: launched by run 'scheduled__2026-12-01T00:00:00"
+                                             "\\+00:00'; now: launched by run 'scheduled__2026-12-02") as caught:
         await run_shard_async(shard, launched_as(fleet, NIGHT_1), tmp_path / "out", fast_settings(),
                               options=fleet.options())
     assert shard_output(tmp_path / "out")["completions"] == []

@@ -8,7 +8,7 @@ import dataclasses
 
 import httpx
 import pytest
-from generate_fakes import FakeFleet, completion_body, fast_settings, shard_output, write_prompts
+from generate_fakes import FakeFleet, completion_body, fast_settings, read_jsonl, shard_output, write_prompts
 
 from fleetgen.errors import ServerReplaced
 from fleetgen.generate import run_shard_async
@@ -59,11 +59,16 @@ async def test_a_server_restarted_by_hand_from_our_command_line_is_caught_by_the
         [f"p{number:04d}" for number in range(replaced_after)]
     error = caught.value
     assert error.server == "s0:1" and error.shard == 0
-    assert ("s0:1 (http://s0:1) is not the launch wait_ready read: wait_ready read '/models/a', launched by run "
-            "'night-1'; it now runs '/models/b', launched by run 'night-1' (model_path: read '/models/a', now "
-            "'/models/b'; max_running_requests: read 71, now 4); 1 request(s) in flight there abandoned, none of its "
-            "completions written from now on") in error.message
+    assert error.message == (
+        "s0:1 (http://s0:1) is not the launch wait_ready read: model_path: read '/models/a', now '/models/b'; "
+        "max_running_requests: read 71, now 4 (its /server_info). wait_ready read: '/models/a', launched by run "
+        "'night-1'; now: '/models/b', launched by run 'night-1'. 1 request(s) in flight there abandoned, none of "
+        "its completions written from now on")
     assert error.hint.startswith("the server was restarted outside fleetgen: stop it, then trigger a new run")
+    [event] = [e for e in read_jsonl(tmp_path / "out" / "events" / "shard-00000.jsonl") if e["event"] == "replaced"]
+    assert (event["changes"], event["seen_in"], event["abandoned"]) == (
+        ["model_path: read '/models/a', now '/models/b'", "max_running_requests: read 71, now 4"],
+        "its /server_info", 1)
 
 
 async def test_a_shard_of_an_old_run_refuses_servers_another_run_relaunched_before_sending_anything(tmp_path):
@@ -76,8 +81,8 @@ async def test_a_shard_of_an_old_run_refuses_servers_another_run_relaunched_befo
         await run_shard_async(shard, read_at_wait_ready(fleet, server_info(identity=NIGHT_1), limit=2),
                               tmp_path / "out", fast_settings(), options=fleet.options())
     assert sum(fleet.requests.values()) == 0 and shard_output(tmp_path / "out")["completions"] == []
-    assert ("wait_ready read '/models/a', launched by run 'night-1'; it now runs '/models/a', launched by run "
-            "'night-2' (weight_version: read 'fleetgen/night-1', now 'fleetgen/night-2')") in caught.value.message
+    assert ("weight_version: read 'fleetgen/night-1', now 'fleetgen/night-2' (its /server_info). wait_ready read: "
+            "'/models/a', launched by run 'night-1'; now: '/models/a', launched by run 'night-2'") in caught.value.message
     assert "a shard of an old run is re-run by a new run" in caught.value.hint
 
 
