@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetgen.outputs import OUTPUT_ROOT_VARIABLE
 from sglang_sim import sshd
 from sglang_sim.synthetic import write_synthetic_prompts
 
@@ -204,6 +205,8 @@ class SimEnvironment:
             "FLEETGEN_SSH_HOST_KEY": keys.host_public_key,
             "FLEETGEN_API_KEY": (self.root / DEMO_API_KEY_FILE).read_text().strip(),
             "FLEETGEN_BASE_PORT": str(self.base_port),
+            # the deployment's output root: the only root its runs may write in (docs/security-and-ssh.md §6)
+            OUTPUT_ROOT_VARIABLE: str(self.output_root),
         }
 
     def fleet(self) -> dict:
@@ -244,13 +247,15 @@ class SimEnvironment:
     @contextmanager
     def airflow_settings_applied(self):
         """airflow_settings.yaml applied for an Airflow in this process (``dag.test()``): its connections and
-        variables in this process's environment and in the metadata DB; the environment restored afterwards."""
+        variables in this process's environment and in the metadata DB, and the deployment's output root in the
+        environment; the environment restored afterwards."""
         from fleetgen.airflow.apply_settings import apply_to_db
         from fleetgen.airflow.settings_file import load_settings
 
         settings = load_settings(PROJECT_ROOT / "airflow_settings.yaml", self.settings_env())
-        saved = {key: os.environ.get(key) for key in settings.environment()}
-        os.environ.update(settings.environment())
+        applied = {**settings.environment(), OUTPUT_ROOT_VARIABLE: str(self.output_root)}  # as a worker has it
+        saved = {key: os.environ.get(key) for key in applied}
+        os.environ.update(applied)
         apply_to_db(settings)
         try:
             yield settings

@@ -60,9 +60,8 @@ class AirflowUI:
         env.update({"AIRFLOW__API__PORT": str(self.port), "AIRFLOW__API__BASE_URL": self.url,
                     "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
                     # The deployment's defaults (the DAG's params read them): the form's defaults are a valid
-                    # run, and a scheduled run finds its prompts.
-                    "FLEETGEN_PROMPTS_PATH": str(self.environment.prompts_path),
-                    "FLEETGEN_OUTPUT_ROOT": str(self.environment.output_root), **self.extra_env})
+                    # run, and a scheduled run finds its prompts (its output root comes with settings_env).
+                    "FLEETGEN_PROMPTS_PATH": str(self.environment.prompts_path), **self.extra_env})
         prepare_airflow(self.airflow_home, env)
         (self.airflow_home / "simple_auth_manager_passwords.json.generated").write_text(
             json.dumps({"admin": self.password}))

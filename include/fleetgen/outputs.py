@@ -54,10 +54,15 @@ ERROR_COLUMNS = ("id", "code", "message", "server", "at")
 SHARD_KINDS = ("completions", "stats", "errors", "shards", "metrics", "events", "gpu", "reuse")
 
 
+# The deployment's output root: the DAG's default, the root the results view serves and the one runs may write in
+# (docs/security-and-ssh.md §6).
+OUTPUT_ROOT_VARIABLE = "FLEETGEN_OUTPUT_ROOT"
+
+
 def default_output_root() -> str:
-    """Where runs write unless their conf says otherwise: ``$FLEETGEN_OUTPUT_ROOT`` of the deployment (the
-    DAG's default and the results view's fallback read it here)."""
-    return os.environ.get("FLEETGEN_OUTPUT_ROOT", "~/fleetgen-output")
+    """Where runs write unless their conf says otherwise: ``$FLEETGEN_OUTPUT_ROOT`` of the deployment, else
+    ``~/fleetgen-output`` (the DAG's default, the results view's root and the workers' allowed root read it here)."""
+    return os.environ.get(OUTPUT_ROOT_VARIABLE, "~/fleetgen-output")
 
 
 def run_folder_name(run_id: str) -> str:

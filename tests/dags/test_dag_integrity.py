@@ -151,3 +151,20 @@ def test_a_bad_run_configuration_fails_the_task_at_once_keeping_fleetgens_error(
     with pytest.raises(AirflowFailException, match="unknown key 'max_token'") as caught:
         dagbag.dags["sglang_generation"].get_task(task_id).python_callable()
     assert caught.value.__cause__ is refused
+
+
+def test_a_run_whose_output_root_lies_outside_the_deployments_fails_its_first_task_for_good(dagbag, monkeypatch,
+                                                                                          tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from fleetgen.airflow import context
+    from fleetgen.errors import ConfigError
+
+    dag = dagbag.dags["sglang_generation"]
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", str(tmp_path / "deployment"))
+    params = {**{name: dag.params[name] for name in dag.params}, "output_root": str(tmp_path / "elsewhere")}
+    monkeypatch.setattr(context, "task_context", lambda: {"params": params, "run_id": "manual__1", "ti": None})
+    with pytest.raises(AirflowFailException, match="output_root") as caught:  # not retried, despite its retries
+        dag.get_task("load_fleet").python_callable()
+    assert isinstance(caught.value.__cause__, ConfigError) and "lies outside" in caught.value.__cause__.message
+    assert not (tmp_path / "elsewhere").exists()

@@ -23,6 +23,7 @@ def two_nodes(tmp_path_factory, airflow_db):
     env = settings.environment()
     node0 = json.loads(env["AIRFLOW_CONN_FLEETGEN_NODE0"])
     env["AIRFLOW_CONN_FLEETGEN_NODE1"] = json.dumps({**node0, "port": environment.ssh_ports[1]})
+    env["FLEETGEN_OUTPUT_ROOT"] = str(environment.output_root)  # the deployment's, where the runs write
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     apply_to_db(settings)

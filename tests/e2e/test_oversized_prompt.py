@@ -15,7 +15,8 @@ def _planned_caps(log: str) -> list[str]:
 
 
 def test_a_5_mb_prompt_is_rejected_and_the_plan_is_the_one_without_it(dag, sim_env, fleet_file, tmp_path, capfd,
-                                                                        caplog):
+                                                                        caplog, monkeypatch):
+    monkeypatch.setenv("FLEETGEN_ALLOW_OUTPUT_ROOTS", str(tmp_path))  # each test's runs write in its own folder
     normal = sim_env.prompts_path.read_text()
     with_huge = tmp_path / "with-huge.jsonl"
     lines = normal.splitlines(keepends=True)
@@ -41,7 +42,8 @@ def test_a_5_mb_prompt_is_rejected_and_the_plan_is_the_one_without_it(dag, sim_e
 
 
 def test_a_700_kb_prompt_is_warned_about_and_max_cap_cut_factor_plans_without_it(dag, sim_env, fleet_file, tmp_path,
-                                                                               capfd, caplog):
+                                                                               capfd, caplog, monkeypatch):
+    monkeypatch.setenv("FLEETGEN_ALLOW_OUTPUT_ROOTS", str(tmp_path))  # each test's runs write in its own folder
     lines = sim_env.prompts_path.read_text().splitlines(keepends=True)
     with_long = tmp_path / "with-long.jsonl"
     with_long.write_text("".join(lines[:60]) + json.dumps({"id": "long", "prompt": "x" * 700_000}) + "\n"

@@ -10,6 +10,7 @@ import logging
 import jsonlines
 import orjson
 
+from fleetgen.airflow.run_config import run_layout
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.outputs import RunLayout, read_failures
 
@@ -119,9 +120,9 @@ def _describe(context, *, retried: bool = False) -> None:
         # Our errors already print what failed and what to check in the exception above: summarise only the others.
         log.error("FAILED %s: %s\nWhat to check next: %s", record["task"], record["first_line"],
                   record.get("hint", _UNANTICIPATED))
-    try:
-        layout = RunLayout.for_run(context["params"]["output_root"], context["run_id"])
-    except (KeyError, ConfigError) as error:  # no output_root, or a run id that names no folder of its own
+    try:  # the run's own rule for its folder (run_config.run_layout): a refused output_root gets no file either
+        layout = run_layout(context["params"]["output_root"], context["run_id"])
+    except (KeyError, ConfigError) as error:  # no output_root, a refused one, or a run id naming no folder of its own
         log.warning("could not append the failure summary (%s); it was: %s", error, json.dumps(record, default=str))
         return
     _append(layout, record)

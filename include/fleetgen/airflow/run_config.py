@@ -22,7 +22,7 @@ from typing import Any
 
 from fleetgen.errors import ConfigError
 from fleetgen.json_types import is_json_int, is_json_number
-from fleetgen.outputs import RunLayout, default_output_root
+from fleetgen.outputs import OUTPUT_ROOT_VARIABLE, RunLayout, default_output_root
 from fleetgen.tuning import TunerBounds
 from fleetgen.tuning.model_files import WEIGHTS_HASHES
 from fleetgen.tuning.plan import MODES
@@ -32,6 +32,9 @@ INPUTS, TUNING, GENERATION, THRESHOLDS = "Inputs", "Tuning", "Generation", "Vali
 PROMPTS_PATH_VARIABLE = "FLEETGEN_PROMPTS_PATH"
 # reuse_completions: reuse on scheduled runs only (a person's manual run generates everything), always, never.
 REUSE_MODES = ("scheduled", "always", "never")
+# Roots besides the deployment's output root that an operator lets a run's output_root lie in, separated by
+# os.pathsep as in PATH (docs/security-and-ssh.md §6); "/" lets a run write anywhere the worker may.
+ALLOW_OUTPUT_ROOTS_VARIABLE = "FLEETGEN_ALLOW_OUTPUT_ROOTS"
 
 
 @dataclass(frozen=True)
@@ -128,8 +131,9 @@ class Inputs(_Group):
         f"${PROMPTS_PATH_VARIABLE} of the deployment (scheduled runs use it).", env=PROMPTS_PATH_VARIABLE)
     output_root: Path = setting(
         Path, default_output_root, "Output root", INPUTS,
-        "Each run writes to <output_root>/<run_id>/. Default: $FLEETGEN_OUTPUT_ROOT of the deployment; "
-        "the results view serves only runs of that root.")
+        f"Each run writes to <output_root>/<run_id>/. Default: ${OUTPUT_ROOT_VARIABLE} of the deployment; "
+        f"a run may name a folder inside it (or inside a root ${ALLOW_OUTPUT_ROOTS_VARIABLE} lists), and the results "
+        f"view serves only runs of that root itself.")
     dry_run: bool = setting(bool, False, "Dry run", INPUTS,
                             "Probe and print the plan, then stop: no server is touched.")
     fleet_file: str = setting(
@@ -267,6 +271,55 @@ class Thresholds(_Group):
 GROUPS: tuple[type[_Group], ...] = (Inputs, Tuning, Generation, Thresholds)
 
 
+def allowed_output_roots() -> tuple[Path, ...]:
+    """The folders a run's ``output_root`` may lie in, resolved: the deployment's output root (the one the results
+    view serves, ``outputs.default_output_root``), then each root ``FLEETGEN_ALLOW_OUTPUT_ROOTS`` of the worker's
+    environment lists. A listed root that is not an absolute path is refused: it would depend on the worker's
+    working folder."""
+    listed = [entry.strip() for entry in os.environ.get(ALLOW_OUTPUT_ROOTS_VARIABLE, "").split(os.pathsep)
+              if entry.strip()]
+    roots = []
+    for variable, root in [(OUTPUT_ROOT_VARIABLE, default_output_root()),
+                           *((ALLOW_OUTPUT_ROOTS_VARIABLE, entry) for entry in listed)]:
+        try:
+            path = Path(root).expanduser()
+            if variable == ALLOW_OUTPUT_ROOTS_VARIABLE and not path.is_absolute():
+                raise ValueError("not an absolute path")
+            roots.append(path.resolve())
+        except (OSError, RuntimeError, ValueError) as error:  # ~user unknown, a symlink loop, a relative path
+            separated = f" separated by {os.pathsep!r}" if variable == ALLOW_OUTPUT_ROOTS_VARIABLE else ""
+            raise ConfigError(f"{variable} of the worker's environment names {root!r}, which is no folder runs may "
+                              f"write in: {error}", hint=f"set {variable} of the deployment to absolute "
+                                                         f"paths{separated}") from None
+    return tuple(dict.fromkeys(roots))
+
+
+def run_layout(output_root: str | Path, run_id: str) -> RunLayout:
+    """The folder of run ``run_id`` under ``output_root``, once that folder is known to lie in an allowed root
+    (``allowed_output_roots``): whoever may trigger a run chooses its ``output_root``, and the workers write there
+    (and ``reuse_completions`` reads there) with their own rights. ``~``, ``..`` and symlinks are resolved before
+    comparing, so neither they nor a run folder that is a symlink lead out. A refusal is a ConfigError naming
+    ``output_root``, the root given, the allowed roots and the setting that allows more."""
+    layout = RunLayout.for_run(output_root, run_id)
+    allowed = allowed_output_roots()
+    where = f"the deployment's {OUTPUT_ROOT_VARIABLE}, {allowed[0]}" + (
+        f", and what {ALLOW_OUTPUT_ROOTS_VARIABLE} lists: {', '.join(map(str, allowed[1:]))}" if allowed[1:] else "")
+    hint = (f"trigger the run without output_root (its default is {OUTPUT_ROOT_VARIABLE}) or with a folder inside an "
+            f"allowed root; to let runs write elsewhere, an operator adds that root to {ALLOW_OUTPUT_ROOTS_VARIABLE} "
+            f"in the workers' environment")
+    for path, what in ((layout.root.parent, f"DAG parameter output_root {output_root}"),
+                       (layout.root, f"the folder {layout.root} of run {run_id}")):
+        try:
+            resolved = path.resolve()
+        except (OSError, RuntimeError) as error:  # a symlink loop
+            raise ConfigError(f"{what} cannot be resolved ({error}), so it is not known to lie in an output root "
+                              f"runs may write in ({where})", hint=hint) from None
+        if not any(resolved.is_relative_to(root) for root in allowed):
+            leads = f" (it leads to {resolved})" if resolved != path else ""
+            raise ConfigError(f"{what}{leads} lies outside the output roots runs may write in: {where}", hint=hint)
+    return layout
+
+
 @dataclass(frozen=True)
 class RunConfig:
     inputs: Inputs
@@ -302,7 +355,8 @@ class RunConfig:
                    validation=validation)
 
     def layout(self, run_id: str) -> RunLayout:
-        return RunLayout.for_run(self.inputs.output_root, run_id)
+        """The run's folder; refused unless ``output_root`` lies in an allowed root (``run_layout``)."""
+        return run_layout(self.inputs.output_root, run_id)
 
     def to_dict(self) -> dict:
         return {"inputs": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.inputs).items()},

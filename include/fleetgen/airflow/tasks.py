@@ -38,12 +38,13 @@ def _read_fleet(config: RunConfig) -> FleetSpec:
 
 def load_fleet() -> dict:
     """**Reads the fleet description** (the `fleet_file` parameter, else the Airflow Variable `fleetgen_fleet`) and
-    checks the run's parameters: an unknown key in the run's conf or a prompts file that does not exist stops the
-    run here, before any node is touched.
+    checks the run's parameters: an unknown key in the run's conf, an `output_root` outside the deployment's
+    `FLEETGEN_OUTPUT_ROOT` (and the roots `FLEETGEN_ALLOW_OUTPUT_ROOTS` lists) or a prompts file that does not exist
+    stops the run here, before any node is touched or any file written.
 
     *When it fails*: the message names the parameter or the line of the fleet YAML to fix.
     """
-    _, config, _ = run_context()  # the whole run configuration, checked once: unknown conf keys stop here
+    _, config, _ = run_context()  # the whole configuration, checked once: unknown keys, an output_root not allowed
     config.inputs.require_prompts_file()
     log.info("Reading the fleet description (%s)", config.inputs.fleet_file or f"Variable {FLEET_VARIABLE}")
     fleet = _read_fleet(config)

@@ -62,6 +62,7 @@ def test_a_wrapped_task_keeps_its_name_docs_arguments_and_result():
 def test_the_run_context_reads_the_params_and_lays_out_this_runs_output(monkeypatch, tmp_path):
     params = {spec.name: spec.default_value() for spec in RunConfig.settings()}
     params.update(output_root=str(tmp_path), max_tokens=77)
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", str(tmp_path))  # the deployment's root, as a run's default
     airflow_context = {"params": params, "run_id": "manual__2026-01-01T00:00:00+00:00"}
     monkeypatch.setattr(task_context_module, "task_context", lambda: airflow_context)
     context, config, layout = run_context()

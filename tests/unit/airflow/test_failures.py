@@ -11,6 +11,12 @@ from fleetgen.outputs import read_failures
 from fleetgen.errors import ConfigError, FailureKind, ServerStartupError
 
 
+@pytest.fixture(autouse=True)
+def deployment_root(tmp_path, monkeypatch):
+    """Each test's folder is the deployment's output root, as the output_root its contexts name."""
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", str(tmp_path))
+
+
 def _context(tmp_path, exception, task_id="servers.wait_ready", map_index=1, label="n1:30001 (GPU 1)"):
     ti = SimpleNamespace(task_id=task_id, map_index=map_index, rendered_map_index=label, try_number=1)
     return {"exception": exception, "task_instance": ti, "params": {"output_root": str(tmp_path)},
@@ -208,6 +214,19 @@ def test_a_lost_try_of_the_first_shard_is_recorded_with_its_host_and_how_long_it
     assert (second["task"], second["map_index"], second["try"]) == ("generate.generate_shard[1]", 1, 3)
     message = failures.outcome_message({"generate.generate_shard_0": "failed"}, [first, second])
     assert message.splitlines()[1] == "- generate.generate_shard[0]: the try on w1 (pid 41) stopped heartbeating"
+
+
+def test_a_failure_of_a_run_whose_output_root_is_refused_goes_to_the_log_not_into_that_folder(tmp_path, caplog,
+                                                                                               monkeypatch):
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", str(tmp_path / "deployment"))
+    context = _context(tmp_path / "elsewhere", ConfigError("refused"), task_id="load_fleet", map_index=-1, label=None)
+    with caplog.at_level("WARNING", logger="fleetgen"):
+        failures.describe_failure(context)
+    assert not (tmp_path / "elsewhere").exists()
+    [warning] = [record.getMessage() for record in caplog.records if "failure summary" in record.getMessage()]
+    assert warning.startswith(f"could not append the failure summary (DAG parameter output_root {tmp_path}/elsewhere "
+                              f"lies outside the output roots runs may write in")
+    assert '"task": "load_fleet"' in warning
 
 
 def test_a_summary_without_an_output_root_goes_to_the_log(tmp_path, caplog):

@@ -52,6 +52,7 @@ class TaskInstance:
 def run(tmp_path, monkeypatch):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(10)))
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", str(tmp_path))  # the deployment's root: the run's output_root is in it
     defaults = {spec.name: spec.default_value() for spec in RunConfig.settings()}
     state = SimpleNamespace(tmp=tmp_path, prompts=prompts, ti=TaskInstance(), run_type=RunType.SCHEDULED,
                             params={**defaults, "fleet_file": "", "prompts_path": str(prompts),

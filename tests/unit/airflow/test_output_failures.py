@@ -28,7 +28,8 @@ def test_a_still_full_disk_fails_the_task_without_retry_and_a_freed_one_is_retri
         fail_fast(freed)()
 
 
-def test_the_failure_summary_goes_to_the_log_when_failures_jsonl_cannot_be_written(tmp_path, caplog):
+def test_the_failure_summary_goes_to_the_log_when_failures_jsonl_cannot_be_written(tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", str(tmp_path))  # an allowed root: only the write fails
     blocked = tmp_path / "root"
     blocked.write_text("a file where the output folder should be")  # mkdir fails like a full or read-only disk
     error = OutputUnwritable("cannot write the shard's output: No space left on device", errno=errno.ENOSPC,

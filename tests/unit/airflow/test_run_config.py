@@ -1,5 +1,6 @@
 """The run configuration: DAG params read once into typed groups, each value checked with its name."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ DEFAULTS = {spec.name: spec.default_value() for spec in RunConfig.settings()}
 PARAMS = {**DEFAULTS, "fleet_file": "", "prompts_path": "~/p.jsonl", "output_root": "/out"}
 
 
-def test_params_become_typed_groups_and_domain_objects():
+def test_params_become_typed_groups_and_domain_objects(monkeypatch):
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", "/out")
     config = RunConfig.from_params(PARAMS)
     assert config.inputs.prompts_path == Path("~/p.jsonl").expanduser()
     assert config.tuning.bounds().max_running_requests is None and config.tuning.bounds().context_length is None
@@ -365,3 +367,111 @@ def test_the_form_says_what_a_zero_means_where_zero_is_not_a_size():
     assert "0 = prompt max + max_tokens" in descriptions["context_length"]
     assert descriptions["parallel_shards"].startswith("0 (auto)") and descriptions["sample_interval_s"].endswith("0: off.")
     assert all(isinstance(text, str) and text.strip() for text in descriptions.values())
+
+
+# --- where a run may write: output_root inside the deployment's output root ----------------------------------------
+
+RUN = "manual__2026-01-01T00:00:00+00:00"
+
+
+@pytest.fixture
+def deployment(tmp_path, monkeypatch):
+    """The deployment's FLEETGEN_OUTPUT_ROOT (tmp/deployment) and a folder outside it (tmp/elsewhere)."""
+    root, elsewhere = tmp_path / "deployment", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", str(root))
+    monkeypatch.delenv("FLEETGEN_ALLOW_OUTPUT_ROOTS", raising=False)
+    return root, elsewhere
+
+
+def _layout(output_root) -> Path:
+    return RunConfig.from_params({**PARAMS, "output_root": str(output_root)}).layout(RUN).root
+
+
+HINT = ("trigger the run without output_root (its default is FLEETGEN_OUTPUT_ROOT) or with a folder inside an allowed "
+        "root; to let runs write elsewhere, an operator adds that root to FLEETGEN_ALLOW_OUTPUT_ROOTS in the workers' "
+        "environment")
+
+
+def test_an_output_root_outside_the_deployments_is_refused_naming_the_parameter_the_roots_and_the_setting(deployment):
+    root, elsewhere = deployment
+    with pytest.raises(ConfigError) as caught:
+        _layout(elsewhere)
+    assert caught.value.message == (f"DAG parameter output_root {elsewhere} lies outside the output roots runs may "
+                                    f"write in: the deployment's FLEETGEN_OUTPUT_ROOT, {root}")
+    assert caught.value.hint == HINT
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("inside", ["", "nightly", "team/a/b"])
+def test_the_deployments_root_and_any_folder_inside_it_are_a_runs_to_write_in(deployment, inside):
+    root, _ = deployment
+    assert _layout(root / inside if inside else root) == (root / inside if inside else root) / \
+        "manual__2026-01-01T00_00_00_00_00"
+
+
+def test_dot_dot_and_a_symlink_inside_the_root_do_not_lead_out(deployment):
+    root, elsewhere = deployment
+    (root / "away").symlink_to(elsewhere)
+    (root / "here").symlink_to(root / "nightly", target_is_directory=True)
+    for escape in (f"{root}/../elsewhere", root / "away", root / "away" / "deeper"):
+        with pytest.raises(ConfigError, match=re.escape(f"(it leads to {elsewhere}")):
+            _layout(escape)
+    assert _layout(root / "here").parent == root / "here"  # a symlink that stays inside is the run's to use
+
+
+def test_a_run_folder_that_is_a_symlink_leading_out_is_refused(deployment):
+    root, elsewhere = deployment
+    (root / "manual__2026-01-01T00_00_00_00_00").symlink_to(elsewhere)
+    with pytest.raises(ConfigError) as caught:
+        _layout(root)
+    assert caught.value.message == (
+        f"the folder {root}/manual__2026-01-01T00_00_00_00_00 of run {RUN} (it leads to {elsewhere}) lies outside "
+        f"the output roots runs may write in: the deployment's FLEETGEN_OUTPUT_ROOT, {root}")
+
+
+def test_a_home_relative_output_root_is_judged_where_it_leads(deployment, tmp_path, monkeypatch):
+    root, elsewhere = deployment
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert _layout("~/deployment/x").parent == root / "x"
+    with pytest.raises(ConfigError, match=f"output_root {re.escape(str(elsewhere))} lies outside"):
+        _layout("~/elsewhere")
+
+
+def test_a_deployment_root_reached_through_a_symlink_allows_its_real_folder_too(deployment, tmp_path, monkeypatch):
+    root, _ = deployment
+    (tmp_path / "link").symlink_to(root)
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", str(tmp_path / "link"))
+    assert _layout(root / "x").parent == root / "x" and _layout(tmp_path / "link").parent == tmp_path / "link"
+
+
+def test_an_operator_lists_other_roots_runs_may_write_in(deployment, tmp_path, monkeypatch):
+    root, elsewhere = deployment
+    scratch = tmp_path / "scratch"
+    monkeypatch.setenv("FLEETGEN_ALLOW_OUTPUT_ROOTS", f"{elsewhere}:  :{scratch}")
+    assert _layout(elsewhere / "x").parent == elsewhere / "x" and _layout(scratch).parent == scratch
+    with pytest.raises(ConfigError) as caught:
+        _layout(tmp_path / "other")
+    assert caught.value.message.endswith(f"the deployment's FLEETGEN_OUTPUT_ROOT, {root}, and what "
+                                         f"FLEETGEN_ALLOW_OUTPUT_ROOTS lists: {elsewhere}, {scratch}")
+
+
+def test_a_relative_root_in_the_operators_list_is_refused_naming_the_setting(deployment, monkeypatch):
+    root, _ = deployment
+    monkeypatch.setenv("FLEETGEN_ALLOW_OUTPUT_ROOTS", "runs")
+    with pytest.raises(ConfigError) as caught:
+        _layout(root)
+    assert str(caught.value) == ("FLEETGEN_ALLOW_OUTPUT_ROOTS of the worker's environment names 'runs', which is no "
+                                 "folder runs may write in: not an absolute path\nWhat to check next: set "
+                                 "FLEETGEN_ALLOW_OUTPUT_ROOTS of the deployment to absolute paths separated by ':'")
+
+
+def test_without_a_deployment_root_runs_write_under_the_default_one_only(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLEETGEN_OUTPUT_ROOT", raising=False)
+    monkeypatch.delenv("FLEETGEN_ALLOW_OUTPUT_ROOTS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert _layout("~/fleetgen-output").parent == tmp_path / "fleetgen-output"
+    default_root = f"the deployment's FLEETGEN_OUTPUT_ROOT, {tmp_path}/fleetgen-output"
+    with pytest.raises(ConfigError, match=re.escape(default_root)):
+        _layout(tmp_path / "out")

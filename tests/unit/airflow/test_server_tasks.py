@@ -70,6 +70,7 @@ def node(tmp_path, monkeypatch):
     LocalNode.env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
     monkeypatch.setattr(server_tasks, "NodeShell", LocalNode)
     monkeypatch.setattr(task_context_module, "task_context", lambda: {"params": PARAMS, "run_id": RUN, "ti": None})
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", PARAMS["output_root"])  # the deployment's root, the run's
     fleet = {"model": {"path": str(tmp_path / "model"), "served_name": "m"},
              "server": {"python": sys.executable, "module": "fakeserver", "run_dir": str(tmp_path / "run"),
                         "log_dir": str(tmp_path / "logs"), "env": {"PYTHONPATH": str(tmp_path)}, "stop_grace_s": 0.2},
@@ -193,6 +194,7 @@ class RecordingNode:
         self.next_pid = 900
         recorder = self
         monkeypatch.setattr(task_context_module, "task_context", lambda: {"params": PARAMS, "run_id": RUN, "ti": None})
+        monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", PARAMS["output_root"])  # the deployment's root, the run's
 
         class Shell:
             def __init__(self, node, ssh_conn_id, **_):

@@ -71,6 +71,7 @@ def run(tmp_path, monkeypatch):
     model = tmp_path / "model"
     model.mkdir()
     shutil.copy(CONFIGS / "seed-qwen3.6-27b.json", model / "config.json")
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", str(tmp_path))  # the deployment's root: the run's output_root is in it
     defaults = {spec.name: spec.default_value() for spec in RunConfig.settings()}
     state = SimpleNamespace(tmp=tmp_path, prompts=prompts, model=model, context=None,
                             params={**defaults, "fleet_file": "", "prompts_path": str(prompts),
@@ -142,6 +143,22 @@ def test_a_run_id_naming_no_folder_of_its_own_fails_the_first_task_before_the_fl
                         lambda: {"params": run.params, "run_id": run_id, "ti": None})
     with pytest.raises(ConfigError, match=f"run id {re.escape(repr(run_id))} does not name a folder of its own"):
         tasks.load_fleet()
+
+
+def test_an_output_root_outside_the_deployments_fails_the_first_task_at_once_writing_nothing(run, monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from fleetgen.airflow.context import fail_fast
+
+    # whoever may trigger a run names the folder; the workers would write there (and reuse read there)
+    monkeypatch.setattr(Variable, "get", staticmethod(lambda *a, **k: pytest.fail("the fleet is not read")))
+    elsewhere = run.tmp.parent / f"{run.tmp.name}-elsewhere"
+    with pytest.raises(AirflowFailException, match="DAG parameter output_root .* lies outside") as caught:
+        run.call(fail_fast(tasks.load_fleet), output_root=str(elsewhere), prompts_path=str(run.tmp / "missing"))
+    refused = caught.value.__cause__
+    assert isinstance(refused, ConfigError) and str(elsewhere) in refused.message
+    assert f"FLEETGEN_OUTPUT_ROOT, {run.tmp}" in refused.message and "FLEETGEN_ALLOW_OUTPUT_ROOTS" in refused.hint
+    assert not elsewhere.exists()
 
 
 # --- probe --------------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ def run(tmp_path, monkeypatch):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"id": "a", "prompt": "x"}) + "\n"
                        + json.dumps({"id": "b", "prompt": "y", "sampling": {"max_tokens": 50}}) + "\n")
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", str(tmp_path))  # the deployment's root: the run's output_root is in it
     defaults = {spec.name: spec.default_value() for spec in RunConfig.settings()}
     state = SimpleNamespace(tmp=tmp_path, prompts=prompts, ti=TaskInstance(), outlet_events={},
                             task=SimpleNamespace(outlets=[]),
