@@ -16,22 +16,20 @@ with one ``write()`` straight to the OS (nothing sits in a user-space buffer, so
 only what was in flight). A kill can therefore leave: a torn last line in any file, and completion
 lines whose stats row was never written (at most the last one or two). Opening the store repairs
 exactly that: torn tails are cut off, and completion lines after the one matching the last stats
-row get their stats rows rebuilt. An error record counts as done only when it says the failure was
-the prompt's own (``records.PROMPT_FAULT``): the others (the server's fault, or written before records
-said whose fault) are cut from the errors file and their prompts sent again, so clearing a shard after
-the cause is fixed regenerates them. Only the stats ids and the tail of the completions file are read,
+row get their stats rows rebuilt. Of the errors file only the prompts' own faults stand
+(``errors_readback.py`` sorts its lines): the others are cut from it and their prompts sent again, so
+clearing a shard after the cause is fixed regenerates them. Only the stats ids and the tail of the completions file are read,
 so resume cost does not grow with the size of the text; the mark spares re-reading the prompts
 that are all finished.
 
 A write that fails (disk full, quota, read-only) raises ``OutputError`` naming the file and the
 shard; the file is cut back to its last whole line at once and the store refuses every later
 write, so the output stays exactly what a resume expects. When the disk is still full the error is
-``OutputUnwritable`` (a retry would fail the same way until space is freed).
+``OutputUnwritable`` (a retry would fail the same way until space is freed; ``write_errors.py``).
 """
 
 from __future__ import annotations
 
-import errno as errno_codes
 import logging
 import os
 import re
@@ -39,11 +37,13 @@ from dataclasses import dataclass
 from collections.abc import Iterator
 from pathlib import Path
 
-from fleetgen.errors import GenerationError, OutputError, OutputUnwritable, ShardPlanChanged
+from fleetgen.errors import GenerationError, OutputError, ShardPlanChanged
 from fleetgen.generate import jsonio
 from fleetgen.generate.lease import ShardLease
-from fleetgen.generate.records import PROMPT_FAULT, stats_record
+from fleetgen.generate.errors_readback import read_back_errors
+from fleetgen.generate.records import stats_record
 from fleetgen.generate.settings import GenerationSettings
+from fleetgen.generate.write_errors import OutputErrorsAs, output_error
 from fleetgen.generate.reuse import line_checksum
 from fleetgen.outputs import RunLayout
 from fleetgen.prompts.lines import Prompt, fast_id
@@ -54,9 +54,6 @@ BLOCK = 1 << 22
 # A stats row starts with its id; rows hold no nested objects, so this matches once per row
 # unless the id has escapes (then that block is read line by line).
 _STATS_ID = re.compile(rb'\{"id":"([^"\\]*)"')
-# Errors that say the output cannot take more bytes or cannot be written at all.
-_NO_SPACE = (errno_codes.ENOSPC, errno_codes.EDQUOT, errno_codes.EFBIG)
-_NEVER_WRITABLE = (errno_codes.EROFS, errno_codes.EACCES, errno_codes.EPERM)
 # What shards/shard-NNNNN.json records of the plan: a retry must be cut the same way over the same bytes.
 PLAN_KEYS = ("shard_id", "input_path", "start", "end", "count", "blocks")
 
@@ -134,8 +131,8 @@ class ShardStore:
         """The files a resume of this shard reads back: deleting them all makes the shard start afresh."""
         return [*self._paths.values(), self.plan_path, self.mark_path]
 
-    def _output_errors(self, path: Path, attempted: int = 0):
-        return _OutputErrors(self, path, attempted)
+    def _output_errors(self, path: Path, attempted: int = 0) -> OutputErrorsAs:
+        return OutputErrorsAs(path, self.shard_id, attempted)
 
     def _check_plan(self, shard: dict) -> None:
         plan = {key: shard[key] for key in PLAN_KEYS if key in shard}
@@ -179,23 +176,17 @@ class ShardStore:
         Returns (kept, cut)."""
         if not self.errors_path.exists():
             return 0, 0
-        kept, cut = [], 0
         with self.errors_path.open("rb") as handle:
-            for number, raw in enumerate(handle, 1):
-                raw_id = self._line_id(raw, self.errors_path, number)
-                if _fault(raw) == PROMPT_FAULT:
-                    self.done_ids.add(raw_id)
-                    kept.append(raw)
-                else:
-                    cut += 1
-        if cut:
+            read_back = read_back_errors(handle, lambda raw, number: self._line_id(raw, self.errors_path, number))
+        self.done_ids.update(read_back.kept_ids)
+        if read_back.dropped:
             # The mark goes first: it may lie past the prompts about to be pending again. A kill between the
             # two leaves the old errors file and no mark, which the next open handles the same way.
             self.mark_path.unlink(missing_ok=True)
             partial = self.errors_path.with_name(self.errors_path.name + ".partial")
-            partial.write_bytes(b"".join(kept))
+            partial.write_bytes(b"".join(read_back.kept))
             os.replace(partial, self.errors_path)
-        return len(kept), cut
+        return len(read_back.kept), read_back.dropped
 
     def _load_stats_ids(self) -> bytes | None:
         last_id = None
@@ -359,72 +350,6 @@ class ShardStore:
             self._lease = None
         if failure is not None and self._broken is None:
             raise failure
-
-
-class _OutputErrors:
-    """Context manager: an ``OSError`` inside becomes the ``OutputError`` that names ``path`` and the shard."""
-
-    def __init__(self, store: ShardStore, path: Path, attempted: int) -> None:
-        self.store, self.path, self.attempted = store, path, attempted
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, traceback) -> bool:
-        if isinstance(exc, OSError):
-            raise output_error(exc, Path(exc.filename) if exc.filename else self.path, self.store.shard_id,
-                               self.attempted) from exc
-        return False
-
-
-def output_error(exc: OSError, path: Path, shard_id: int, attempted: int) -> OutputError:
-    """The error for a failed write to ``path``: ``OutputUnwritable`` when a retry would fail the same way.
-
-    A full disk counts as such unless space came back in the meantime (someone freed some): then a
-    retry, which resumes from the output on disk, may well finish.
-    """
-    reason = os.strerror(exc.errno) if exc.errno else str(exc)
-    if exc.errno in _NO_SPACE:
-        free = _free_bytes(path)
-        needed = max(attempted, 1) + (1 << 20)
-        if free is None or free < needed:
-            return OutputUnwritable(
-                f"cannot write the shard's output: {reason} ({_mib(free)} free)", errno=exc.errno,
-                shard=shard_id, path=str(path),
-                hint="free space on (or raise the quota of) the file system of output_root, or point "
-                     "output_root elsewhere; then clear the task: it resumes from what is on disk")
-        return OutputError(f"cannot write the shard's output: {reason}; {_mib(free)} are free again now",
-                           errno=exc.errno, shard=shard_id, path=str(path),
-                           hint="space was freed meanwhile: a retry resumes from what is on disk")
-    if exc.errno in _NEVER_WRITABLE:
-        return OutputUnwritable(f"cannot write the shard's output: {reason}", errno=exc.errno, shard=shard_id,
-                                path=str(path), hint="output_root must be a writable folder for the "
-                                "worker's user on every worker; fix its permissions or choose another")
-    return OutputError(f"cannot write the shard's output: {reason}", errno=exc.errno, shard=shard_id,
-                       path=str(path), hint="check the file system of output_root (dmesg, mount state); "
-                       "a retry resumes from what is on disk")
-
-
-def _fault(raw: bytes) -> str | None:
-    """Whose fault an error line says its failure was; None for a line written before records said so."""
-    try:
-        return jsonio.loads(raw).get("fault")
-    except (jsonio.JSONDecodeError, AttributeError):
-        return None
-
-
-def _free_bytes(path: Path) -> int | None:
-    for candidate in (path, *path.parents):
-        try:
-            stat = os.statvfs(candidate)
-        except OSError:
-            continue
-        return stat.f_bavail * stat.f_frsize
-    return None
-
-
-def _mib(free: int | None) -> str:
-    return "unknown space" if free is None else f"{free / (1 << 20):.1f} MiB"
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -8,11 +8,11 @@ import subprocess
 import uuid
 import pytest
 from fleetgen.errors import OutputError, OutputUnwritable
-from fleetgen.generate import jsonio, store as store_module
+from fleetgen.generate import jsonio, store as store_module, write_errors
 from fleetgen.generate.records import stats_record
-from fleetgen.generate.store import ShardStore, output_error
+from fleetgen.generate.store import ShardStore
+from fleetgen.generate.write_errors import output_error
 from pathlib import Path
-from fleetgen.generate import store as store_module
 
 SHARD = {"shard_id": 3, "input_path": "/data/prompts.jsonl", "start": 0, "count": 100000}
 
@@ -86,7 +86,7 @@ def test_a_write_that_fails_after_a_partial_line_cuts_it_and_blocks_later_writes
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(store_module.os, "write", short_then_full)
-    monkeypatch.setattr(store_module, "_free_bytes", lambda path: 4096)
+    monkeypatch.setattr(write_errors, "_free_bytes", lambda path: 4096)
     with pytest.raises(OutputUnwritable, match=r"\[shard 3, .*completions/shard-00003.jsonl\] cannot write"):
         record(store, "b")
     monkeypatch.setattr(store_module.os, "write", real_write)
@@ -146,7 +146,7 @@ def fields(error):
                                          "free again now", FREED_HINT)),
 ])
 def test_a_full_disk_is_final_unless_enough_space_came_back(monkeypatch, free, attempted, expected):
-    monkeypatch.setattr(store_module, "_free_bytes", lambda path: free)
+    monkeypatch.setattr(write_errors, "_free_bytes", lambda path: free)
     error = output_error(OSError(errno.ENOSPC, "No space left on device"), PATH, 4, attempted)
     kind, message, hint = expected
     assert fields(error) == (kind, message, errno.ENOSPC, 4, str(PATH), hint)
