@@ -32,7 +32,8 @@ from fleetgen.report.occupancy import failures, gpu_usage, occupancy
 from fleetgen.report.plots import write_plots
 from fleetgen.nodes.readiness import ServerInfo
 from fleetgen.outputs import RunLayout, read_marker_stops
-from fleetgen.report.previous import REPORT_SCHEMA
+from fleetgen.report.payoff import AUTO_SIZING_MODE, tuning_payoff
+from fleetgen.report.previous import REPORT_SCHEMA, find_previous_report
 from fleetgen.tuning.plan_notes import read_plan_notes
 from fleetgen.validation.stats_table import load_errors, load_stats
 from fleetgen.validation.outcome import why_not_passed
@@ -280,6 +281,14 @@ def _load_previous(previous_report: str | Path | None) -> tuple[dict | None, dic
         return None, {"available": False, "previous_report": str(previous_report), "reason": str(exc)}
 
 
+def _auto_sizing_report(out: Path) -> dict | None:
+    """The newest earlier validated run of the same output root planned with SGLang's automatic sizing, whose
+    measured tokens/s per GPU the Tuning payoff compares against (docs/tuning-trial.md §6)."""
+    found = find_previous_report(out.parent, out.name, where=lambda report: (report.get("tuning_payoff") or {})
+                                 .get("tuning_mode") == AUTO_SIZING_MODE) if out.parent.is_dir() else None
+    return json.loads(found.read_text()) if found else None
+
+
 def _net_of_dead_tries(report: dict, lost: list[dict]) -> None:
     """Tries that died held their shard's slot until the next try resumed it: ``timing.dead_seconds`` is
     the part of the generation span in which some dead try held one, and
@@ -334,10 +343,15 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
     # From what the servers said at readiness (/server_info), not from how the run was configured.
     report["simulated"] = any(bool(item.get("simulated")) for item in readiness or [])
     report["shards"] = _shards(shard_results)
+    previous, unusable = _load_previous(previous_report)
+    report["tuning_payoff"] = tuning_payoff(
+        RunLayout(out), plan=plan, gpus_per_server={server: len(where["gpu_ids"]) for server, where in
+                                                    _server_gpus(plan, readiness).items() if where["gpu_ids"]},
+        simulated=report["simulated"], generation_seconds=timing["generation_seconds"], previous=previous,
+        auto_report=_auto_sizing_report(out))
     report["validation"] = validation
     # Why the run does not count as validated (None when it does): it is then not indexed for reuse.
     report["not_validated"] = why_not_passed(RunLayout(out), validation)
-    previous, unusable = _load_previous(previous_report)
     report["comparison"] = compare_reports(report, previous, str(previous_report)) if previous else unusable
     report = json_safe(report)
     report["plots"] = write_plots(report, folder)

@@ -51,6 +51,76 @@ def _occupancy_section(occupancy: dict | None, plots: dict) -> list[str]:
     return lines
 
 
+def _rate(score: dict | None) -> str:
+    return "-" if not score else f"{_number(score['median'], 0)}"
+
+
+def _interval(score: dict | None) -> str:
+    return "-" if not score else f"{_number(score['lower'], 0)}..{_number(score['upper'], 0)}"
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _result(row: dict) -> str:
+    if row["winner"]:
+        return "kept (incumbent)" if row["incumbent"] else "**chosen**"
+    if row["score"] is None:
+        return f"not judged ({row['windows']} windows)"
+    return "too noisy" if row["noisy"] else ("incumbent, replaced" if row["incumbent"] else "lost")
+
+
+def _against_line(label: str, against: dict | None) -> str:
+    if against is None:
+        return f"- {label}: no measurement to compare with."
+    if not against.get("measured"):
+        return f"- {label}: not measured ({against.get('why', 'no figure')})."
+    line = (f"- {label} ({against['source']}): {against['gain']:+.1%} output tokens/s per GPU "
+            f"({_number(against['rate'], 0)} there)")
+    if against.get("ratio_of_ratios") is not None:
+        line += (f"; {_times(against['concurrency_x'])} the running requests gave {_times(against['throughput_x'])} "
+                 f"the throughput ({against['ratio_of_ratios']:.2f} of proportional)")
+    return line + "."
+
+
+def _payoff_section(payoff: dict | None) -> list[str]:
+    """Tuning payoff (docs/tuning-trial.md §6): the candidates measured, the decision, what the one in use gained."""
+    if not payoff:
+        return []
+    lines = ["## Tuning payoff", ""]
+    if payoff["simulated"]:
+        lines += ["> **Simulated**: these rates come from the simulator's speed model, not from GPUs.", ""]
+    in_use = payoff["in_use"]
+    if payoff["trial"] != "ran":
+        lines += [f"No tuning trial in this run: {payoff['why']}.", ""]
+    else:
+        decision = payoff["decision"]
+        lines += [f"Decision: {decision['reason']}.", "",
+                  "Output tokens/s per GPU in steady state (the batch at its cap; warm-up and drain left out), "
+                  f"windows of {_number(payoff['window_s'], 0)} s, interval median ± 1.4826 x MAD; "
+                  f"x: against {decision['incumbent']}.", ""]
+        lines += _table(["candidate", "servers", "running requests (cap)", "tokens/s per GPU", "interval", "windows",
+                         "concurrency x", "throughput x", "result"],
+                        [[row["name"], str(len(row["servers"])), _number(row["cap"], 0), _rate(row["score"]),
+                          _interval(row["score"]), str(row["windows"]), _times(row["concurrency_x"]),
+                          _times(row["throughput_x"]), _result(row)] for row in payoff["candidates"]])
+    lines += [f"- In use: {in_use.get('candidate') or 'the plan'} at {_rate(in_use['score'])} tokens/s per GPU "
+              f"({_interval(in_use['score'])}, {in_use['windows']} windows, {in_use['source']}; "
+              f"cap {_number(in_use['cap'], 0)})."
+              if in_use["score"] else f"- In use: not measured ({in_use['windows']} steady windows, "
+                                      f"fewer than 3; {in_use['source']})."]
+    lines.append(_against_line("Against SGLang's automatic sizing", payoff["vs_auto_sizing"]))
+    lines.append(_against_line("Against the previous night", payoff["vs_previous"]))
+    cost = payoff.get("cost")
+    if cost is not None:
+        share = f" ({cost['share_of_job']:.2%} of the job's GPU time)" if cost["share_of_job"] is not None else ""
+        unmeasured = f"; not measured on {', '.join(cost['unmeasured'])}" if cost["unmeasured"] else ""
+        lines.append(f"- Trial cost: {_number(cost['gpu_minutes'], 2)} GPU-minutes at the challengers' lower speed"
+                     f"{share}{unmeasured}.")
+    return lines + [""]
+
+
 def _gpus_section(gpus: dict | None, plots: dict) -> list[str]:
     lines = ["## GPUs", ""]
     if not gpus:
@@ -171,6 +241,7 @@ def render_markdown(report: dict) -> str:
         if readbacks:
             lines += ["Readback of the memory the plan assumed:", "", *readbacks, ""]
         lines += _workload_path(report["tuning"])
+    lines += _payoff_section(report.get("tuning_payoff"))
     lines += _plan_notes_section(report.get("plan_notes"))
     lines += _marker_stops_section(report.get("marker_stops"))
     if report.get("shards"):

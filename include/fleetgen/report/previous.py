@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,8 +20,10 @@ REPORT_SCHEMA = 1
 IDENTITY_KEYS = ("path", "bytes", "mtime_ns", "count")
 
 
-def find_previous_report(root: str | Path, current_run_id: str) -> Path | None:
-    """The newest ``root/<run_id>/report/report.json`` of another run whose validation passed."""
+def find_previous_report(root: str | Path, current_run_id: str,
+                         where: Callable[[dict], bool] | None = None) -> Path | None:
+    """The newest ``root/<run_id>/report/report.json`` of another run whose validation passed (and, with ``where``,
+    whose report it accepts)."""
     newest: tuple[float, Path] | None = None
     for path in Path(root).glob(f"*/{RunLayout(Path()).report_json}"):
         if run_root_of_report(path).name == current_run_id:
@@ -31,6 +34,8 @@ def find_previous_report(root: str | Path, current_run_id: str) -> Path | None:
             log.warning("ignoring unreadable report %s: %s", path, exc)
             continue
         if not isinstance(report, dict) or report.get("schema") != REPORT_SCHEMA or not report.get("run_succeeded"):
+            continue
+        if where is not None and not where(report):
             continue
         when = report.get("generated_at_epoch")
         when = float(when) if isinstance(when, (int, float)) else path.stat().st_mtime

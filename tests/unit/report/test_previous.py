@@ -30,6 +30,14 @@ def write_report(root: Path, run_id: str, *, schema=1, succeeded=True, epoch=Non
     return layout.report_json
 
 
+def test_a_condition_on_the_report_picks_the_newest_that_meets_it(tmp_path):
+    wanted = write_report(tmp_path, "auto", epoch=1000, prompt_tokens={"mean": 1.0})
+    write_report(tmp_path, "tuned", epoch=2000)
+    assert find_previous_report(tmp_path, "tonight") == tmp_path / "tuned" / "report" / "report.json"
+    assert find_previous_report(tmp_path, "tonight", where=lambda report: report["prompt_tokens"]) == wanted
+    assert find_previous_report(tmp_path, "auto", where=lambda report: report["prompt_tokens"]) is None
+
+
 def test_the_newest_successful_report_of_another_run_is_found(tmp_path):
     write_report(tmp_path, "night1", epoch=1000)
     newest = write_report(tmp_path, "night2", epoch=3000)
