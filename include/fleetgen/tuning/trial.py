@@ -33,6 +33,8 @@ MAD_SCALE = 1.4826         # MAD -> standard deviation of a normal distribution 
 MAX_RELATIVE_MAD = 0.10    # tune_speculative_k's limit on MAD / median
 STEADY_RUNNING_SHARE = 0.9  # running requests / cap at or above which a server is at its batch
 WARMUP_TURNOVERS = 1       # completions, in caps, left out at the start of each steady stretch
+# The DAG parameters a decision's reason points to (declared in fleetgen.airflow.run_config).
+SHARE_PARAMETER, WINDOW_PARAMETER = "tuning_trial_share", "tuning_trial_window_s"
 
 
 @dataclass(frozen=True)
@@ -222,11 +224,13 @@ def decide(rates_by_candidate: dict[str, list[float]], *, incumbent: str, min_ga
         count = len(rates_by_candidate.get(incumbent, []))
         return TrialDecision(incumbent, incumbent, scores, reason=(
             f"kept {incumbent}: it gave {count} steady-state window(s), fewer than the {MIN_WINDOWS} a comparison "
-            f"needs (a longer trial gives more)"), min_gain=min_gain, unscored=unscored)
+            f"needs (raise the DAG parameter {SHARE_PARAMETER} for a longer trial, or lower {WINDOW_PARAMETER})"),
+            min_gain=min_gain, unscored=unscored)
     if base.noisy:
         return TrialDecision(incumbent, incumbent, scores, reason=(
             f"kept {incumbent}: its own windows spread {base.relative_mad:.0%} (MAD / median), more than "
-            f"{MAX_RELATIVE_MAD:.0%}, too noisy to judge a challenger against"), min_gain=min_gain, unscored=unscored)
+            f"{MAX_RELATIVE_MAD:.0%}, too noisy to judge a challenger against (longer windows average more "
+            f"completions: raise the DAG parameter {WINDOW_PARAMETER})"), min_gain=min_gain, unscored=unscored)
     winners = [value for name, value in scores.items() if name != incumbent and not value.noisy
                and value.lower > base.upper and value.median > base.median * (1 + min_gain)]
     if not winners:
@@ -241,11 +245,12 @@ def decide(rates_by_candidate: dict[str, list[float]], *, incumbent: str, min_ga
 
 
 def decision_record(decision: TrialDecision, *, servers: dict[str, dict], samples: list[dict], decided_at: float,
-                    auto_sizing: str | None = None) -> dict:
+                    auto_sizing: str | None = None, window_s: float | None = None) -> dict:
     """What ``RunLayout.trial_decision`` holds: the decision, when it was taken, which candidate (if any) is SGLang's
     own automatic sizing, and per server of the trial its candidate, cap and GPUs (``servers``: server ->
     {"candidate", "cap", "gpus"}) with the seconds it was sampled in the trial (first to last metrics row of
-    ``samples``, the trial's rows), which the report charges to the trial's cost."""
+    ``samples``, the trial's rows), which the report charges to the trial's cost; ``window_s``, the windows the
+    trial measured, is the one the report measures the configuration in use with."""
     seen: dict[str, list[float]] = {}
     for row in samples:
         if row.get("server") in servers and row.get("t") is not None:
@@ -254,7 +259,8 @@ def decision_record(decision: TrialDecision, *, servers: dict[str, dict], sample
                            "gpus": int(entry.get("gpus") or 1),
                            "trial_seconds": round(max(seen[server]) - min(seen[server]), 3) if server in seen else 0.0}
                   for server, entry in sorted(servers.items())}
-    return {**decision.to_dict(), "decided_at": decided_at, "auto_sizing": auto_sizing, "servers": per_server}
+    return {**decision.to_dict(), "decided_at": decided_at, "auto_sizing": auto_sizing, "window_s": window_s,
+            "servers": per_server}
 
 
 def skipped_record(why: str) -> dict:

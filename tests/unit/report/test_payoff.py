@@ -37,7 +37,8 @@ def metrics_rows(server: str, *, cap: int, rate: float, start: float, end: float
     return rows
 
 
-def trial_run(root: Path, *, relaunched_rate: float = 1300.0, auto_sizing: str | None = None) -> RunLayout:
+def trial_run(root: Path, *, relaunched_rate: float = 1300.0, auto_sizing: str | None = None,
+              window_s: float | None = None) -> RunLayout:
     """A run whose trial ran the FLEET for 300 s, then every server on the winner at ``relaunched_rate``."""
     layout = RunLayout(root)
     samples = [row for name, (servers, cap, rate) in FLEET.items() for server in servers
@@ -48,7 +49,7 @@ def trial_run(root: Path, *, relaunched_rate: float = 1300.0, auto_sizing: str |
     decision = decide(pooled_rates(rates, candidate_of), incumbent="incumbent", min_gain=0.03)
     record = decision_record(decision, servers={server: {"candidate": name, "cap": FLEET[name][1], "gpus": 1}
                                                 for server, name in candidate_of.items()},
-                             samples=samples, decided_at=TRIAL_END + 1.0, auto_sizing=auto_sizing)
+                             samples=samples, decided_at=TRIAL_END + 1.0, auto_sizing=auto_sizing, window_s=window_s)
     layout.root.mkdir(parents=True, exist_ok=True)
     layout.trial_decision.write_text(json.dumps(record))
     after = [row for server in candidate_of for row in metrics_rows(
@@ -86,7 +87,9 @@ def test_the_configuration_in_use_is_measured_after_the_decision(tmp_path):
     in_use = payoff["in_use"]
     assert in_use["candidate"] == "no_speculation" and in_use["source"] == "after the decision"
     assert in_use["score"]["median"] == pytest.approx(1250.0, rel=0.01) and in_use["cap"] == 100.0
-    assert in_use["servers"] == 5
+    assert in_use["servers"] == 5 and payoff["window_s"] == 30.0
+    longer = payoff_of(trial_run(tmp_path / "longer", relaunched_rate=1250.0, window_s=60.0))
+    assert longer["window_s"] == 60.0 and longer["in_use"]["windows"] < in_use["windows"]  # the trial's own windows
 
 
 def test_the_trial_costs_the_gpu_time_a_slower_challenger_lost_and_nothing_for_a_faster_one(tmp_path):

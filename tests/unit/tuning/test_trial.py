@@ -136,11 +136,13 @@ def test_a_noisy_challenger_cannot_win_and_a_noisy_incumbent_is_kept_and_both_ar
     noisy_incumbent = decide({"incumbent": [100.0, 50.0, 150.0], "x": [400.0] * 3}, incumbent="incumbent",
                              min_gain=0.03)
     assert noisy_incumbent.winner == "incumbent" and "too noisy" in noisy_incumbent.reason
+    assert "tuning_trial_window_s" in noisy_incumbent.reason
 
 
 def test_an_incumbent_with_too_few_windows_is_kept_and_the_reason_says_how_many():
     decision = decide({"incumbent": [100.0, 100.0], "x": [400.0] * 5}, incumbent="incumbent", min_gain=0.03)
     assert decision.winner == "incumbent" and "2 steady-state window(s)" in decision.reason
+    assert "tuning_trial_share" in decision.reason
     assert decision.unscored == {"incumbent": 2} and decision.gain is None
 
 
@@ -177,10 +179,10 @@ def test_the_decision_record_charges_each_server_its_trial_seconds():
     record = decision_record(decision, servers={"a:1": {"candidate": "incumbent", "cap": 10, "gpus": 2},
                                                 "b:1": {"candidate": "x", "cap": 5, "gpus": 1},
                                                 "c:1": {"candidate": "x", "cap": 5}}, samples=samples,
-                             decided_at=1041.5, auto_sizing="x")
+                             decided_at=1041.5, auto_sizing="x", window_s=10.0)
     assert record["servers"]["a:1"] == {"candidate": "incumbent", "cap": 10, "gpus": 2, "trial_seconds": 40.0}
     assert record["servers"]["b:1"]["trial_seconds"] == 25.0 and record["servers"]["c:1"]["trial_seconds"] == 0.0
-    assert (record["decided_at"], record["auto_sizing"]) == (1041.5, "x")
+    assert (record["decided_at"], record["auto_sizing"], record["window_s"]) == (1041.5, "x", 10.0)
     assert TrialDecision.from_dict(record) == decision
     assert skipped_record("the trial is off") == {"skipped": "the trial is off"}
 
