@@ -184,7 +184,7 @@ def _same_command(running: list[str], spec: remote.LaunchSpec) -> bool:
     if len(running) != len(expected):
         return False
     expandable = {0, 4}  # the interpreter, the model path (remote.launch_command quotes them with quote_path)
-    return all(seen == wanted or (index in expandable and wanted.startswith("~/") and seen.endswith(wanted[1:]))
+    return all(remote.as_expanded(seen, wanted) if index in expandable else seen == wanted
                for index, (seen, wanted) in enumerate(zip(running, expected)))
 
 

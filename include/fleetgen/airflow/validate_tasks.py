@@ -42,7 +42,7 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
     """**Writes the run report**: throughput overall / per GPU / per server, the tuning used, validation, comparison
     with the previous run. The *Report* link above opens it.
     """
-    from fleetgen.generate.reuse import write_reuse_index
+    from fleetgen.generate.reuse import accepted_launches, write_reuse_index
     from fleetgen.report.build import build_report
     from fleetgen.report.previous import find_previous_report
 
@@ -54,8 +54,9 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
     not_passed = why_not_passed(layout, validation)
     if not_passed is None:  # only a validated run's completions may be reused from now on
         settings = generation_settings(config, fleet_from_json(fleet))
+        # the launches the shards accepted completions from, so that a later run reuses them only under their model
         indexed = write_reuse_index(layout, material=generation_material(model_identity, settings),
-                                    run_id=context["run_id"])
+                                    run_id=context["run_id"], launches=accepted_launches(mapped_values(readiness)))
         log.info("Indexed %d completion(s) for later runs to reuse (%s)", indexed, layout.reuse_index)
     else:
         log.warning("This run is not validated: %s. Its completions are not indexed for later runs to reuse; "

@@ -9,7 +9,13 @@ A completion is reused when all three are unchanged:
 - the run's sampling: ``max_tokens``, ``temperature``, ``top_p`` and the extra request body.
 
 The last two make the run's ``generation_material`` and its hash, the ``generation_key``; an earlier run is
-a source only when its key is the same. Each shard writes, beside every completion it records, a row
+a source only when its key is the same, and only when the launches its shards accepted completions from match the
+model identity its key claims: its ``index.json`` records, per server, the launch ``wait_ready`` read back (model
+path, launch identity, SGLang version: ``accepted_launches``), the launch every completion had to name
+(nodes/launch_identity.py). A completion it copied from an earlier run was checked the same way when it was
+copied.
+
+Each shard writes, beside every completion it records, a row
 ``{"h": prompt hash, "o": byte offset, "n": bytes, "c": line checksum}`` of its completions file
 (``reuse/shard-NNNNN.jsonl``); once a run's validation passed, those rows become its compact index
 (``reuse/index.npy``: 40 bytes per completion, sorted by hash; ``reuse/index.json`` holds its checksum)
@@ -38,6 +44,8 @@ import numpy as np
 
 from fleetgen.generate import jsonio
 from fleetgen.generate.records import stats_record
+from fleetgen.nodes import launch_identity
+from fleetgen.nodes.remote import as_expanded
 from fleetgen.outputs import RunLayout
 from fleetgen.prompts.scan import Prompt
 from fleetgen.validation.outcome import read_summary, why_not_passed
@@ -49,6 +57,11 @@ LINE_CHECK_BYTES = 8
 # Why a prompt an earlier run held was generated again (the keys of ReuseSource.regenerated).
 SOURCE_UNREADABLE = "source completions missing or unreadable"
 LINE_CHANGED = "line changed since it was indexed"
+# What a run's index records of each launch its shards accepted completions from, as wait_ready read its
+# /server_info: the checkpoint (readiness.LAUNCH_FIELDS' model_path), the launch identity every completion had to
+# name (launch_identity.FIELD) and SGLang's version (ServerInfo.version); keys as SGLang names the fields.
+MODEL_PATH, SGLANG_VERSION = "model_path", "version"
+ACCEPTED_LAUNCH_FIELDS = (MODEL_PATH, launch_identity.FIELD, SGLANG_VERSION)
 # A reused line ends with the run that generated its text; a line copied again keeps that one.
 _ORIGIN_SUFFIX = re.compile(rb',"reused_from":("(?:[^"\\]|\\.)*")\}\Z')
 
@@ -110,11 +123,43 @@ def _replace_atomically(path: Path, write) -> None:
     os.replace(partial, path)
 
 
-def write_reuse_index(layout: RunLayout, *, material: dict, run_id: str) -> int:
+def accepted_launches(readiness: list[dict]) -> dict[str, dict]:
+    """Per server, the launch the run's shards accepted completions from: ``wait_ready``'s readback of each server
+    (its ``launch_fields`` and ``version``), which every shard's endpoints are built from and every completion is
+    checked against (generate/settings.py ``shard_endpoints``); a field the server did not report is None."""
+    launches = {}
+    for ready in readiness:
+        read = {**(ready.get("launch_fields") or {}), SGLANG_VERSION: ready.get(SGLANG_VERSION)}
+        launches[ready["server"]] = {name: read.get(name) for name in ACCEPTED_LAUNCH_FIELDS}
+    return launches
+
+
+def launch_mismatch(meta: dict) -> str | None:
+    """Why the launches an index records do not match the model identity it claims (``material.model``: its path
+    and SGLang version), naming the server and each field; None when every launch matches. An index that records
+    no launch is refused too: what wrote its completions is not known."""
+    launches, model = meta.get("launches"), (meta.get("material") or {}).get("model") or {}
+    if not isinstance(launches, dict) or not launches:
+        return "its index records no launch its completions were accepted from"
+    claimed = {MODEL_PATH: model.get("path"), SGLANG_VERSION: model.get("sglang")}
+    for server, launch in sorted(launches.items()):
+        read = {name: launch.get(name) if isinstance(launch, dict) else None for name in ACCEPTED_LAUNCH_FIELDS}
+        path_matches = (isinstance(read[MODEL_PATH], str) and isinstance(claimed[MODEL_PATH], str)
+                        and as_expanded(read[MODEL_PATH], claimed[MODEL_PATH]))  # the launch passes ~/ expandable
+        differ = [f"{name} {read[name]!r}, not the identity's {claimed[name]!r}" for name in claimed
+                  if not (path_matches if name == MODEL_PATH else read[name] == claimed[name])]
+        if differ:
+            who = launch_identity.describe(read[launch_identity.FIELD])
+            return f"its completions were accepted from {server} ({who}), whose launch read back {'; '.join(differ)}"
+    return None
+
+
+def write_reuse_index(layout: RunLayout, *, material: dict, run_id: str, launches: dict[str, dict]) -> int:
     """Compact the run's ``reuse/shard-*.jsonl`` rows into ``reuse/index.npy`` (+ ``index.json`` with its
-    checksum and the generation material); the number of completions indexed. Call only once the run's
-    validation passed. Each file is replaced whole; a crash between the two leaves a checksum that does not
-    match, so no later run reads a torn index."""
+    checksum, the generation material and the ``launches`` its shards accepted completions from:
+    ``accepted_launches``); the number of completions indexed. Call only once the run's validation passed. Each
+    file is replaced whole; a crash between the two leaves a checksum that does not match, so no later run reads a
+    torn index."""
     parts = []
     for path in layout.shard_files("reuse"):
         shard = int(path.stem.rsplit("-", 1)[1])
@@ -140,7 +185,7 @@ def write_reuse_index(layout: RunLayout, *, material: dict, run_id: str) -> int:
     index.sort(order=("h1", "h2"))
     layout.reuse_index.parent.mkdir(parents=True, exist_ok=True)
     _replace_atomically(layout.reuse_index, lambda handle: np.save(handle, index))
-    meta = {"key": generation_key(material), "material": material, "run_id": run_id,
+    meta = {"key": generation_key(material), "material": material, "launches": launches, "run_id": run_id,
             "run_folder": layout.root.name, "completions": int(len(index)), "written_at": time.time(),
             "index_bytes": layout.reuse_index.stat().st_size, "index_sha256": _file_sha256(layout.reuse_index)}
     _replace_atomically(layout.reuse_index_meta, lambda handle: handle.write(json.dumps(meta).encode()))
@@ -276,6 +321,10 @@ def look_up_reuse(output_root: Path, current_run_folder: str, material: dict,
         not_passed = why_not_passed(source_layout, read_summary(source_layout))
         if not_passed is not None:
             lookup.skipped.append({"run": run_root.name, "reason": not_passed})
+            continue
+        mismatch = launch_mismatch(meta)  # its text came from other servers than the identity it was indexed under
+        if mismatch is not None:
+            lookup.skipped.append({"run": run_root.name, "reason": mismatch})
             continue
         try:
             lookup.source = ReuseSource.open(run_root, meta, log)

@@ -46,6 +46,12 @@ def quote_path(value: str) -> str:
     return shlex.quote(text)
 
 
+def as_expanded(seen: str, given: str) -> bool:
+    """``seen`` (what a process on the node reports) is the path ``given`` as :func:`quote_path` passed it: the same
+    text, or, for a ``given`` under ``~/``, that path with the remote user's home expanded in front."""
+    return seen == given or (given.startswith("~/") and seen.endswith(given[1:]))
+
+
 def pid_file(run_dir: str, port: int) -> str:
     return f"{run_dir.rstrip('/')}/sglang-{port}.pid"
 

@@ -112,8 +112,8 @@ def reporting(monkeypatch):
     """write_reuse_index, find_previous_report and build_report replaced by recorders."""
     seen = SimpleNamespace(indexed=[], previous=[], built=[], previous_report=None)
 
-    def write_reuse_index(layout, *, material, run_id):
-        seen.indexed.append((layout.root, material, run_id))
+    def write_reuse_index(layout, *, material, run_id, launches):
+        seen.indexed.append((layout.root, material, run_id, launches))
         return 7
 
     def find_previous_report(root, current_run_id):
@@ -134,7 +134,9 @@ def reporting(monkeypatch):
 def test_the_report_indexes_the_completions_and_builds_from_every_shard_and_server(run, reporting, caplog):
     reporting.previous_report = "/out/earlier/report/report.json"
     plans = [{"host": "n0", "port": 30000}, {"host": "n1", "port": 30000}]
-    readiness = [{"server": "n0:30000"}, {"server": "n1:30000"}]
+    readiness = [{"server": "n0:30000", "version": "0.5.2",
+                  "launch_fields": {"model_path": "/models/m", "weight_version": f"fleetgen/{RUN_ID}", "tp_size": 1}},
+                 {"server": "n1:30000"}]  # one that reported nothing of its launch
     shards = [{"shard_id": 0}, {"shard_id": 1}]
     run.config = RunConfig.from_params(run.params)
     written = _summary_written(run, {"success": True, "rows": 2})
@@ -146,8 +148,11 @@ def test_the_report_indexes_the_completions_and_builds_from_every_shard_and_serv
         f"Indexed 7 completion(s) for later runs to reuse ({run.layout().reuse_index})",
         f"Writing the run report to {run.layout().report_dir} (previous run: /out/earlier/report/report.json)",
         f"Report: {root}/report/report.md; 12.5 output tokens/s overall"]
-    [(indexed_root, material, run_id)] = reporting.indexed
+    [(indexed_root, material, run_id, launches)] = reporting.indexed
     assert indexed_root == root and run_id == RUN_ID
+    assert launches == {"n0:30000": {"model_path": "/models/m", "weight_version": f"fleetgen/{RUN_ID}",
+                                     "version": "0.5.2"},
+                        "n1:30000": {"model_path": None, "weight_version": None, "version": None}}
     assert material["model"] == IDENTITY["parts"] and material["sampling"]["max_tokens"] == 99
     assert reporting.previous == [(run.config.inputs.output_root, root.name)]
     [(out_dir, kwargs)] = reporting.built

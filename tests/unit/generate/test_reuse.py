@@ -18,6 +18,7 @@ from generate_fakes import FakeFleet, fast_settings, shard_output
 
 from fleetgen.generate import run_shard_async
 from fleetgen.generate.reuse import (INDEX_DTYPE, LINE_CHANGED, SOURCE_UNREADABLE, ReuseLookup, ReuseSource,
+                                     accepted_launches,
                                      SourceUnusable, _with_origin, changed_parts, copy_reused, generation_key,
                                      generation_material, line_checksum, look_up_reuse, prompt_hash,
                                      write_reuse_index)
@@ -33,6 +34,14 @@ PARTS = {"path": "/models/qwen3.6-27b", "weights": "w" * 64, "config": "c" * 64,
 MODEL = {"path": PARTS["path"], "parts": PARTS}
 SAMPLING = {"max_tokens": 64, "temperature": 0.6, "top_p": 0.95, "extra_body": {}}
 MATERIAL = generation_material(MODEL, **SAMPLING)
+
+
+def read_back(material: dict = MATERIAL, **fields) -> dict:
+    """The launches a run's index records: the one server wait_ready read back, running ``material``'s model and
+    SGLang version unless ``fields`` (model_path, weight_version, version) say otherwise."""
+    launch = {"model_path": material["model"]["path"], "weight_version": "fleetgen/night1",
+              "version": material["model"]["sglang"], **fields}
+    return accepted_launches([{"server": "n0:30000", "version": launch.pop("version"), "launch_fields": launch}])
 
 
 def write_prompts(path: Path, records: list[dict]) -> dict:
@@ -53,7 +62,7 @@ async def generate(root: Path, run: str, records: list[dict], *, material: dict 
     lookup = look_up_reuse(root, run, material)
     summary = await run_shard_async(shard, fleet.endpoints(), root / run, fast_settings(),
                                     options=fleet.options(reuse=lookup.source))
-    write_reuse_index(RunLayout(root / run), material=material, run_id=run)
+    write_reuse_index(RunLayout(root / run), material=material, run_id=run, launches=read_back(material))
     validated(RunLayout(root / run))
     return {**summary, "reuse": lookup.summary()}, fleet
 
@@ -124,7 +133,7 @@ async def test_the_index_is_built_without_reading_the_completions(tmp_path):
     await generate(tmp_path, "night1", prompts(50))
     layout = RunLayout(tmp_path / "night1")
     with FileAccessWatch(layout.kind_dir("completions")) as watch:
-        assert write_reuse_index(layout, material=MATERIAL, run_id="night1") == 50
+        assert write_reuse_index(layout, material=MATERIAL, run_id="night1", launches=read_back()) == 50
     assert watch.touched == []
     assert layout.reuse_index.stat().st_size <= 50 * 40 + 256  # 40 bytes a completion, plus the .npy header
     assert json.loads(layout.reuse_index_meta.read_text())["key"] == generation_key(MATERIAL)
@@ -225,7 +234,7 @@ def test_the_index_files_are_replaced_whole(tmp_path, monkeypatch):
 
     monkeypatch.setattr(np, "save", crash)
     with pytest.raises(OSError):
-        write_reuse_index(layout, material=MATERIAL, run_id="night1")
+        write_reuse_index(layout, material=MATERIAL, run_id="night1", launches=read_back())
     assert layout.reuse_index.read_bytes() == b"the index of an earlier try"
 
 
@@ -261,7 +270,7 @@ def source_run(root: Path, name: str, shards: dict[int, list[Prompt]], *, materi
             offset += len(line)
         completions.write_bytes(text)
         rows.write_bytes(index_rows)
-    write_reuse_index(layout, material=material, run_id=name)
+    write_reuse_index(layout, material=material, run_id=name, launches=read_back(material))
     validated(layout)
     if written_at is not None:
         meta = json.loads(layout.reuse_index_meta.read_text())
@@ -358,14 +367,14 @@ def test_torn_and_incomplete_rows_are_left_out_of_the_index(tmp_path):
     path.write_text("\n".join([json.dumps(good), json.dumps({**good, "c": None}), json.dumps({"h": "zz", "o": 1}),
                                json.dumps({k: v for k, v in good.items() if k != "c"}), '{"h": "ab']) + "\n")
     layout.shard_file("reuse", 4).write_text("")
-    assert write_reuse_index(layout, material=MATERIAL, run_id="r") == 1
+    assert write_reuse_index(layout, material=MATERIAL, run_id="r", launches=read_back()) == 1
     entry = np.load(layout.reuse_index)[0]
     assert (int(entry["shard"]), int(entry["offset"]), int(entry["bytes"]), int(entry["check"])) == (2, 0, 10, 0)
 
 
 def test_a_run_without_reuse_rows_writes_an_empty_index(tmp_path):
     layout = RunLayout(tmp_path / "night1")
-    assert write_reuse_index(layout, material=MATERIAL, run_id="r") == 0
+    assert write_reuse_index(layout, material=MATERIAL, run_id="r", launches=read_back()) == 0
     assert len(np.load(layout.reuse_index)) == 0
     assert json.loads(layout.reuse_index_meta.read_text())["completions"] == 0
     assert open_source(layout).find([prompt_hash(ask(1))]) == [None]
@@ -552,7 +561,7 @@ def test_a_line_whose_id_only_starts_like_the_prompts_is_not_reused(tmp_path):
     rows = layout.shard_file("reuse", 0)
     rows.parent.mkdir(parents=True)
     rows.write_text(json.dumps({"h": prompt_hash(prompt).hex(), "o": 0, "n": len(line), "c": line_checksum(line)}))
-    write_reuse_index(layout, material=MATERIAL, run_id="night1")
+    write_reuse_index(layout, material=MATERIAL, run_id="night1", launches=read_back())
     source = open_source(layout)
     assert copy_reused(RecordingStore(), pending([prompt]), source) == 0
     assert source.regenerated == {LINE_CHANGED: 1}
@@ -568,7 +577,7 @@ def test_a_line_that_is_not_json_is_generated_again(tmp_path):
     rows = layout.shard_file("reuse", 0)
     rows.parent.mkdir(parents=True)
     rows.write_text(json.dumps({"h": prompt_hash(prompt).hex(), "o": 0, "n": len(line), "c": line_checksum(line)}))
-    write_reuse_index(layout, material=MATERIAL, run_id="night1")
+    write_reuse_index(layout, material=MATERIAL, run_id="night1", launches=read_back())
     source = open_source(layout)
     assert copy_reused(RecordingStore(), pending([prompt]), source) == 0
     assert source.regenerated == {LINE_CHANGED: 1}
@@ -749,7 +758,7 @@ def test_a_broken_line_does_not_stop_the_copy_of_the_lines_after_it(tmp_path):
     rows.write_text("".join(json.dumps({"h": prompt_hash(prompt).hex(), "o": sum(map(len, lines[:n])),
                                         "n": len(lines[n]), "c": line_checksum(lines[n])}) + "\n"
                             for n, prompt in enumerate(prompts_)))
-    write_reuse_index(layout, material=MATERIAL, run_id="night1")
+    write_reuse_index(layout, material=MATERIAL, run_id="night1", launches=read_back())
     store = RecordingStore()
     source = open_source(layout)
     assert copy_reused(store, pending(prompts_), source) == 1
@@ -762,7 +771,7 @@ def test_a_bad_row_does_not_hide_the_rows_after_it(tmp_path):
     path.parent.mkdir(parents=True)
     good = {"h": prompt_hash(ask(1)).hex(), "o": 0, "n": 10, "c": "00" * 8}
     path.write_text("\n".join(['{"h": "ab', json.dumps({**good, "c": None}), json.dumps(good)]) + "\n")
-    assert write_reuse_index(layout, material=MATERIAL, run_id="r") == 1
+    assert write_reuse_index(layout, material=MATERIAL, run_id="r", launches=read_back()) == 1
 
 
 def test_what_changed_since_the_newest_run_is_logged_part_by_part(tmp_path, caplog):
@@ -786,7 +795,7 @@ def test_every_line_that_keeps_its_checksum_but_is_not_json_is_counted(tmp_path)
     rows.write_text("".join(json.dumps({"h": prompt_hash(prompt).hex(), "o": sum(map(len, lines[:n])),
                                         "n": len(lines[n]), "c": line_checksum(lines[n])}) + "\n"
                             for n, prompt in enumerate(prompts_)))
-    write_reuse_index(layout, material=MATERIAL, run_id="night1")
+    write_reuse_index(layout, material=MATERIAL, run_id="night1", launches=read_back())
     source = open_source(layout)
     assert copy_reused(RecordingStore(), pending(prompts_), source) == 0
     assert source.regenerated == {LINE_CHANGED: 2}
@@ -798,7 +807,7 @@ def test_a_shard_without_usable_rows_does_not_hide_the_next_shards_rows(tmp_path
     first.parent.mkdir(parents=True)
     first.write_text('{"h": "ab\n')  # only a torn row
     second.write_text(json.dumps({"h": prompt_hash(ask(1)).hex(), "o": 0, "n": 10, "c": "00" * 8}) + "\n")
-    assert write_reuse_index(layout, material=MATERIAL, run_id="r") == 1
+    assert write_reuse_index(layout, material=MATERIAL, run_id="r", launches=read_back()) == 1
     assert int(np.load(layout.reuse_index)[0]["shard"]) == 2
 
 
@@ -830,3 +839,59 @@ def test_a_run_whose_validation_did_not_pass_is_never_a_source_and_the_lookup_sa
     assert (("did not pass (2 expectation(s) failed: missing_prompts, error_share" if validation == "failed"
              else "no validation summary at") in skipped["reason"]) and str(summary_path(newest)) in skipped["reason"]
     assert f"reuse: passing over run unvalidated: {skipped['reason']}" in caplog.messages
+
+
+# --- what the source's shards accepted: the launches its index records ---------------------------------------------
+
+def test_the_index_records_each_launch_the_shards_accepted_completions_from_as_wait_ready_read_it(tmp_path):
+    readiness = [{"server": "n0:30000", "version": "0.5.23", "max_total_num_tokens": 9,
+                  "launch_fields": {"model_path": "/models/m", "weight_version": "fleetgen/night1", "tp_size": 2}},
+                 {"server": "n1:30000"}]  # an SGLang that reported none of them
+    launches = accepted_launches(readiness)
+    assert launches == {"n0:30000": {"model_path": "/models/m", "weight_version": "fleetgen/night1",
+                                     "version": "0.5.23"},
+                        "n1:30000": {"model_path": None, "weight_version": None, "version": None}}
+    layout = RunLayout(tmp_path / "night1")
+    write_reuse_index(layout, material=MATERIAL, run_id="night1", launches=launches)
+    assert json.loads(layout.reuse_index_meta.read_text())["launches"] == launches
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"model_path": "/models/other"}, "model_path '/models/other', not the identity's '/models/qwen3.6-27b'"),
+    ({"version": "0.5.24"}, "version '0.5.24', not the identity's '0.5.23'"),
+    ({"model_path": None, "version": None}, "model_path None, not the identity's '/models/qwen3.6-27b'; version None"),
+])
+def test_a_source_whose_shards_accepted_another_launch_than_its_model_identity_is_passed_over(tmp_path, caplog,
+                                                                                              fields, says):
+    older = source_run(tmp_path, "older", {0: [ask(1)]}, written_at=1_000.0)
+    newest = source_run(tmp_path, "other-model", {0: [ask(1)]}, written_at=2_000.0)
+    meta = json.loads(newest.reuse_index_meta.read_text())  # its completions were written by another checkpoint
+    newest.reuse_index_meta.write_text(json.dumps({**meta, "launches": read_back(**fields)}))
+    with caplog.at_level(logging.WARNING, logger="tests.reuse"):
+        lookup = look_up_reuse(tmp_path, "tonight", MATERIAL, logging.getLogger("tests.reuse"))
+    assert lookup.source.run_folder == older.root.name
+    [skipped] = lookup.skipped
+    assert skipped["run"] == "other-model" and skipped["reason"].startswith(
+        f"its completions were accepted from n0:30000 (launched by run 'night1'), whose launch read back {says}")
+    assert f"reuse: passing over run other-model: {skipped['reason']}" in caplog.messages
+
+
+@pytest.mark.parametrize("launches", [None, {}])
+def test_an_index_that_records_no_launch_is_not_a_source(tmp_path, launches):
+    layout = source_run(tmp_path, "night1", {0: [ask(1)]})
+    meta = json.loads(layout.reuse_index_meta.read_text())
+    meta.pop("launches") if launches is None else meta.update(launches=launches)
+    layout.reuse_index_meta.write_text(json.dumps(meta))
+    lookup = look_up_reuse(tmp_path, "tonight", MATERIAL)
+    assert lookup.source is None
+    assert lookup.skipped == [{"run": "night1", "reason": "its index records no launch its completions were accepted "
+                                                         "from"}]
+
+
+def test_a_model_path_under_home_matches_the_launch_that_read_it_back_expanded(tmp_path):
+    material = generation_material({**MODEL, "parts": {**PARTS, "path": "~/models/m"}}, **SAMPLING)
+    layout = source_run(tmp_path, "night1", {0: [ask(1)]}, material=material)
+    meta = json.loads(layout.reuse_index_meta.read_text())
+    layout.reuse_index_meta.write_text(json.dumps({**meta, "launches": read_back(
+        material, model_path="/home/fleetgen/models/m")}))  # the node's shell expanded ~/ for SGLang
+    assert look_up_reuse(tmp_path, "tonight", material).source.run_folder == "night1"

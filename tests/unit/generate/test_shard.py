@@ -473,11 +473,13 @@ def test_run_shard_runs_the_shard_on_uvloop_and_returns_its_summary(tmp_path):
 async def test_completions_reused_from_an_earlier_run_count_as_done_before_and_are_logged(tmp_path, caplog):
     from fleetgen.generate.reuse import look_up_reuse, write_reuse_index
 
-    material = {"model": {"weights": "w"}, "sampling": {"max_tokens": 64}, "extra_body": {}}
+    material = {"model": {"path": "/m", "weights": "w", "sglang": "0.5.23"}, "sampling": {"max_tokens": 64},
+                "extra_body": {}}
+    launches = {"s0:1": {"model_path": "/m", "weight_version": None, "version": "0.5.23"}}  # what wait_ready read
     shard = write_prompts(tmp_path / "p.jsonl", 5)
     fleet = FakeFleet(1)
     await run_shard_async(shard, fleet.endpoints(), tmp_path / "night1", fast_settings(), options=fleet.options())
-    write_reuse_index(RunLayout(tmp_path / "night1"), material=material, run_id="night1")
+    write_reuse_index(RunLayout(tmp_path / "night1"), material=material, run_id="night1", launches=launches)
     validated(RunLayout(tmp_path / "night1"))  # only a validated run is a source
     bigger = write_prompts(tmp_path / "p2.jsonl", 7)
     source = look_up_reuse(tmp_path, "night2", material).source
@@ -587,11 +589,13 @@ async def test_a_failure_before_dispatch_still_removes_the_heartbeat_and_frees_t
 def test_run_shard_hands_on_its_logger_progress_interval_sharing_and_reuse_source(tmp_path, caplog):
     from fleetgen.generate.reuse import look_up_reuse, write_reuse_index
 
-    material = {"model": {"weights": "w"}, "sampling": {"max_tokens": 64}, "extra_body": {}}
+    material = {"model": {"path": "/m", "weights": "w", "sglang": "0.5.23"}, "sampling": {"max_tokens": 64},
+                "extra_body": {}}
+    launches = {"s0:1": {"model_path": "/m", "weight_version": None, "version": "0.5.23"}}  # what wait_ready read
     fleet = FakeFleet(2, limit=4, delay_s=0.01)
     run_shard(write_prompts(tmp_path / "p.jsonl", 4), fleet.endpoints(), tmp_path / "night1", fast_settings(),
               options=fleet.options())
-    write_reuse_index(RunLayout(tmp_path / "night1"), material=material, run_id="night1")
+    write_reuse_index(RunLayout(tmp_path / "night1"), material=material, run_id="night1", launches=launches)
     validated(RunLayout(tmp_path / "night1"))  # only a validated run is a source
     other = ShardHeartbeat(RunLayout(tmp_path / "night2"), 1)
     other.start()
