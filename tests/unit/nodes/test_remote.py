@@ -36,6 +36,13 @@ def test_tilde_prefix_stays_expandable_in_paths():
     assert out.stdout == b"/home/u/a b/$x"
 
 
+def test_a_path_as_the_node_reports_it_is_the_path_given_or_its_home_expanded():
+    assert remote.as_expanded("/models/m", "/models/m") and remote.as_expanded("/home/u/models/m", "~/models/m")
+    assert not remote.as_expanded("/home/u/models/m", "/models/m")  # only a ~/ path is expanded
+    assert not remote.as_expanded("/home/u/models/other", "~/models/m")
+    assert not remote.as_expanded("~/models/m", "/home/u/models/m")
+
+
 ARGV_DUMP = "import json, sys\nprint(json.dumps(sys.argv[1:]), flush=True)\n"
 
 
