@@ -2,6 +2,7 @@
 and values that follow the load; read back by fleetgen's parser."""
 
 import asyncio
+import random
 import re
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetgen.generate.server_metrics import parse_metrics
+from sglang_sim import observability
 from sglang_sim.http_app import build_app
 SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
 TOKENIZER_LABELS = ("model_name", "engine_type", "is_streaming")
@@ -111,3 +113,47 @@ def test_every_served_metric_has_sglangs_name_type_and_labels(tools):
     for label in SCHEDULER_LABELS:
         assert f'"{label}":' in source
     assert re.search(r'labelnames=list\(labels.keys\(\)\) \+ \["is_streaming"\]', source)
+
+
+def test_the_trials_steady_windows_measure_what_the_simulated_server_delivered(tools):
+    """Requests of mixed lengths queued past the cap, /metrics read every quarter simulated second: the trial's
+    windows (fleetgen.tuning.trial), warm-up and drain left out, read the output tokens/s the requests' own finish
+    times give over the same span, below the pure decode speed of a full batch (admissions' prefill takes its
+    share)."""
+    from fleetgen.tuning.trial import score, steady_window_rates
+
+    service = tools.make_service(tools.AFTER + ["--enable-metrics"], time_scale=25.0)
+    lengths = random.Random(3)
+
+    async def main():
+        service.start_engines(asyncio.get_running_loop())
+        engine = service.engines[0]
+        cap = engine.capacity
+        submitted = engine.clock.now()
+        futures = engine.submit_many([(270, lengths.randint(300, 900), 4096) for _ in range(cap * 12)])
+        rows, deadline = [], asyncio.get_running_loop().time() + ARRIVAL_CAP_S
+        while not all(future.done() for future in futures):
+            assert asyncio.get_running_loop().time() < deadline, \
+                f"{sum(not future.done() for future in futures)} requests unfinished; last row {rows[-1:]}"
+            sample = parse_metrics(observability.metrics_text(service), server="sim:1")
+            rows.append(sample.row(at=engine.clock.now(), server="sim:1", cap=cap))  # simulated seconds
+            await asyncio.sleep(0.01)
+        finished = [(submitted + future.result().e2e_seconds, future.result().completion_tokens)
+                    for future in futures]
+        return rows, finished, engine.full_batch_throughput(), cap
+
+    rows, finished, full_batch, cap = asyncio.run(main())
+    rates = steady_window_rates(rows, window_s=10.0, gpus_per_server={"sim:1": 1})["sim:1"]
+    judged = score("seed", rates)
+    assert judged is not None and judged.windows >= 4, (len(rows), rates)
+    assert not judged.noisy
+    # the same span from the requests themselves: from the cap-th finish to the time the queue emptied
+    finish_times = sorted(at for at, _ in finished)
+    start = finish_times[cap - 1]
+    end = next(row["t"] for row in rows if row["t"] > start and row["running"] < 0.9 * cap)
+    delivered = sum(tokens for at, tokens in finished if start < at <= end) / (end - start)
+    assert judged.median == pytest.approx(delivered, rel=0.05), (judged, delivered)
+    # no window is the warm-up (nothing finished yet, then the first batch at once) or the drain
+    assert all(rate == pytest.approx(delivered, rel=0.15) for rate in rates), (rates, delivered)
+    assert judged.upper < full_batch, (judged, full_batch)
+    assert max(row["running"] for row in rows) == cap and rows[-1]["running"] < 0.9 * cap  # it drained
