@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -44,8 +45,8 @@ def api(stack):
     client = httpx.Client(base_url=f"{stack.base_url}/api/v2", timeout=30,
                           headers={"Authorization": f"Bearer {token['access_token']}"})
     deadline = time.monotonic() + 120
-    while client.get(f"/dags/{DAG_ID}").status_code != 200:  # the dag-processor has not serialised it yet
-        assert time.monotonic() < deadline, "the DAG never appeared in the API"
+    while (status := client.get(f"/dags/{DAG_ID}").status_code) != 200:  # the dag-processor has not serialised it
+        assert time.monotonic() < deadline, f"the DAG never appeared in the API (last answer: HTTP {status})"
         time.sleep(2)
     client.patch(f"/dags/{DAG_ID}", json={"is_paused": False}).raise_for_status()
     yield client
@@ -76,9 +77,10 @@ def _task_instances(api, run_id) -> list[dict]:
 
 
 def _wait(api, stack, run_id, *, until, timeout_s=300):
-    """Poll the run until ``until(run, task_instances)`` is true; fails when the run ends first."""
+    """Poll the run until ``until(run, task_instances)`` is true: a state nothing later undoes (the run's end).
+    Fails when the run ends first, or after ``timeout_s`` with the states it last saw."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         run = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}").json()
         tis = _task_instances(api, run_id)
         if until(run, tis):
@@ -86,8 +88,65 @@ def _wait(api, stack, run_id, *, until, timeout_s=300):
         if run["state"] in ("success", "failed"):
             pytest.fail(f"run {run_id} ended {run['state']} before the awaited condition: "
                         f"{_not_succeeded(stack, run_id, tis)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"run {run_id}: condition not met after {timeout_s} s; last seen: run {run['state']}, "
+                        f"tasks {_states(tis)}")
         time.sleep(0.5)
-    pytest.fail(f"run {run_id}: condition not met after {timeout_s} s")
+
+
+def _states(tis) -> list[tuple]:
+    return [(t["task_id"], t["map_index"], t["state"]) for t in tis]
+
+
+@contextmanager
+def _held_mid_shard(api, stack, run_id, *, size: int, written_at_least: int, timeout_s: float = 300):
+    """Both workers held (every process of their sessions stopped) at a moment a shard being written has at least
+    ``written_at_least`` of its ``size`` prompts on disk and not all: inside the block it stays so, since a held
+    try writes and reports nothing. Yields the shard, the worker whose task process writes it, and the count.
+
+    Each look is made under a hold and reads only local files: which worker's session holds a shard's
+    completions file open (the live try writing it) and how many lines it has. A count that missed the window
+    is read again under the next hold, a shard that ran to its end between two holds is no longer open. The
+    run's state is asked between holds, every few seconds (an API answer can take seconds: too long to keep
+    heartbeats waiting). Fails with what it last saw when the run ends first or after ``timeout_s``."""
+    run_dir = _run_dir(stack, run_id)
+    files = {str(_completions_file(run_dir, shard).resolve()): shard for shard in range(-(-PROMPTS // size))}
+    deadline = time.monotonic() + timeout_s
+    asked_at, seen = 0.0, "no shard file open yet"
+    while True:
+        with stack.held(*stack.workers):
+            writers = _writers(stack, files)
+            written = {shard: _completed_lines(run_dir, shard) for shard in writers}
+            mid = [shard for shard in writers if written_at_least <= written[shard] < size]
+            if mid:
+                yield mid[0], writers[mid[0]], written[mid[0]]
+                return
+        if writers:
+            seen = f"prompts on disk of each shard being written: {written} (by {writers})"
+        if time.monotonic() - asked_at > 5:
+            run = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}").json()
+            asked_at = time.monotonic()
+            if run["state"] in ("success", "failed") or asked_at > deadline:
+                pytest.fail(f"run {run_id} ({run['state']}): no shard held with {written_at_least} to {size - 1} "
+                            f"of its {size} prompts written; last seen: {seen}; "
+                            f"tasks {_states(_task_instances(api, run_id))}")
+        time.sleep(0.2)
+
+
+def _writers(stack, files: dict[str, int]) -> dict[int, str]:
+    """Shard -> the worker with a process in its session that holds the shard's completions file open (``files``:
+    resolved path -> shard, as /proc/PID/fd links name the files)."""
+    from devstack.sessions import session_members
+
+    writers = {}
+    for worker in stack.workers:
+        for pid in session_members(stack.processes[worker].pid):
+            try:
+                targets = [os.readlink(link) for link in Path(f"/proc/{pid}/fd").iterdir()]
+            except OSError:  # gone, or an fd closed while listed
+                continue
+            writers.update((files[target], worker) for target in targets if target in files)
+    return writers
 
 
 def _not_succeeded(stack, run_id, tis) -> str:
@@ -111,10 +170,6 @@ def _log_tail(path: Path, lines: int = 25) -> str:
 
 def _finished(run, _tis):
     return run["state"] in ("success", "failed")
-
-
-def _shards_running(tis) -> list[dict]:
-    return [t for t in tis if t["task_id"] == SHARD_TASK and t["state"] == "running"]
 
 
 def _shard_tries(api, run_id, map_index) -> list[dict]:
@@ -150,14 +205,17 @@ def _who_ran_what(api, run_id) -> dict[int, list[str]]:
 def test_run_spreads_shards_over_both_workers_and_survives_a_scheduler_restart(api, stack):
     started = time.monotonic()
     run_id = _trigger(api, stack, time_scale=6.0, shard_size=40)  # 4 shards, 2 at a time (pool slots)
-    _wait(api, stack, run_id, until=lambda run, tis: len(_shards_running(tis)) >= 1)
     # Restart the scheduler while shards generate, as a deployment does: SIGTERM, then SIGKILL after the grace
     # (Airflow's scheduler can hang in its SIGTERM handler). Either way the new one adopts the running tries
-    # and schedules the rest.
-    graceful = stack.kill("scheduler", signal.SIGTERM)
+    # and schedules the rest. The SIGTERM goes out while the workers are held with a shard seen mid-way, so it
+    # lands mid-generation however fast the shards run.
+    with _held_mid_shard(api, stack, run_id, size=40, written_at_least=1) as (shard, _, written):
+        stack.signal("scheduler", signal.SIGTERM)
+    graceful = stack.reap("scheduler", signal.SIGTERM)
     stack.start_component("scheduler")
     run, tis = _wait(api, stack, run_id, until=_finished)
-    print(f"\nrun {run_id}: {run['state']} in {time.monotonic() - started:.0f} s (scheduler restarted mid-generation, "
+    print(f"\nrun {run_id}: {run['state']} in {time.monotonic() - started:.0f} s (scheduler stopped with shard "
+          f"{shard} at {written} of 40 prompts, "
           f"{'exited on SIGTERM' if graceful else 'killed after the grace'})")
     assert run["state"] == "success", _not_succeeded(stack, run_id, tis)
     shards = [t for t in tis if t["task_id"] == SHARD_TASK]
@@ -171,43 +229,48 @@ def test_a_worker_killed_mid_shard_is_retried_on_the_other_and_nothing_is_lost(a
     started = time.monotonic()
     run_id = _trigger(api, stack, time_scale=3.0, shard_size=80)  # 2 shards, both running at once, one per worker
     run_dir = _run_dir(stack, run_id)
-
-    def mid_shard(task_instance) -> bool:  # some of its prompts written, most still to come
-        return 5 <= _completed_lines(run_dir, task_instance["map_index"]) <= 40
-
-    _, tis = _wait(api, stack, run_id, until=lambda run, tis: any(mid_shard(t) for t in _shards_running(tis)))
-    victim = next(t for t in _shards_running(tis) if mid_shard(t))
-    worker = victim["hostname"]
-    done_before_kill = _completed_lines(run_dir, victim["map_index"])
-    stack.kill(worker, signal.SIGKILL)  # the worker, its pool and the shard's task process, at once
+    # Killed while both workers are held with the shard some prompts in: nothing is written between the count
+    # and the kill, and the shard cannot have run to its end first.
+    with _held_mid_shard(api, stack, run_id, size=80, written_at_least=5) as (victim, worker, done_before_kill):
+        stack.kill(worker, signal.SIGKILL)  # the worker, its pool and the shard's task process, at once
     killed_at = time.monotonic()
+    victim_file = _completions_file(run_dir, victim)
+    kept = victim_file.read_bytes()
+    kept = kept[:kept.rfind(b"\n") + 1]  # a torn last line is the resume's to cut
+    assert kept.count(b"\n") == done_before_kill, "a held try wrote between the count and the kill"
     run, tis = _wait(api, stack, run_id, until=_finished, timeout_s=300)
     print(f"\nrun {run_id}: {run['state']} in {time.monotonic() - started:.0f} s; killed {worker} during shard "
-          f"{victim['map_index']} after {done_before_kill} completions; finished {time.monotonic() - killed_at:.0f} s "
+          f"{victim} after {done_before_kill} completions; finished {time.monotonic() - killed_at:.0f} s "
           f"after the kill")
     table = _who_ran_what(api, run_id)
     stack.start_component(worker)  # back to two workers for whatever runs next
     assert run["state"] == "success", _not_succeeded(stack, run_id, tis)
-    tries = _shard_tries(api, run_id, victim["map_index"])
+    tries = _shard_tries(api, run_id, victim)
     assert len(tries) >= 2, table
     assert tries[0]["hostname"] == worker and tries[0]["state"] == "failed"
     assert tries[-1]["state"] == "success" and tries[-1]["hostname"] != worker, table
     _assert_every_prompt_exactly_once(stack, run_id)
+    # The retried try resumed from the checkpoint: the completions the killed try wrote are there as written.
+    assert victim_file.read_bytes().startswith(kept), f"{victim_file}: the first {done_before_kill} lines changed"
     # The killed try ran no callback; the try that resumed its shard left the failure line, and the
     # report took the dead try's time out of the throughput.
     failures = [json.loads(line) for line in (run_dir / "failures.jsonl").read_text().splitlines()]
     lost = [f for f in failures if f.get("error") == "TryLost"]  # a retried try's line may have no error
-    assert [f["task"] for f in lost] == [f"{SHARD_TASK}[{victim['map_index']}]"] and lost[0]["try"] == 1
+    assert [f["task"] for f in lost] == [f"{SHARD_TASK}[{victim}]"] and lost[0]["try"] == 1
     report = json.loads((run_dir / "report" / "report.json").read_text())
     print(f"report: {report['throughput']['tokens_per_s_generation']} tokens/s over the span, "
           f"{report['throughput']['tokens_per_s_net_of_dead_time']} net of {report['timing']['dead_seconds']} s dead")
     assert report["timing"]["lost_tries"] == 1 and report["timing"]["dead_seconds"] > 0
 
 
-def _completed_lines(run_dir: Path, shard_id: int) -> int:
+def _completions_file(run_dir: Path, shard_id: int) -> Path:
     from fleetgen.outputs import RunLayout
 
-    path = RunLayout(run_dir).shard_file("completions", shard_id)
+    return RunLayout(run_dir).shard_file("completions", shard_id)
+
+
+def _completed_lines(run_dir: Path, shard_id: int) -> int:
+    path = _completions_file(run_dir, shard_id)
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
