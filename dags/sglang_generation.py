@@ -13,7 +13,7 @@ import pendulum
 from airflow.sdk import DAG, Asset, TaskGroup, task
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from fleetgen.airflow import failures, generate_tasks, server_tasks, tasks, validate_tasks
+from fleetgen.airflow import failures, generate_tasks, server_tasks, tasks, trial_tasks, validate_tasks
 from fleetgen.airflow.context import fail_fast
 from fleetgen.airflow.operators import WAIT_READY_DOC, WaitReadyOperator
 from fleetgen.airflow.params import dag_params
@@ -32,12 +32,19 @@ DOC_MD = f"""
    command line check), verify the memory came back, launch one server per GPU/TP group under `setsid`, then wait
    (deferred) until each is ready and read back the *effective* limits from `/server_info`. A memory error re-plans
    that server one step smaller ({MAX_BACKOFF_ATTEMPTS} times at most).
-3. **generate**: one mapped task per shard; each first copies the completions of the last successful run whose
+   With 3 servers or more and **tuning_trial** on, the plan names challengers (speculative decoding off, one draft
+   step fewer, the cap at 3/4 and 1/2 of what memory holds, **tuning_candidates**): the incumbent runs on most
+   servers, each challenger on one.
+3. **trial**: `generate.trial_shard` generates the first **tuning_trial_share** of the prompts on that split fleet
+   (its completions are the job's); `decide` measures each server's steady output tokens/s per GPU from its
+   `/metrics`, keeps a challenger only when clearly faster (**tuning_trial_min_gain**), and the `relaunch` group
+   stops the servers on losing configurations and starts them on the winner (the others are kept).
+4. **generate**: one mapped task per shard; each first copies the completions of the last successful run whose
    prompt, model (`model_identity`: weights, config, tokenizer, chat template, SGLang version…) and sampling are
    unchanged
    (**reuse_completions**), then keeps every server at its effective limit × headroom and resumes from its
    checkpoint when retried. Each shard also samples the servers' `/metrics` and the nodes' `nvidia-smi`.
-4. **validate**: Great Expectations over the per-completion stats (one completion per prompt, token and finish
+5. **validate**: Great Expectations over the per-completion stats (one completion per prompt, token and finish
    reason bounds); **report**: throughput overall / per GPU / per server and the comparison with the previous run.
 
 Outputs: `{{output_root}}/{{run_id}}/` (`completions/`, `errors/`, `stats/`, `validation/`, `report/`).
@@ -65,8 +72,9 @@ def _task(python_callable, *, kind=task, **kwargs):
 
 # The fleet description as the tasks that need it read it: load_fleet's XCom, pulled when the task renders.
 FLEET = "{{ ti.xcom_pull(task_ids='load_fleet') }}"
-# Tonight's plans, for release_servers (it runs whatever happened: None when derive_plan did not get to run).
-PLANS = "{{ ti.xcom_pull(task_ids='tune.derive_plan') }}"
+# The plans in use at the end, for release_servers (it runs whatever happened): the trial's decision, else tonight's
+# (None when derive_plan did not get to run). Both name the same servers; the decision moves none.
+PLANS = "{{ ti.xcom_pull(task_ids='trial.decide') or ti.xcom_pull(task_ids='tune.derive_plan') }}"
 
 DEFAULT_ARGS = {
     "owner": "ml-infra",
@@ -101,10 +109,11 @@ with DAG(
         # Reads the model's config.json over SSH (its context length) besides the prompts file: transient
         # errors retry, the prompts file's own problems fail at once (fail_fast).
         prompt_scan = _task(tasks.scan_prompts, task_id="scan_prompts")(FLEET)
-        plans = _task(tasks.derive_plan, task_id="derive_plan")(
-            FLEET, inventories, prompt_scan)
         identity = _task(tasks.model_identity, task_id="model_identity")(
             FLEET)
+        # The model identity keys the tuning trials of earlier nights (tuning/trial_history.py).
+        plans = _task(tasks.derive_plan, task_id="derive_plan")(
+            FLEET, inventories, prompt_scan, identity)
         live = _task(tasks.go_live, kind=task.short_circuit, task_id="go_live")()
         plans >> live
     fleet >> [prompt_scan, identity]
@@ -125,23 +134,61 @@ with DAG(
         ).expand(server=to_wait)
         live >> stopped >> launched
 
+    shard_task = {"retries": 3, "pool": "fleetgen_fleet", "max_active_tis_per_dagrun": 16,
+                  "map_index_template": SHARD_LABEL}
     with TaskGroup("generate") as generate:
+        # The trial's shards: none without a trial, and the mapped task is then skipped.
+        trial_shards = _task(generate_tasks.plan_trial_shards, task_id="plan_trial_shards")(
+            prompt_scan, plans)
+        trial_results = _task(generate_tasks.generate_shard, task_id="trial_shard", **shard_task).partial(
+            readiness=readiness.output, fleet=FLEET, model_identity=identity).expand(shard=trial_shards)
+        readiness >> trial_shards
+
+    with TaskGroup("trial") as trial:
+        # none_failed: it also runs when there were no trial shards (it says why and keeps tonight's plans).
+        decided = _task(trial_tasks.decide, task_id="decide", trigger_rule="none_failed")(
+            plans, readiness.output, trial_shards)
+        trial_results >> decided
+        # Skips only the relaunch group's first task (the rest follows by its trigger rules).
+        needed = _task(trial_tasks.relaunch_needed, kind=task.short_circuit, task_id="relaunch_needed",
+                       ignore_downstream_trigger_rules=False)(plans, decided)
+
+    with TaskGroup("relaunch") as relaunch:
+        stopped_again = _task(server_tasks.stop_servers, task_id="stop_servers",
+                              map_index_template=NODE_LABEL).partial(
+            fleet=FLEET, plans=decided, trial_plans=plans).expand(node=nodes)
+        launched_again = _task(server_tasks.launch_servers, task_id="launch_servers",
+                               map_index_template=NODE_LABEL).partial(
+            fleet=FLEET, plans=decided, stopped=stopped_again).expand(node=nodes)
+        to_wait_again = _task(server_tasks.flatten, task_id="servers_to_wait")(launched_again)
+        readiness_again = WaitReadyOperator.partial(
+            task_id="wait_ready", fleet=FLEET, retries=0, map_index_template=SERVER_LABEL, doc_md=WAIT_READY_DOC,
+            resume_settle_s=os.environ.get("FLEETGEN_RESUME_SETTLE_S"),
+        ).expand(server=to_wait_again)
+        needed >> stopped_again
+        # none_failed: the first round's servers when the relaunch round was skipped.
+        in_use = _task(trial_tasks.servers_in_use, task_id="servers_in_use", trigger_rule="none_failed")(
+            readiness.output, readiness_again.output)
+
+    with generate:
         shards = _task(generate_tasks.plan_shards, task_id="plan_shards")(
-            prompt_scan)
-        results = _task(generate_tasks.generate_shard, task_id="generate_shard", retries=3, pool="fleetgen_fleet",
-                       max_active_tis_per_dagrun=16, map_index_template=SHARD_LABEL).partial(
-            readiness=readiness.output, fleet=FLEET, model_identity=identity).expand(shard=shards)
+            prompt_scan, plans)
+        results = _task(generate_tasks.generate_shard, task_id="generate_shard", **shard_task).partial(
+            readiness=in_use, fleet=FLEET, model_identity=identity).expand(shard=shards)
         readiness >> shards
 
     with TaskGroup("validate") as validate_group:
-        validation = _task(validate_tasks.validate, task_id="validate", retries=0)(
+        # none_failed: the trial's shard task is skipped on a night without a trial.
+        validation = _task(validate_tasks.validate, task_id="validate", retries=0, trigger_rule="none_failed")(
             prompt_scan, results)
-        run_report = _task(validate_tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET])(
-            plans, readiness.output, results, validation, identity, FLEET)
+        trial_results >> validation
+        run_report = _task(validate_tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET],
+                           trigger_rule="none_failed")(
+            decided, in_use, results, validation, identity, FLEET, trial_results)
 
     released = _task(server_tasks.release_servers, task_id="release_servers", trigger_rule="all_done",
                     map_index_template=NODE_LABEL).partial(
         fleet=FLEET, plans=PLANS).expand(node=nodes)
-    [run_report, readiness] >> released
+    [run_report, readiness, readiness_again, in_use] >> released
     outcome = _task(failures.run_outcome, task_id="run_outcome", trigger_rule="one_failed", retries=0)()
     [run_report, released] >> outcome

@@ -23,6 +23,7 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       report/                      report.json, report.md, plots
       failures.jsonl               one line per failed task: what broke and what to check
       workload_plan.json           per server: the cap, KV pool and ceiling the workload mode planned
+      candidate-plans.json         the tuning trial's candidates: each one's plan per server, tonight's split
       calibration.json             each server's readback: the memory it really had vs the plan
       trial-decision.json          the tuning trial's decision, its candidates' scores and each server's candidate
 
@@ -138,6 +139,12 @@ class RunLayout:
         """Per node, the servers of ours stop_servers found only by their launch marker (another module, no pid
         file): ``<node>.json`` (write_marker_stops / read_marker_stops)."""
         return self.root / "servers-stopped"
+
+    @property
+    def candidate_plans(self) -> Path:
+        """The tuning trial's candidates: each one's plan for every server and tonight's split
+        (fleetgen.tuning.trial_plan)."""
+        return self.root / "candidate-plans.json"
 
     @property
     def workload_plan(self) -> Path:

@@ -127,7 +127,8 @@ def test_every_python_task_runs_its_callable_through_fail_fast(dagbag):
 
     dag = dagbag.dags["sglang_generation"]
     python_tasks = [t for t in dag.tasks if getattr(t, "python_callable", None) is not None]
-    assert {t.task_id for t in dag.tasks} - {t.task_id for t in python_tasks} == {"servers.wait_ready"}
+    assert {t.task_id for t in dag.tasks} - {t.task_id for t in python_tasks} == {"servers.wait_ready",
+                                                                                  "relaunch.wait_ready"}
     wrapper_code = fail_fast(print).__code__
     for t in python_tasks:
         wrapped = getattr(t.python_callable, "__wrapped__", None)
@@ -168,3 +169,49 @@ def test_a_run_whose_output_root_lies_outside_the_deployments_fails_its_first_ta
         dag.get_task("load_fleet").python_callable()
     assert isinstance(caught.value.__cause__, ConfigError) and "lies outside" in caught.value.__cause__.message
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_the_trial_round_runs_between_the_first_servers_and_the_rest_of_the_job(dagbag):
+    """The trial's shards run on the first round's servers; the decision, then the relaunch round (only when the
+    decision moves a server), then the rest of the shards on the servers in use."""
+    dag = dagbag.dags["sglang_generation"]
+
+    def upstream(task_id):
+        return dag.get_task(task_id).upstream_task_ids
+
+    assert {"servers.wait_ready", "tune.derive_plan"} <= upstream("generate.plan_trial_shards")
+    assert upstream("generate.trial_shard") >= {"generate.plan_trial_shards", "servers.wait_ready"}
+    assert upstream("trial.decide") >= {"generate.trial_shard", "generate.plan_trial_shards", "servers.wait_ready",
+                                        "tune.derive_plan"}
+    assert upstream("trial.relaunch_needed") == {"trial.decide", "tune.derive_plan"}
+    assert "trial.relaunch_needed" in upstream("relaunch.stop_servers")
+    assert "relaunch.stop_servers" in upstream("relaunch.launch_servers")
+    assert upstream("relaunch.wait_ready") == {"relaunch.servers_to_wait"}
+    assert upstream("relaunch.servers_in_use") == {"servers.wait_ready", "relaunch.wait_ready"}
+    assert "relaunch.servers_in_use" in upstream("generate.generate_shard")
+    assert "servers.wait_ready" not in upstream("generate.generate_shard")
+    assert {"generate.trial_shard", "generate.generate_shard"} <= upstream("validate.validate")
+    assert {"generate.trial_shard", "relaunch.servers_in_use", "trial.decide"} <= upstream("validate.report")
+    assert {"relaunch.wait_ready", "servers.wait_ready"} <= upstream("release_servers")
+
+
+def test_the_trial_round_reuses_the_first_rounds_callables_and_runs_when_there_was_no_trial(dagbag):
+    from airflow.providers.standard.operators.python import ShortCircuitOperator
+
+    dag = dagbag.dags["sglang_generation"]
+    task = dag.get_task
+    for first, again in (("generate.generate_shard", "generate.trial_shard"),
+                         ("servers.stop_servers", "relaunch.stop_servers"),
+                         ("servers.launch_servers", "relaunch.launch_servers"),
+                         ("servers.servers_to_wait", "relaunch.servers_to_wait")):
+        assert task(first).python_callable.__wrapped__ is task(again).python_callable.__wrapped__, again
+    assert type(task("relaunch.wait_ready")) is type(task("servers.wait_ready"))
+    assert task("relaunch.stop_servers").partial_kwargs["op_kwargs"].keys() >= {"plans", "trial_plans"}
+    # a night without a trial skips the trial's shard task (no shards) and the relaunch round; what follows runs
+    for task_id in ("trial.decide", "relaunch.servers_in_use", "validate.validate", "validate.report"):
+        assert task(task_id).trigger_rule == "none_failed", task_id
+    needed = task("trial.relaunch_needed")
+    assert isinstance(needed, ShortCircuitOperator) and needed.ignore_downstream_trigger_rules is False
+    assert task("generate.trial_shard").retries == task("generate.generate_shard").retries
+    stated = "times at most)"
+    assert stated in task("relaunch.wait_ready").doc_md

@@ -30,11 +30,26 @@ def generation_material(identity: dict, settings) -> dict:
                                top_p=settings.top_p, extra_body=settings.extra_body)
 
 
-def plan_shards(prompt_scan: dict) -> list[dict]:
-    """Cuts the valid prompts into byte-range shards of `shard_size` prompts.
+def plan_shards(prompt_scan: dict, plans: list[dict] | None = None) -> list[dict]:
+    """Cuts the valid prompts into byte-range shards of `shard_size` prompts. With a tuning trial tonight (`plans`
+    put a challenger on some server), the first `tuning_trial_share` of the prompts are the trial's shards
+    (`plan_trial_shards`) and these are the rest, generated once every server runs the winner.
     """
+    return _cut(prompt_scan, plans)[1]
+
+
+def plan_trial_shards(prompt_scan: dict, plans: list[dict] | None = None) -> list[dict]:
+    """The tuning trial's shards: the first `tuning_trial_share` of the prompts, cut like every shard, when tonight's
+    plans put a challenger on some server; none otherwise (the trial's shard task is then skipped).
+    """
+    return _cut(prompt_scan, plans, log_it=False)[0]
+
+
+def _cut(prompt_scan: dict, plans: list[dict] | None, *, log_it: bool = True) -> tuple[list[dict], list[dict]]:
+    """(the trial's shards, the others): one cut for both tasks, so that their shard ids never overlap."""
     from airflow.sdk import conf
 
+    from fleetgen.airflow.trial_tasks import trial_prompt_count
     from fleetgen.prompts import scan as prompts
 
     _, config, _ = run_context()
@@ -42,13 +57,21 @@ def plan_shards(prompt_scan: dict) -> list[dict]:
     requested = config.generation.shard_size
     max_shards = conf.getint("core", "max_map_length")
     shard_size = prompts.shard_size_within(scan.count, requested, max_shards)
-    if shard_size != requested:
+    if shard_size != requested and log_it:
         log.warning("%d prompts in shards of %d would map more than [core] max_map_length=%d tasks; using shards "
                     "of %d instead (raise max_map_length to keep smaller shards)", scan.count, requested,
                     max_shards, shard_size)
-    shards = prompts.plan_shards(config.inputs.prompts_path, shard_size=shard_size, scan=scan)
-    log.info("Planned %d shard(s) of up to %d prompts over %s", len(shards), shard_size, config.inputs.prompts_path)
-    return shards
+    head = trial_prompt_count(config, plans, scan.count)
+    shards = prompts.plan_shards(config.inputs.prompts_path, shard_size=shard_size, scan=scan, head=head)
+    trial = [shard for shard in shards if shard["first"] < head]
+    rest = shards[len(trial):]
+    if log_it:
+        log.info("Planned %d shard(s) of up to %d prompts over %s", len(rest), shard_size, config.inputs.prompts_path)
+        if trial:
+            log.info("The tuning trial generates the first %d prompt(s) (tuning_trial_share %g) in shard(s) %s; the "
+                     "other shards run once every server runs the trial's winner", head, config.tuning.trial_share,
+                     [shard["shard_id"] for shard in trial])
+    return trial, rest
 
 
 def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identity: dict) -> dict:

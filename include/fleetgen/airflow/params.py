@@ -25,6 +25,9 @@ def dag_param(spec: Setting) -> Param:
         schema["exclusiveMinimum" if spec.low_open else "minimum"] = spec.low
         schema["maximum"] = spec.high
         description = f"{description} Allowed: {spec.allowed()}."
+    elif spec.kind is list:  # the form edits it as JSON
+        schema["type"] = "array"
+        schema["items"] = {"type": "object"}
     elif spec.optional:
         schema["type"] = ["null", "string"]
     else:

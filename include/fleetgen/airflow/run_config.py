@@ -42,7 +42,7 @@ class Setting:
     """One DAG parameter: what the form shows and what a run accepts."""
 
     name: str
-    kind: type                    # bool, int, float, str or Path
+    kind: type                    # bool, int, float, str, Path or list (of JSON objects)
     default: Any                  # a value, or a callable read when the DAG is parsed (the deployment's env)
     title: str
     section: str
@@ -67,6 +67,10 @@ class Setting:
     def read(self, params: Mapping[str, Any]) -> Any:
         """The checked value of this parameter in ``params``; a ConfigError names it and what it accepts."""
         value = params[self.name]
+        if self.kind is list:  # its items are checked by the group that reads them
+            if not isinstance(value, list):
+                raise self._refuse("must be a list", value)
+            return list(value)
         if self.kind is bool:
             if not isinstance(value, bool):
                 raise self._refuse("must be true or false", value)
@@ -203,6 +207,40 @@ class Tuning(_Group):
         low=0, high=1000)
     ready_timeout_s: int = setting(int, 1800, "Readiness timeout (s)", TUNING,
                                    "How long a server may take to load before its wait fails.", low=10, high=7200)
+    trial: bool = setting(
+        bool, True, "Tuning trial", TUNING,
+        "Try candidate configurations side by side on the fleet (speculative decoding off, one draft step fewer, "
+        "the cap at 3/4 and 1/2, and tuning_candidates) on the first tuning_trial_share of the prompts, keep the "
+        "fastest by measured output tokens/s per GPU and relaunch the other servers on it. Needs 3 servers or more "
+        "and the tuned mode. Off: every server runs the fleet file's own flags.", name="tuning_trial")
+    candidates: list = setting(
+        list, list, "Trial candidates", TUNING,
+        'More candidates for the trial, each {"name": "...", "flags": {"--flag": value, "--other": null}}: the '
+        "fleet's server.extra_args with these flags set (null removes one). Only these may change numerics "
+        "(--mamba-ssm-dtype, --kv-cache-dtype, --quantization).", name="tuning_candidates")
+    trial_share: float = setting(
+        float, 0.03, "Trial share of the prompts", TUNING,
+        "The first prompts of the job, as a share of them, that the trial's servers generate (their completions are "
+        "the job's) before the servers on losing configurations are relaunched on the winner.",
+        name="tuning_trial_share", low=0, high=0.5, low_open=True)
+    trial_min_gain: float = setting(
+        float, 0.03, "Trial minimum gain", TUNING,
+        "A challenger replaces the incumbent only if its median tokens/s per GPU beats the incumbent's by more than "
+        "this share (and its lower bound the incumbent's upper bound).", name="tuning_trial_min_gain", low=0, high=1)
+    trial_window_s: float = setting(
+        float, 60.0, "Trial window (s)", TUNING,
+        "The trial measures each server's output tokens/s over windows this long (steady state only; at least 3 "
+        "per candidate); sample_interval_s must be shorter.", name="tuning_trial_window_s", low=1, high=3600)
+
+    def __post_init__(self) -> None:
+        self.listed_candidates()  # a bad entry stops the run at its first task, naming the entry
+
+    def listed_candidates(self):
+        """The candidates of ``tuning_candidates``, checked (fleetgen.tuning.candidates.user_candidates)."""
+        from fleetgen.nodes.fleet import RESERVED_FLAGS
+        from fleetgen.tuning.candidates import user_candidates
+
+        return user_candidates(self.candidates, reserved=RESERVED_FLAGS)
 
     def bounds(self) -> TunerBounds:
         return TunerBounds(margin_mib=self.memory_margin_mib, max_running_requests=self.max_running_requests or None,

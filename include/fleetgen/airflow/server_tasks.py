@@ -14,10 +14,12 @@ from fleetgen.outputs import write_marker_stops
 log = logging.getLogger("fleetgen")
 
 
-def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dict:
+def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None,
+                 trial_plans: list[dict] | None = None) -> dict:
     """**Keeps our servers that already run tonight's plan on one node and stops the others** (only ours: pid file
     and command line must match; all of them with `relaunch_servers`), TERM then KILL, and waits until the GPU
-    memory is back.
+    memory is back. After a tuning trial (`trial_plans`: the plans the trial ran), every server that ran a losing
+    candidate is stopped, whatever it reports, and the servers already on the winner are kept.
 
     *When it fails*: memory did not come back (another process holds the GPU) or SSH failed.
     """
@@ -29,8 +31,12 @@ def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dic
     with NodeShell(node, spec.node(node).ssh_conn_id) as shell:
         decisions = []
         if plans is not None:
+            # relaunch_servers relaunches the servers of the first round; after the trial only the losers go
             decisions = lifecycle.keep_or_relaunch(shell, spec, node, list(plans),
-                                                   force=config.inputs.relaunch_servers, key=lifecycle.api_key(spec))
+                                                   force=config.inputs.relaunch_servers and trial_plans is None,
+                                                   key=lifecycle.api_key(spec))
+            if trial_plans is not None:
+                decisions = _losers_relaunched(decisions, node, list(plans), mapped_values(trial_plans))
             for decision in decisions:
                 if decision["decision"] == "keep":
                     log.info("%s: kept (pid %s): it runs tonight's plan, model and version", decision["server"],
@@ -55,6 +61,22 @@ def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None) -> dic
                         record["port"], record["pid"])
     log.info("Stopped %d server(s) on %s; memory released:\n%s", len(stopped), node, probe.format_inventory(inventory))
     return {"node": node, "records": records, "decisions": decisions}
+
+
+def _losers_relaunched(decisions: list[dict], node: str, plans: list[dict], trial_plans: list[dict]) -> list[dict]:
+    """``decisions`` with every server of ``node`` whose trial plan was another candidate than ``plans`` gives it
+    marked for relaunch: the keep-on-plan comparison reads only the flags a launch sets, not one a loser set and
+    the winner leaves out."""
+    ran = {(plan["host"], plan["port"]): plan.get("candidate") for plan in trial_plans}
+    winner = {(plan["host"], plan["port"]): plan.get("candidate") for plan in plans}
+    marked = []
+    for decision in decisions:
+        server = (node, decision["port"])
+        if ran.get(server) != winner.get(server):
+            reason = f"ran {ran.get(server)} in the tuning trial, which {winner.get(server)} won"
+            decision = {**decision, "decision": "relaunch", "reasons": [reason, *decision["reasons"]]}
+        marked.append(decision)
+    return marked
 
 
 def left_out(node: str, plans: list[dict] | None) -> bool:

@@ -11,7 +11,7 @@ import json
 import logging
 import math
 
-from fleetgen.airflow import lifecycle
+from fleetgen.airflow import lifecycle, trial_tasks
 from fleetgen.airflow.context import mapped_values, run_context
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.airflow.run_config import RunConfig
@@ -180,9 +180,12 @@ def scan_prompts(fleet: dict) -> dict:
     return summary
 
 
-def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list[dict]:
+def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict,
+                model_identity: dict | None = None) -> list[dict]:
     """**Sizes every server** from its GPUs' free memory and the model: `--mem-fraction-static`,
     `--max-running-requests`, `--max-mamba-cache-size`, `--context-length`. The log shows each server's budget table.
+    With the tuning trial (`tuning_trial`, 3 servers or more) every candidate is planned for every server and each
+    server gets the candidate the fleet's split gives it (the log says which, and why no trial otherwise).
 
     *When it fails*: the model does not fit the free memory: lower `max_tokens` or `context_length`, or free the GPUs
     (the probe's inventory lists foreign processes).
@@ -214,19 +217,23 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict) -> list
                         prompt_tokens_max=tokens.max, prompt_count=int(prompt_scan["count"]))
     options = dataclasses.replace(LaunchOptions.from_args(list(spec.server.extra_args)), tp_size=spec.server.tp_size)
     by_node = {inventory["host"]: inventory for inventory in inventories if inventory["host"] not in left_out}
-    server_plans = fleet_plan.plan_fleet(
-        spec, by_node, model, options, workload, config.tuning.bounds(),
+    server_plans, trial_notes = trial_tasks.tonights_plans(
+        spec, by_node, model, workload, config, layout,
         FleetPlanRun(config.inputs.output_root, layout, pin_full_context=config.tuning.pin_full_context_plan,
                      run_on_node=lambda node, command: run_on_node(node, command,
                                                                    "read the previous run's scheduler lines")),
-        log)
+        model_identity)
+    for note in trial_notes:
+        log.info("%s", note)
     long_prompt = _long_prompt_cost(spec, by_node, model, options, workload, prompt_scan, config)
     if long_prompt is not None:
         log.warning("One prompt cuts every server's running requests: %s", long_prompt.describe())
-    write_plan_notes(layout, nodes_left_out=left_out, long_prompt=long_prompt)
+    write_plan_notes(layout, nodes_left_out=left_out, long_prompt=long_prompt, tuning_trial=trial_notes)
     plans = []
+    on_trial = layout.candidate_plans.exists()
     for slot, plan in zip(spec.servers(), server_plans):
-        log.info("Plan for %s:\n%s", slot.name, render_budget_table(plan))
+        label = f"{slot.name} (candidate {plan.candidate})" if on_trial else slot.name
+        log.info("Plan for %s:\n%s", label, render_budget_table(plan))
         plans.append(plan.to_dict())
     caps = sorted({p["expected"]["max_running_requests"] for p in plans})
     log.info("Planned %d server(s); expected effective max_running_requests %s", len(plans), caps)

@@ -38,9 +38,11 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
 
 
 def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], validation: dict,
-           model_identity: dict, fleet: dict) -> dict:
+           model_identity: dict, fleet: dict, trial_results: list[dict] | None = None) -> dict:
     """**Writes the run report**: throughput overall / per GPU / per server, the tuning used, validation, comparison
-    with the previous run. The *Report* link above opens it.
+    with the previous run. The *Report* link above opens it. After a tuning trial, `plans` and `readiness` are the
+    servers the rest of the job ran on (a relaunched server keeps the run's launch identity, so its completions of
+    both rounds name one launch) and the trial's shards count with the others.
     """
     from fleetgen.generate.reuse import accepted_launches, write_reuse_index
     from fleetgen.report.build import build_report
@@ -66,7 +68,8 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
     # Throughput is measured over the generation itself (first request sent to last completion), not
     # the run's wall time, which also holds server start-up and validation.
     summary = build_report(layout.root, run_id=context["run_id"], plan=list(plans), readiness=mapped_values(readiness),
-                           shard_results=mapped_values(shard_results), validation=validation, previous_report=previous)
+                           shard_results=mapped_values(trial_results or []) + mapped_values(shard_results),
+                           validation=validation, previous_report=previous)
     for asset in context["task"].outlets:  # the finished dataset, for downstream training DAGs
         context["outlet_events"][asset].extra = {"run_id": context["run_id"], "out_dir": str(layout.root),
                                                  "completions": str(layout.kind_dir("completions")),

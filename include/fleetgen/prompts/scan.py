@@ -356,9 +356,11 @@ def shard_size_within(count: int, shard_size: int, max_shards: int) -> int:
     return max(shard_size, math.ceil(count / max_shards)) if count else shard_size
 
 
-def plan_shards(path: str | os.PathLike, *, shard_size: int, scan: PromptScan | None = None) -> list[dict]:
+def plan_shards(path: str | os.PathLike, *, shard_size: int, scan: PromptScan | None = None,
+                head: int = 0) -> list[dict]:
     """Cut the valid prompts into shards of ``shard_size``:
-    ``[{shard_id, input_path, start, end, first, count, blocks}]``.
+    ``[{shard_id, input_path, start, end, first, count, blocks}]``. With ``head``, the first ``head`` prompts are
+    cut on their own (the tuning trial's shards) and the shards of the rest follow them, with the next ids.
 
     ``start`` is the byte offset of the shard's first valid prompt, ``end`` the next shard's start (the
     last shard's: the end of the file as scanned), ``first`` its index among the valid prompts (the
@@ -375,13 +377,16 @@ def plan_shards(path: str | os.PathLike, *, shard_size: int, scan: PromptScan | 
     stat = path.stat()
     if stat.st_size != scan.bytes or stat.st_mtime_ns != scan.mtime_ns:
         raise PromptsError("the prompts file changed after it was scanned", path=str(path), hint=CHANGED_SINCE_SCAN)
+    head = min(max(0, head), scan.count)
+    parts = [(first, min(shard_size, head - first)) for first in range(0, head, shard_size)]
+    parts += [(first, min(shard_size, scan.count - first)) for first in range(head, scan.count, shard_size)]
     shards = []
     cursor = (0, 0)  # (valid prompts before, byte offset) of the last boundary found
     with path.open("rb") as handle:
-        for shard_id, first in enumerate(range(0, scan.count, shard_size)):
+        for shard_id, (first, count) in enumerate(parts):
             cursor = _find_valid(handle, scan, first, cursor)
             shards.append({"shard_id": shard_id, "input_path": str(path), "start": cursor[1],
-                           "first": first, "count": min(shard_size, scan.count - first)})
+                           "first": first, "count": count})
             if scan.length_limit is not None:
                 shards[-1]["length_limit"] = dict(scan.length_limit)
     blocks = scan.blocks()

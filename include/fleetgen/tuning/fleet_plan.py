@@ -146,7 +146,7 @@ class _FleetPlanning:
         if bounds.mode == "tuned":
             # The KV demand is learnt for the fleet file's options: another candidate's decode reserve differs by a
             # few tokens per request (fewer without speculation), which leaves its demand on the safe side.
-            profile = _profile(spec, model, options)
+            profile = model_profile(spec, model, options)
             first = spec.servers()[0]
             page_size = resolved_page_size(profile, options, probe.select_gpus(inventories[first.node],
                                                                                 first.gpu_ids), bounds)
@@ -163,7 +163,7 @@ class _FleetPlanning:
     def plans(self, options: LaunchOptions, *, log: logging.Logger, candidate: str = INCUMBENT,
               extra_args: Sequence[str] | None = None) -> list[ServerPlan]:
         """Every server's plan for ``options`` (read from ``extra_args``; None: the fleet's own)."""
-        profile = _profile(self.spec, self.model, options)
+        profile = model_profile(self.spec, self.model, options)
         plan_for = {slot.name: _server_planner(slot, probe.select_gpus(self.inventories[slot.node], slot.gpu_ids),
                                                self.spec, profile, options, self.workload, self.calibrations, log,
                                                candidate=candidate, extra_args=extra_args)
@@ -179,7 +179,7 @@ def first_server_plans(spec: FleetSpec, inventories: dict[str, dict], model: Mod
                        workloads: tuple[Workload, ...], bounds: TunerBounds, output_root: Path) -> list[ServerPlan]:
     """The first server's plan from its own memory alone (no earlier run to learn from: the full-context plan of
     a fleet's first night) for each of ``workloads``: what a change of the workload alone does to a server."""
-    profile = _profile(spec, model, options)
+    profile = model_profile(spec, model, options)
     calibrations = CalibrationStore(calibration_file(output_root))
     first = spec.servers()[0]
     gpus = probe.select_gpus(inventories[first.node], first.gpu_ids)
@@ -188,7 +188,7 @@ def first_server_plans(spec: FleetSpec, inventories: dict[str, dict], model: Mod
             for workload in workloads]
 
 
-def _profile(spec: FleetSpec, model: ModelFiles, options: LaunchOptions) -> MemoryProfile:
+def model_profile(spec: FleetSpec, model: ModelFiles, options: LaunchOptions) -> MemoryProfile:
     return profile_model(model.config, model.weights_bytes, options, config_path=f"{spec.model.path}/config.json",
                          hf_quant_config=model.hf_quant_config)
 

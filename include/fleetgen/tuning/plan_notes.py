@@ -59,10 +59,15 @@ def without_longest(workload: Workload, runner_up_prompt_tokens: int | None) -> 
                                prompt_tokens_mean=min(workload.prompt_tokens_mean, runner_up_prompt_tokens))
 
 
-def write_plan_notes(layout: RunLayout, *, nodes_left_out: dict[str, str], long_prompt: LongPromptCost | None) -> None:
-    layout.plan_notes.write_text(json.dumps({
-        "nodes_left_out": [{"node": node, "reason": reason} for node, reason in nodes_left_out.items()],
-        "long_prompt": asdict(long_prompt) | {"warning": long_prompt.describe()} if long_prompt else None}))
+def write_plan_notes(layout: RunLayout, *, nodes_left_out: dict[str, str], long_prompt: LongPromptCost | None,
+                     tuning_trial: list[str] = ()) -> None:
+    """``tuning_trial``: what the tuning trial does tonight, or why there is none (airflow/trial_tasks.py); left out
+    when there is nothing to say (the trial is off)."""
+    notes = {"nodes_left_out": [{"node": node, "reason": reason} for node, reason in nodes_left_out.items()],
+             "long_prompt": asdict(long_prompt) | {"warning": long_prompt.describe()} if long_prompt else None}
+    if tuning_trial:
+        notes["tuning_trial"] = list(tuning_trial)
+    layout.plan_notes.write_text(json.dumps(notes))
 
 
 def read_plan_notes(layout: RunLayout) -> dict:

@@ -213,6 +213,19 @@ def test_the_launch_spec_is_the_plans_flags_then_metrics_then_the_fleets_extra_a
     assert lifecycle.launch_spec(fleet, slot, {"flags": {}}, with_api_key=False, run_id=RUN).api_key_on_stdin is False
 
 
+def test_a_plan_on_a_trial_candidate_launches_and_is_compared_with_its_own_extra_args(fleet):
+    slot = slots_of(fleet, "n0")[0]
+    challenger = {"flags": {"--max-running-requests": 60}, "candidate": "no_speculation",
+                  "extra_args": ["--chunked-prefill-size", "4096"]}
+    launched = lifecycle.launch_spec(fleet, slot, challenger, with_api_key=False, run_id=RUN).args
+    assert launched == ("--max-running-requests", "60", "--enable-metrics", "--chunked-prefill-size", "4096",
+                        "--weight-version", "fleetgen/" + RUN)
+    assert "--reasoning-parser" not in lifecycle.kept_server(fleet, slot, challenger, 77)["args"]
+    # a plan naming no args of its own (written before the trial) launches with the fleet's
+    assert lifecycle.launch_extra_args(fleet, {"flags": {}, "extra_args": None}) == ["--reasoning-parser", "qwen3"]
+    assert lifecycle.launch_extra_args(fleet, {"flags": {}, "extra_args": []}) == []
+
+
 def test_a_launch_carries_its_runs_identity_and_the_keep_comparison_does_not(fleet):
     slot = slots_of(fleet, "n0")[0]
     plan = plans_for(fleet)[("n0", 30000)]

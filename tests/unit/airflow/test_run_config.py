@@ -78,7 +78,7 @@ def test_the_form_and_the_run_accept_and_refuse_the_same_values_at_every_bound()
             with pytest.raises(ConfigError, match=f"DAG parameter {spec.name} "):
                 RunConfig.from_params({**PARAMS, spec.name: value})
         checked += 1
-    assert checked == 16
+    assert checked == 19
 
 
 def test_a_choice_the_form_offers_is_one_the_run_accepts():
@@ -118,6 +118,8 @@ NUMERIC_DECLARATIONS = {
     "memory_margin_mib": (1024, 0, 65536, False), "max_running_requests": (0, 0, 4096, False),
     "context_length": (0, 0, 1 << 20, False), "ready_timeout_s": (1800, 10, 7200, False),
     "max_cap_cut_factor": (0.0, 0, 1000, False),
+    "tuning_trial_share": (0.03, 0, 0.5, True), "tuning_trial_min_gain": (0.03, 0, 1, False),
+    "tuning_trial_window_s": (60.0, 1, 3600, False),
     "max_tokens": (4096, 1, 262144, False), "temperature": (0.6, 0, 2, False), "top_p": (0.95, 0, 1, True),
     "shard_size": (5000, 1, 10_000_000, False), "parallel_shards": (0, 0, 16, False),
     "headroom": (1.25, 1, 4, False), "sample_interval_s": (5.0, 0, 300, False),
@@ -153,7 +155,10 @@ def _group_of(name):
 
 
 def _attribute_of(name):
-    return "mode" if name == "tuning" else name
+    """The group field a parameter fills (``tuning`` fills ``mode``, ``tuning_trial_share`` ``trial_share``)."""
+    from fleetgen.airflow.run_config import GROUPS
+
+    return next(attribute for group in GROUPS for attribute, spec in group.settings() if spec.name == name)
 
 
 def test_the_declared_numbers_are_every_number_of_the_form():
@@ -282,7 +287,7 @@ def test_missing_parameters_are_named_in_order():
     with pytest.raises(ConfigError) as caught:
         RunConfig.from_params(params)
     assert caught.value.message == "DAG parameter(s) missing: dry_run, max_tokens, top_p"
-    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 29
+    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 34
 
 
 def test_unknown_parameters_are_refused_before_missing_ones_with_how_to_fix():
@@ -305,7 +310,7 @@ def test_the_form_reads_top_to_bottom_in_sections():
     assert list(_specs())[:7] == ["prompts_path", "output_root", "dry_run", "fleet_file", "relaunch_servers",
                                "keep_servers_up", "skip_unreachable_nodes"]
     assert [spec.section for spec in _specs().values()] == (
-        ["Inputs"] * 7 + ["Tuning"] * 9 + ["Generation"] * 9 + ["Validation thresholds"] * 4)
+        ["Inputs"] * 7 + ["Tuning"] * 14 + ["Generation"] * 9 + ["Validation thresholds"] * 4)
 
 
 def test_the_configuration_as_a_dict_holds_every_group_with_paths_as_text():
@@ -475,3 +480,34 @@ def test_without_a_deployment_root_runs_write_under_the_default_one_only(tmp_pat
     default_root = f"the deployment's FLEETGEN_OUTPUT_ROOT, {tmp_path}/fleetgen-output"
     with pytest.raises(ConfigError, match=re.escape(default_root)):
         _layout(tmp_path / "out")
+
+
+def test_the_tuning_trial_is_on_by_default_with_no_candidates_of_the_users():
+    config = RunConfig.from_params(PARAMS)
+    assert (config.tuning.trial, config.tuning.candidates, config.tuning.trial_share, config.tuning.trial_min_gain,
+            config.tuning.trial_window_s) == (True, [], 0.03, 0.03, 60.0)
+    assert config.tuning.listed_candidates() == []
+    assert _specs()["tuning_candidates"].default_value() is not _specs()["tuning_candidates"].default_value()
+
+
+def test_the_users_candidates_are_read_and_a_bad_one_stops_the_run_naming_its_entry():
+    listed = [{"name": "bf16", "flags": {"--mamba-ssm-dtype": "bfloat16"}}]
+    config = RunConfig.from_params({**PARAMS, "tuning_candidates": listed})
+    assert [c.name for c in config.tuning.listed_candidates()] == ["bf16"]
+    assert config.to_dict()["tuning"]["candidates"] == listed
+    with pytest.raises(ConfigError, match=r"DAG parameter tuning_candidates must be a list, got"):
+        RunConfig.from_params({**PARAMS, "tuning_candidates": {"name": "x"}})
+    with pytest.raises(ConfigError, match=r"tuning_candidates\[1\] \(b\) sets --port, which the launch decides"):
+        RunConfig.from_params({**PARAMS, "tuning_candidates": listed + [{"name": "b", "flags": {"--port": 1}}]})
+
+
+def test_the_form_edits_the_candidates_as_a_list_of_objects():
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from fleetgen.airflow.params import dag_params
+
+    form = dag_params()["tuning_candidates"]
+    assert form.schema["type"] == "array" and form.schema["items"] == {"type": "object"}
+    assert form.resolve([{"name": "a", "flags": {"--page-size": 64}}]) == [{"name": "a", "flags": {"--page-size": 64}}]
+    with pytest.raises(ParamValidationError):
+        form.resolve(["--page-size 64"])

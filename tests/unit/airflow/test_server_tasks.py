@@ -311,6 +311,20 @@ def test_relaunch_servers_is_passed_on_as_force(monkeypatch, recording):
     assert recording.calls[0] == ("keep_or_relaunch", "n0", 3, True, "k")
 
 
+def test_after_the_trial_the_losers_are_stopped_whatever_they_report_and_the_winners_kept(monkeypatch, recording):
+    # relaunch_servers applied to the first round: the winners' servers stay up
+    _run_with(monkeypatch, relaunch_servers=True)
+    recording.decisions = [_decision(30000, "keep", pid=500), _decision(30001, "keep", pid=501)]
+    recording.stop_records = [{"outcome": "stopped", "port": 30001, "pid": 501, "signal": "TERM"}]
+    final = [{**plan, "candidate": "no_speculation"} for plan in _plans_two_nodes()]
+    ran = [final[0], {**final[1], "candidate": "incumbent"}, final[2]]
+    result = server_tasks.stop_servers("n0", TWO_NODES, final, ran)
+    assert recording.calls == [("keep_or_relaunch", "n0", 3, False, "k"), ("stop_ports", [30001]),
+                               ("wait_memory_released", "n0", {501})]
+    assert [d["decision"] for d in result["decisions"]] == ["keep", "relaunch"]
+    assert result["decisions"][1]["reasons"] == ["ran incumbent in the tuning trial, which no_speculation won"]
+
+
 def test_when_every_server_is_kept_nothing_is_stopped(monkeypatch, recording):
     _run_with(monkeypatch)
     recording.decisions = [_decision(30000, "keep", pid=500), _decision(30001, "keep", pid=501)]

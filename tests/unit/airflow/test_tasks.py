@@ -243,9 +243,9 @@ class PlannedServer:
 
 
 @pytest.fixture
-def planner(monkeypatch):
+def planner(monkeypatch, run):
     """read_model, prompt_token_statistics and plan_fleet replaced by recorders; each server's cap is 30 + its
-    position, so that the order of the plans shows."""
+    position, so that the order of the plans shows. The tuning trial is off (its plans are tested below)."""
     from fleetgen.report import previous
     from fleetgen.tuning import fleet_plan, model_files
     import fleetgen.tuning as tuning
@@ -271,6 +271,7 @@ def planner(monkeypatch):
     monkeypatch.setattr(fleet_plan, "plan_fleet", plan_fleet)
     monkeypatch.setattr(tuning, "render_budget_table", lambda plan: f"table of {plan.slot.name}")
     monkeypatch.setattr(previous, "prompt_token_statistics", prompt_token_statistics)
+    run.params["tuning_trial"] = False
     return seen
 
 
@@ -292,7 +293,8 @@ def test_the_plan_sizes_every_server_of_every_node_from_its_own_inventory(run, n
         "Deriving launch flags for 4 server(s) (mode tuned)", "Model weights: 123 bytes (index)",
         "Prompt tokens for the plan: mean 270, max 1900 (estimated); 0 prompt(s) too long for the context were "
         "set aside at scan time"]
-    assert _messages(caplog)[3:] == [f"Plan for {name}:\ntable of {name}" for name in
+    assert _messages(caplog)[3:] == ["no tuning trial: the DAG parameter tuning_trial is off"] + [
+        f"Plan for {name}:\ntable of {name}" for name in
                                      ("n0:30000", "n0:30001", "n1:30000", "n1:30001")] + [
         "Planned 4 server(s); expected effective max_running_requests [30, 31, 32, 33]"]
     assert [(p["host"], p["port"]) for p in plans] == [("n0", 30000), ("n0", 30001), ("n1", 30000), ("n1", 30001)]

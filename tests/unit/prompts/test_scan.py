@@ -135,6 +135,26 @@ def test_shards_partition_the_valid_prompts_in_order(tmp_path_factory, kinds, sh
     assert got == valid
 
 
+@settings(max_examples=40, deadline=None)
+@given(kinds=st.lists(st.sampled_from("vvvvrb"), min_size=1, max_size=60), shard_size=st.integers(1, 9),
+       head=st.integers(0, 70))
+def test_a_head_of_trial_prompts_gets_shards_of_its_own_and_the_rest_follows(tmp_path_factory, kinds, shard_size,
+                                                                             head):
+    path = tmp_path_factory.mktemp("shards") / "p.jsonl"
+    valid = make_mixed_file(path, kinds)
+    if not valid:
+        return
+    shards = plan_shards(path, shard_size=shard_size, head=head)
+    assert [s["shard_id"] for s in shards] == list(range(len(shards)))
+    assert all(0 < s["count"] <= shard_size for s in shards)
+    got = [p.id for s in shards for p in iter_shard(s["input_path"], s["start"], s["count"])]
+    assert got == valid
+    # no shard straddles the head: the first ones cover exactly its prompts
+    within = min(head, len(valid))
+    assert sum(s["count"] for s in shards if s["first"] < within) == within
+    assert all(s["first"] + s["count"] <= within for s in shards if s["first"] < within)
+
+
 def test_index_stride_boundaries_and_more_than_1024_shards(tmp_path):
     kinds = ("v" * 997 + "r" + "b") * 3
     path = tmp_path / "p.jsonl"

@@ -1,0 +1,284 @@
+"""The tuning trial's tasks (fleetgen.airflow.trial_tasks) called as Airflow calls them, with a fake task context:
+tonight's split on three simulated B200 servers of the seed model, the decision from metrics rows written as the
+shards write them, and the hand-over to the relaunch round."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fleetgen.airflow import context as task_context_module
+from fleetgen.airflow import trial_tasks
+from fleetgen.airflow.run_config import RunConfig
+from fleetgen.nodes.fleet import fleet_from_json, parse_fleet
+from fleetgen.outputs import RunLayout, trial_history_file
+from fleetgen.tuning import Workload
+from fleetgen.tuning.fleet_plan import FleetPlanRun
+from fleetgen.tuning.model_files import ModelFiles
+from fleetgen.tuning.trial_history import TrialHistory, TrialKey
+from fleetgen.tuning.trial_plan import read_trial_plan
+
+RUN_ID = "manual__2026-01-02T00:00:00+00:00"
+SEED_CONFIG = Path(__file__).resolve().parents[1] / "tuning" / "configs" / "seed-qwen3.6-27b.json"
+SEED_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", "4", "--reasoning-parser", "qwen3"]
+WORKLOAD = Workload(max_output_tokens=4096, prompt_tokens_mean=270.0, prompt_tokens_max=1900, prompt_count=1000)
+IDENTITY = {"path": "/models/seed", "parts": {"weights": "w" * 64, "config": "c" * 64, "launch_args": "a" * 64,
+                                              "sglang": "0.5.23"}}
+
+
+def _fleet(gpus=3, args=SEED_ARGS) -> dict:
+    return parse_fleet({"model": {"path": "/models/seed", "served_name": "seed"},
+                        "server": {"python": "/venv/bin/python", "extra_args": list(args)},
+                        "nodes": [{"name": "n0", "ssh_conn_id": "ssh_n0", "address": "10.0.0.5",
+                                   "gpus": list(range(gpus)), "base_port": 30000}]}).to_dict()
+
+
+def _inventories(gpus=3) -> dict:
+    return {"n0": {"host": "n0", "gpus": [
+        {"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA B200", "total_mib": 183_359, "used_mib": 500,
+         "free_mib": 183_359 - 500, "processes": []} for i in range(gpus)]}}
+
+
+MODEL = ModelFiles(config=json.loads(SEED_CONFIG.read_text()), weights_bytes=54 * 10**9, hf_quant_config=None,
+                   weights_source="index")
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", str(tmp_path))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(100)))
+    defaults = {spec.name: spec.default_value() for spec in RunConfig.settings()}
+    state = SimpleNamespace(params={**defaults, "fleet_file": "", "prompts_path": str(prompts),
+                                    "output_root": str(tmp_path / "out")}, tmp=tmp_path, prompts=prompts)
+
+    def call(task, *args, **params):
+        context = {"params": {**state.params, **params}, "run_id": RUN_ID, "ti": None}
+        monkeypatch.setattr(task_context_module, "task_context", lambda: context)
+        state.config = RunConfig.from_params(context["params"])
+        state.layout = state.config.layout(RUN_ID)
+        return task(*args)
+
+    state.call = call
+    return state
+
+
+def _tonight(run, *, gpus=3, identity=IDENTITY, **params):
+    """tonights_plans as derive_plan calls it, inside the run's context."""
+    def plan():
+        _, config, layout = task_context_module.run_context()
+        spec = fleet_from_json(_fleet(gpus))
+        return trial_tasks.tonights_plans(spec, _inventories(gpus), MODEL, WORKLOAD, config, layout,
+                                          FleetPlanRun(config.inputs.output_root, layout,
+                                                       run_on_node=lambda node, command: ""), identity)
+    return run.call(plan, **params)
+
+
+# --- tonight's split ----------------------------------------------------------------------------------------------
+
+def test_three_servers_run_the_incumbent_on_two_and_the_first_challenger_on_the_last(run):
+    plans, notes = _tonight(run)
+    assert [(p.port, p.candidate) for p in plans] == [(30000, "incumbent"), (30001, "incumbent"),
+                                                      (30002, "no_speculation")]
+    assert plans[2].extra_args == ["--reasoning-parser", "qwen3"] and plans[0].extra_args == SEED_ARGS
+    trial = read_trial_plan(run.layout)
+    assert trial.split.challengers == ("no_speculation",) and trial.key is None  # no earlier run measured the workload
+    assert trial.key_parts == {"gpu": "NVIDIA B200", "model": trial.key_parts["model"], "sglang_version": "0.5.23"}
+    assert set(trial.plans) == {"incumbent", "no_speculation", "draft_minus_1", "cap_3_4", "cap_1_2"}
+    assert all(set(by_server) == {"n0:30000", "n0:30001", "n0:30002"} for by_server in trial.plans.values())
+    assert notes[0] == ("tuning trial: incumbent on 2 server(s), no_speculation on n0:30002; not tried tonight: "
+                        "draft_minus_1, cap_3_4, cap_1_2")
+    assert "candidate cap_1_2: the request cap at 0.5 of what memory holds" in notes
+    # the workload mode's record holds what runs tonight: the challenger's own cap on its server
+    record = json.loads(run.layout.workload_plan.read_text())
+    assert record["n0:30002"]["max_running_requests"] == plans[2].expected["max_running_requests"]
+
+
+@pytest.mark.parametrize("gpus, params, why", [
+    (2, {}, "no tuning trial: 2 server(s), and a trial needs at least 3"),
+    (3, {"tuning": "sglang_defaults"}, "no tuning trial: the tuning mode is sglang_defaults"),
+    (3, {"sample_interval_s": 0}, "no tuning trial: the DAG parameter sample_interval_s is 0"),
+    (3, {"sample_interval_s": 60, "tuning_trial_window_s": 60}, "no tuning trial: sample_interval_s 60 is not shorter"),
+])
+def test_without_a_trial_every_server_runs_the_fleets_own_plan_and_the_notes_say_why(run, gpus, params, why):
+    plans, notes = _tonight(run, gpus=gpus, **params)
+    assert {p.candidate for p in plans} == {"incumbent"} and len(plans) == gpus
+    assert len(notes) == 1 and notes[0].startswith(why)
+    assert not run.layout.candidate_plans.exists()
+
+
+def test_a_trial_turned_off_plans_as_before_and_notes_nothing(run, caplog):
+    with caplog.at_level("INFO", logger="fleetgen"):
+        plans, notes = _tonight(run, tuning_trial=False)
+    assert notes == [] and {p.candidate for p in plans} == {"incumbent"}
+    assert "no tuning trial: the DAG parameter tuning_trial is off" in caplog.text
+
+
+def test_the_next_night_starts_from_the_recorded_winner_and_tries_the_next_challenger(run):
+    from fleetgen.tuning.trial import decide
+
+    _tonight(run)  # the key parts of this fleet
+    parts = read_trial_plan(run.layout).key_parts
+    previous = run.tmp / "out" / "last-night" / "report"
+    previous.mkdir(parents=True)
+    previous.joinpath("report.json").write_text(json.dumps({
+        "schema": 1, "run_succeeded": True, "prompt_tokens": {"mean": 270.0}, "completion_tokens": {"mean": 2500.0}}))
+    key = TrialKey(**parts, workload="out2048-short")
+    won = decide({"incumbent": [100.0] * 5, "no_speculation": [130.0] * 5}, incumbent="incumbent", min_gain=0.03)
+    TrialHistory(trial_history_file(run.tmp / "out")).record(key, won, run_id="last-night")
+    plans, notes = _tonight(run, gpus=5)
+    assert [p.candidate for p in plans] == ["no_speculation"] * 4 + ["draft_minus_1"]
+    assert read_trial_plan(run.layout).key == key
+    assert "incumbent no_speculation: the winner of the last trial" in notes[0]
+
+
+def test_without_a_model_identity_the_trial_runs_but_cannot_be_recorded(run):
+    plans, _ = _tonight(run, identity=None)
+    assert {p.candidate for p in plans} == {"incumbent", "no_speculation"}
+    assert read_trial_plan(run.layout).key_parts == {}
+
+
+# --- the shards ---------------------------------------------------------------------------------------------------
+
+def test_the_trial_takes_its_share_of_the_first_prompts_only_with_a_challenger(run):
+    two = [{"candidate": "incumbent"}, {"candidate": "cap_1_2"}]
+    run.call(lambda: None, tuning_trial_share=0.03)
+    assert trial_tasks.trial_prompt_count(run.config, two, 1000) == 30
+    assert trial_tasks.trial_prompt_count(run.config, two, 10) == 1  # at least one prompt
+    assert trial_tasks.trial_prompt_count(run.config, two, 1) == 0  # never every prompt
+    assert trial_tasks.trial_prompt_count(run.config, [{"candidate": "incumbent"}] * 3, 1000) == 0
+    assert trial_tasks.trial_prompt_count(run.config, None, 1000) == 0
+    run.call(lambda: None, tuning_trial_share=0.5)
+    assert trial_tasks.trial_prompt_count(run.config, two, 3) == 2
+
+
+def test_the_trial_shards_come_first_and_the_rest_follows_with_the_next_ids(run, monkeypatch):
+    from airflow.sdk import conf
+
+    from fleetgen.airflow import generate_tasks
+    from fleetgen.prompts.scan import scan_prompts
+
+    monkeypatch.setattr(conf, "getint", lambda section, key: 1024)
+    scan = scan_prompts(run.prompts).to_dict()
+    plans = [{"candidate": "incumbent"}, {"candidate": "incumbent"}, {"candidate": "no_speculation"}]
+    trial = run.call(generate_tasks.plan_trial_shards, scan, plans, shard_size=4, tuning_trial_share=0.1)
+    rest = run.call(generate_tasks.plan_shards, scan, plans, shard_size=4, tuning_trial_share=0.1)
+    assert [(s["shard_id"], s["first"], s["count"]) for s in trial] == [(0, 0, 4), (1, 4, 4), (2, 8, 2)]
+    assert [s["shard_id"] for s in rest] == list(range(3, 3 + 23)) and rest[0]["first"] == 10
+    assert sum(s["count"] for s in trial + rest) == 100
+    # no challenger: no trial shards, the shards of today
+    assert run.call(generate_tasks.plan_trial_shards, scan, plans[:1] * 3, shard_size=4) == []
+    assert [s["shard_id"] for s in run.call(generate_tasks.plan_shards, scan, None, shard_size=4)] == list(range(25))
+
+
+# --- the decision -------------------------------------------------------------------------------------------------
+
+def _metrics(layout: RunLayout, shard_id: int, rates: dict[str, float], *, seconds=40.0, cap=20, seed=0):
+    """Rows as the shards sample them: each server at its cap, its counters rising at ``rates`` tokens/s (noise of
+    about 1 %), one request finishing every 0.25 s."""
+    noise = random.Random(seed)
+    path = layout.shard_file("metrics", shard_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for server, rate in rates.items():
+        tokens = 0.0
+        for step in range(int(seconds / 0.5)):
+            tokens += rate * 0.5 * noise.uniform(0.99, 1.01)
+            rows.append({"t": 1000.0 + step * 0.5, "server": server, "cap": cap, "running": cap, "queue": 5,
+                         "generation_tokens": round(tokens), "requests": step * 2})
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def _decide(run, plans, rates, *, shards=({"shard_id": 0},), **params):
+    _metrics(run.layout, 0, rates)
+    readiness = [{"server": f"{p['host']}:{p['port']}", "effective_max_running_requests": 20, "relaunches": 0,
+                  "flags": p["flags"], "expected": p["expected"]} for p in plans]
+    return run.call(trial_tasks.decide, plans, readiness, list(shards), tuning_trial_window_s=4,
+                    sample_interval_s=0.5, **params)
+
+
+def test_a_clearly_faster_challenger_wins_and_every_server_moves_to_it(run, caplog):
+    plans = [plan.to_dict() for plan in _tonight(run)[0]]
+    with caplog.at_level("INFO", logger="fleetgen"):
+        final = _decide(run, plans, {"n0:30000": 1000.0, "n0:30001": 1010.0, "n0:30002": 1500.0})
+    assert [p["candidate"] for p in final] == ["no_speculation"] * 3
+    trial = read_trial_plan(run.layout)
+    assert final[0] == trial.plan_for("no_speculation", "n0:30000").to_dict()
+    assert final[2] == plans[2]  # the challenger's own server keeps its plan: the relaunch round keeps it running
+    decision = json.loads(run.layout.trial_decision.read_text())
+    assert decision["winner"] == "no_speculation" and decision["incumbent"] == "incumbent"
+    assert decision["servers"]["n0:30002"] == {"candidate": "no_speculation", "cap": 20, "gpus": 1,
+                                               "trial_seconds": 39.5}
+    assert decision["scores"]["no_speculation"]["median"] == pytest.approx(1500, rel=0.02)
+    assert "no_speculation replaces incumbent" in caplog.text and "(winner)" in caplog.text
+    assert trial_tasks.relaunch_needed(plans, final) is True
+    # recorded for the next night under the key of the trial's own completions (none here: not recorded)
+    assert "not recorded for later nights" in caplog.text
+    record = json.loads(run.layout.workload_plan.read_text())
+    assert record["n0:30000"]["max_running_requests"] == final[0]["expected"]["max_running_requests"]
+
+
+def test_swapped_speeds_keep_the_incumbent_and_move_the_challengers_server_back(run):
+    plans = [plan.to_dict() for plan in _tonight(run)[0]]
+    final = _decide(run, plans, {"n0:30000": 1500.0, "n0:30001": 1510.0, "n0:30002": 1000.0})
+    assert [p["candidate"] for p in final] == ["incumbent"] * 3
+    assert final[:2] == plans[:2] and final[2] == read_trial_plan(run.layout).plan_for(
+        "incumbent", "n0:30002").to_dict()
+    assert json.loads(run.layout.trial_decision.read_text())["winner"] == "incumbent"
+    assert trial_tasks.relaunch_needed(plans, final) is True
+
+
+def test_within_the_minimum_gain_the_incumbent_is_kept(run):
+    plans = [plan.to_dict() for plan in _tonight(run)[0]]
+    final = _decide(run, plans, {"n0:30000": 1000.0, "n0:30001": 1000.0, "n0:30002": 1020.0})
+    assert {p["candidate"] for p in final} == {"incumbent"}
+
+
+def test_the_decision_is_recorded_under_the_key_of_the_trials_own_completions(run):
+    plans = [plan.to_dict() for plan in _tonight(run)[0]]
+    stats = run.layout.shard_file("stats", 0)
+    stats.parent.mkdir(parents=True, exist_ok=True)
+    stats.write_text("".join(json.dumps({"id": f"p{i}", "prompt_tokens": 300, "completion_tokens": 900}) + "\n"
+                             for i in range(10)))
+    _decide(run, plans, {"n0:30000": 1000.0, "n0:30001": 1000.0, "n0:30002": 1500.0})
+    parts = read_trial_plan(run.layout).key_parts
+    history = TrialHistory(trial_history_file(run.tmp / "out"))
+    key = TrialKey(**parts, workload="out1024-short")
+    assert history.latest_winner(key) == "no_speculation" and history.tried(key) == {"incumbent", "no_speculation"}
+
+
+def test_a_server_backed_off_on_the_winner_keeps_the_flags_it_runs(run):
+    plans = [plan.to_dict() for plan in _tonight(run)[0]]
+    _metrics(run.layout, 0, {"n0:30000": 1500.0, "n0:30001": 1500.0, "n0:30002": 1000.0})
+    smaller = {**plans[1]["flags"], "--max-running-requests": 7}
+    readiness = [{"server": f"n0:{p['port']}", "effective_max_running_requests": 20, "relaunches": 0,
+                  "flags": p["flags"], "expected": p["expected"]} for p in plans]
+    readiness[1] = {**readiness[1], "relaunches": 1, "flags": smaller,
+                    "expected": {**plans[1]["expected"], "max_running_requests": 7}}
+    final = run.call(trial_tasks.decide, plans, readiness, [{"shard_id": 0}], tuning_trial_window_s=4,
+                     sample_interval_s=0.5)
+    assert final[1]["flags"] == smaller and final[1]["attempt"] == 1 and final[0] == plans[0]
+
+
+def test_no_trial_keeps_tonights_plans_and_says_why_in_the_decision_file(run, caplog):
+    plans = [plan.to_dict() for plan in _tonight(run, gpus=2)[0]]
+    with caplog.at_level("INFO", logger="fleetgen"):
+        final = run.call(trial_tasks.decide, plans, [], [])
+    assert final == plans and trial_tasks.relaunch_needed(plans, final) is False
+    skipped = json.loads(run.layout.trial_decision.read_text())["skipped"]
+    assert skipped.startswith("no tuning trial: derive_plan planned none")
+    assert "every server keeps tonight's plan" in caplog.text
+
+
+def test_the_rest_of_the_job_runs_on_the_relaunch_rounds_servers_when_it_ran(caplog):
+    first, again = [{"server": "n0:30000", "pid": 1}], [{"server": "n0:30000", "pid": 2}]
+    with caplog.at_level(logging.INFO, logger="fleetgen"):
+        assert trial_tasks.servers_in_use(first, again) == again
+        assert trial_tasks.servers_in_use(first, []) == first
+    assert "(relaunch round)" in caplog.text and "(first round)" in caplog.text
