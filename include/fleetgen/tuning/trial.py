@@ -5,8 +5,9 @@ the decision (``RunLayout.trial_decision``); docs/tuning-trial.md states the rul
 
 - **Windows.** A server's rate is the increase of SGLang's ``sglang:generation_tokens_total`` over a window of
   ``window_s`` seconds, divided by the window's length and by the server's GPUs. Rows from several shards sampling
-  the same server interleave; the counter is absolute, so the rows are taken in time order. A counter that goes
-  down is a restart, a change of cap a relaunch, a gap longer than a window a time nobody saw: no window spans one.
+  the same server interleave; the counter is absolute, so the rows are taken in time order. A counter that falls
+  below half is a restart, a change of cap a relaunch, a gap longer than a window a time nobody saw: no window
+  spans one.
 - **Steady state.** Only stretches where every row has the server's running requests at
   ``min_running_share`` of its cap or more (the queue's drain at the end falls below it). SGLang adds a request's
   output tokens to the counter when the request finishes, so for a request's lifetime after the batch fills the
@@ -73,9 +74,11 @@ def _is_steady(row: dict, share: float) -> bool:
 
 
 def _breaks(previous: dict, row: dict, window_s: float) -> bool:
-    """No window spans a restart (a counter went down), a relaunch (another cap) or a gap nobody sampled."""
-    return (row[GENERATION_TOKENS] < previous[GENERATION_TOKENS] or row["cap"] != previous["cap"]
-            or row["t"] - previous["t"] > window_s)  # both counters start again at a restart: one tells
+    """No window spans a restart, a relaunch (another cap) or a gap nobody sampled. A restart starts the counters
+    at zero: the output tokens fall below half. A smaller fall is two shards' rows crossing (a row's ``t`` is when
+    its scrape was sent; a slower answer read a later count), not a restart."""
+    return (row[GENERATION_TOKENS] < previous[GENERATION_TOKENS] / 2 or row["cap"] != previous["cap"]
+            or row["t"] - previous["t"] > window_s)
 
 
 def server_window_rates(rows: list[dict], *, window_s: float,

@@ -61,6 +61,13 @@ def test_rows_of_several_shards_sampling_one_server_interleave_into_the_same_win
     assert one_server(merged) == pytest.approx(single)
 
 
+def test_two_shards_rows_that_cross_by_a_few_completions_are_not_a_restart():
+    samples = rows(seconds=60)
+    slow_answers = [{**row, "t": row["t"] + 0.2, "generation_tokens": row["generation_tokens"] - 150.0,
+                     "requests": row["requests"] - 3.0} for row in rows(seconds=60)[20:]]  # read before the other
+    assert one_server(samples + slow_answers) == pytest.approx([100.0] * 5, rel=0.2)
+
+
 def test_no_window_spans_a_restart_and_the_restarted_server_warms_up_again():
     before = rows(seconds=30)
     after = rows(seconds=30, start=1031.0)  # counters from zero: the server was restarted
