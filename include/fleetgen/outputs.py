@@ -113,6 +113,11 @@ class RunLayout:
         return self.root / "validation"
 
     @property
+    def validation_summary(self) -> Path:
+        """The verdict ``validate`` wrote (fleetgen.validation.outcome judges it)."""
+        return self.validation_dir / "summary.json"
+
+    @property
     def data_docs_dir(self) -> Path:
         return self.validation_dir / "data_docs"
 

@@ -1,4 +1,4 @@
-"""Whether a run's validation passed, from the summary ``validate`` wrote (``validation/summary.json``).
+"""Whether a run's validation passed, from the summary ``validate`` wrote (``RunLayout.validation_summary``).
 
 One reader for the three that ask: the report (does it index the run for reuse), the reuse lookup of a later
 run (may it copy from this one) and the report's verdict. A ``validate`` marked success by hand, after it
@@ -11,17 +11,11 @@ import json
 
 from fleetgen.outputs import RunLayout
 
-SUMMARY_NAME = "summary.json"
-
-
-def summary_path(layout: RunLayout):
-    return layout.validation_dir / SUMMARY_NAME
-
 
 def read_summary(layout: RunLayout) -> dict | None:
     """The summary ``validate`` wrote, or None when there is none or it cannot be read."""
     try:
-        summary = json.loads(summary_path(layout).read_text())
+        summary = json.loads(layout.validation_summary.read_text())
     except (OSError, ValueError):
         return None
     return summary if isinstance(summary, dict) else None
@@ -30,10 +24,10 @@ def read_summary(layout: RunLayout) -> dict | None:
 def why_not_passed(layout: RunLayout, summary: dict | None) -> str | None:
     """None when ``summary`` says the validation passed; else why the run does not count as validated."""
     if summary is None:
-        return (f"no validation summary at {summary_path(layout)}: validate did not run to its end "
+        return (f"no validation summary at {layout.validation_summary}: validate did not run to its end "
                 "(marked success by hand?)")
     if summary.get("success") is not True:
         failed = summary.get("failed_expectations") or []
         return (f"its validation did not pass ({len(failed)} expectation(s) failed: "
-                f"{', '.join(map(str, failed[:5])) or 'unknown'}; {summary_path(layout)})")
+                f"{', '.join(map(str, failed[:5])) or 'unknown'}; {layout.validation_summary})")
     return None

@@ -34,7 +34,6 @@ from fleetgen.errors import ValidationFailed
 # The table readers moved to their own module; re-exported so existing imports keep working.
 from fleetgen.outputs import RunLayout
 from fleetgen.validation.offline_docs import make_offline
-from fleetgen.validation.outcome import summary_path as validation_summary_path
 from fleetgen.validation.thresholds import ValidationThresholds
 from fleetgen.outputs import OPTIONAL_STATS_COLUMNS
 from fleetgen.validation.stats_table import ERROR_COLUMNS, STATS_COLUMNS, load_errors, load_stats  # noqa: F401
@@ -315,7 +314,7 @@ def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: V
         "data_docs": docs_index,
         "seconds": round(time.monotonic() - started, 3),
     })
-    summary_path = validation_summary_path(RunLayout(out))
+    summary_path = RunLayout(out).validation_summary
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     log.info("validated %s: %d rows, %d expected ids, %d of %d expectations failed (%.1f s)",

@@ -16,7 +16,6 @@ from fleetgen.generate import reuse
 from fleetgen.prompts.scan import scan_prompts
 from fleetgen.report import build, previous
 from fleetgen.validation import suite
-from fleetgen.validation.outcome import summary_path
 
 RUN_ID = "manual__2026-01-02T00:00:00+00:00"
 FLEET = {"model": {"path": "/models/m", "served_name": "served-m"},
@@ -179,7 +178,7 @@ def test_the_finished_dataset_is_announced_on_every_outlet_with_the_runs_output(
 
 def _summary_written(run, summary: dict) -> dict:
     """The validation summary as validate_run leaves it in the run's folder."""
-    path = summary_path(run.layout())
+    path = run.layout().validation_summary
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary))
     return summary

@@ -23,7 +23,6 @@ from fleetgen.generate.reuse import (INDEX_DTYPE, LINE_CHANGED, SOURCE_UNREADABL
                                      generation_material, line_checksum, look_up_reuse, prompt_hash,
                                      write_reuse_index)
 from fleetgen.outputs import RunLayout
-from fleetgen.validation.outcome import summary_path
 from fleetgen.prompts.scan import Prompt, plan_shards
 
 from validate_fixtures import FileAccessWatch  # noqa: E402
@@ -69,9 +68,9 @@ async def generate(root: Path, run: str, records: list[dict], *, material: dict 
 
 def validated(layout: RunLayout, success: bool = True) -> None:
     """The validation summary validate writes, passed or not (only a passed one makes a run a source)."""
-    summary_path(layout).parent.mkdir(parents=True, exist_ok=True)
-    summary_path(layout).write_text(json.dumps({"success": success, "failed_expectations":
-                                                [] if success else ["missing_prompts", "error_share"]}))
+    layout.validation_summary.parent.mkdir(parents=True, exist_ok=True)
+    layout.validation_summary.write_text(json.dumps({"success": success, "failed_expectations":
+                                                     [] if success else ["missing_prompts", "error_share"]}))
 
 
 async def test_an_unchanged_night_generates_nothing_and_its_folder_is_complete(tmp_path):
@@ -830,14 +829,14 @@ def test_a_run_whose_validation_did_not_pass_is_never_a_source_and_the_lookup_sa
     if validation == "failed":  # validate failed and was marked success by hand
         validated(newest, success=False)
     else:  # validate never wrote its summary
-        summary_path(newest).unlink()
+        newest.validation_summary.unlink()
     with caplog.at_level(logging.WARNING, logger="tests.reuse"):
         lookup = look_up_reuse(tmp_path, "tonight", MATERIAL, logging.getLogger("tests.reuse"))
     assert lookup.source.run_folder == older.root.name
     [skipped] = lookup.skipped
     assert skipped["run"] == "unvalidated"
     assert (("did not pass (2 expectation(s) failed: missing_prompts, error_share" if validation == "failed"
-             else "no validation summary at") in skipped["reason"]) and str(summary_path(newest)) in skipped["reason"]
+             else "no validation summary at") in skipped["reason"]) and str(newest.validation_summary) in skipped["reason"]
     assert f"reuse: passing over run unvalidated: {skipped['reason']}" in caplog.messages
 
 

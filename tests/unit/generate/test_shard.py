@@ -632,7 +632,5 @@ async def test_a_shard_none_of_whose_prompts_completed_fails_saying_what_to_clea
 
 def validated(layout: RunLayout) -> None:
     """The passing validation summary validate writes: what makes a run a source of reuse."""
-    from fleetgen.validation.outcome import summary_path
-
-    summary_path(layout).parent.mkdir(parents=True, exist_ok=True)
-    summary_path(layout).write_text(json.dumps({"success": True, "failed_expectations": []}))
+    layout.validation_summary.parent.mkdir(parents=True, exist_ok=True)
+    layout.validation_summary.write_text(json.dumps({"success": True, "failed_expectations": []}))
