@@ -1,4 +1,5 @@
-"""An in-process fake fleet behind httpx.MockTransport, and helpers to read a shard's output."""
+"""An in-process fake fleet behind httpx.MockTransport, and helpers to read a shard's output and to mark a run
+validated."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import httpx
 
 from fleetgen.generate import GenerationSettings, ServerEndpoint, ShardRunOptions
+from fleetgen.outputs import RunLayout
 from fleetgen.prompts.scan import plan_shards
 
 FAST = dict(retry_backoff_s=0.01, recheck_initial_s=0.02, recheck_max_s=0.1, all_down_timeout_s=5.0)
@@ -122,3 +124,10 @@ def read_jsonl(path: Path) -> list[dict]:
 def shard_output(out_dir: Path, shard_id: int = 0) -> dict[str, list[dict]]:
     name = f"shard-{shard_id:05d}.jsonl"
     return {kind: read_jsonl(out_dir / kind / name) for kind in ("completions", "stats", "errors")}
+
+
+def validated(layout: RunLayout, success: bool = True) -> None:
+    """The validation summary validate writes, passed or not (only a passed one makes a run a source of reuse)."""
+    layout.validation_summary.parent.mkdir(parents=True, exist_ok=True)
+    layout.validation_summary.write_text(json.dumps({"success": success, "failed_expectations":
+                                                     [] if success else ["missing_prompts", "error_share"]}))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from generate_fakes import FakeFleet, fast_settings, shard_output
+from generate_fakes import FakeFleet, fast_settings, shard_output, validated
 
 from fleetgen.generate import run_shard_async
 from fleetgen.generate.reuse import (INDEX_DTYPE, LINE_CHANGED, SOURCE_UNREADABLE, ReuseLookup, ReuseSource,
@@ -64,13 +64,6 @@ async def generate(root: Path, run: str, records: list[dict], *, material: dict 
     write_reuse_index(RunLayout(root / run), material=material, run_id=run, launches=read_back(material))
     validated(RunLayout(root / run))
     return {**summary, "reuse": lookup.summary()}, fleet
-
-
-def validated(layout: RunLayout, success: bool = True) -> None:
-    """The validation summary validate writes, passed or not (only a passed one makes a run a source)."""
-    layout.validation_summary.parent.mkdir(parents=True, exist_ok=True)
-    layout.validation_summary.write_text(json.dumps({"success": success, "failed_expectations":
-                                                     [] if success else ["missing_prompts", "error_share"]}))
 
 
 async def test_an_unchanged_night_generates_nothing_and_its_folder_is_complete(tmp_path):

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from generate_fakes import FakeFleet, fast_settings, shard_output, write_prompts
+from generate_fakes import FakeFleet, fast_settings, shard_output, validated, write_prompts
 
 from fleetgen.errors import AllServersDown, ConfigError, GenerationError, ShardLeaseBusy
 from fleetgen.generate import ShardRunOptions, run_shard, run_shard_async, shard as shard_module
@@ -628,9 +628,3 @@ async def test_a_shard_none_of_whose_prompts_completed_fails_saying_what_to_clea
                                     options=fixed.options())
     assert (summary["done"], summary["failed"]) == (3, 0)
     assert shard_output(tmp_path / "out")["errors"] == []
-
-
-def validated(layout: RunLayout) -> None:
-    """The passing validation summary validate writes: what makes a run a source of reuse."""
-    layout.validation_summary.parent.mkdir(parents=True, exist_ok=True)
-    layout.validation_summary.write_text(json.dumps({"success": True, "failed_expectations": []}))
