@@ -66,7 +66,7 @@ def hold_sessions(leaders: list[int], timeout_s: float = 30.0) -> None:
                 os.kill(pid, signal.SIGSTOP)
             except ProcessLookupError:
                 pass
-        time.sleep(0.01)  # the kernel stops a process running on another core a moment after kill() returns
+        time.sleep(0.001)  # the kernel stops a process running on another core a moment after kill() returns
 
 
 def release_sessions(leaders: list[int]) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from generate_fakes import shard_output
 from devstack.local_fleet import LocalSimFleet
+from devstack.sessions import hold_sessions, release_sessions
 
 from fleetgen.generate import GenerationSettings, ShardRunOptions, run_shard
 from fleetgen.prompts.scan import iter_prompt_ids, plan_shards, scan_prompts
@@ -43,6 +44,29 @@ def drained(fleet, count):
     raise AssertionError("servers did not drain")
 
 
+def kill_past(child: subprocess.Popen, stats: Path, kill_at: int, *, total: int, cap_s: float = 60.0) -> int:
+    """SIGKILL the shard's process (a session of its own) at a look that finds more than ``kill_at`` of its
+    ``total`` prompts on disk and not all of them; returns that count. Each look is made with the process held
+    (SIGSTOP), so it dies at the count read and cannot finish in between; fails with what the last look saw
+    when the process ended first or after ``cap_s``."""
+    deadline = time.monotonic() + cap_s
+    while True:
+        hold_sessions([child.pid])
+        try:
+            done = lines(stats)
+            if kill_at < done < total and child.poll() is None:
+                os.kill(child.pid, signal.SIGKILL)
+                child.wait()
+                return done
+        finally:
+            release_sessions([child.pid])
+        assert child.poll() is None and done < total, \
+            f"the shard process ended ({child.returncode}) with {done} of {total} prompts on disk, before the kill " \
+            f"point {kill_at}"
+        assert time.monotonic() < deadline, f"{done} prompts on disk after {cap_s:.0f} s, kill point {kill_at}"
+        time.sleep(0.05)  # a look holds the process some milliseconds: it runs most of the time
+
+
 def lines(path):
     try:
         with open(path, "rb") as handle:
@@ -63,16 +87,10 @@ def test_kill_9_at_several_points_then_retry_gives_every_prompt_exactly_once(tmp
         before = served(fleet, 2)
         stats = tmp_path / "out" / "stats" / "shard-00000.jsonl"
         kills = 0
-        for kill_at in (0, 120, 300, 450):  # finished prompts on disk when the task is killed
-            child = subprocess.Popen([sys.executable, str(CHILD), str(job)], stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + 60
-            while lines(stats) <= kill_at and child.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.005)
-            assert child.poll() is None, "the shard finished before the kill point"
-            if kill_at == 0:
-                time.sleep(0.3)  # mid-start-up, requests in flight, nothing finished
-            os.kill(child.pid, signal.SIGKILL)
-            child.wait()
+        for kill_at in (0, 120, 300, 450):  # killed with more than this many prompts on disk, the rest in flight
+            child = subprocess.Popen([sys.executable, str(CHILD), str(job)], stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+            kill_past(child, stats, kill_at, total=600)
             kills += 1
         summary = run_shard(shard, endpoints, tmp_path / "out", settings())
         drained(fleet, 2)
