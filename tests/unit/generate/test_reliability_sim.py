@@ -35,13 +35,15 @@ def served(fleet, count):
 
 
 def drained(fleet, count):
+    """Until no server runs or queues anything: once the shard is over nothing new arrives, so it stays so."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         states = [fleet.capacity(i) for i in range(count)]
         if all(s["running"] == 0 and s["waiting"] == 0 for s in states):
             return
         time.sleep(0.1)
-    raise AssertionError("servers did not drain")
+    raise AssertionError(f"servers did not drain in 60 s; last seen (running, waiting): "
+                         f"{[(s['running'], s['waiting']) for s in states]}")
 
 
 def kill_past(child: subprocess.Popen, stats: Path, kill_at: int, *, total: int, cap_s: float = 60.0) -> int:
