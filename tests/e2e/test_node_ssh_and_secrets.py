@@ -14,9 +14,11 @@ import stat
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from devstack.sessions import hold_sessions, release_sessions
 
 pytestmark = pytest.mark.slow
 
@@ -78,8 +80,9 @@ async def _first_event(trigger) -> dict:
     raise AssertionError("the trigger ended without an event")
 
 
-async def _wait_with_outage(environment, trigger, *, down_at_s: float, down_for_s: float | None) -> dict:
-    """Run the trigger; kill the node's sshd after down_at_s, start it again after down_for_s (None: never)."""
+async def _wait_with_outage(environment, trigger, launched, *, down_at_s: float, down_for_s: float | None) -> dict:
+    """Run the trigger; kill the node's sshd after down_at_s, start it again after down_for_s (None: never).
+    The server is held meanwhile (``_held_loading``): it is still loading whenever SSH goes."""
 
     async def outage():
         await asyncio.sleep(down_at_s)
@@ -87,12 +90,27 @@ async def _wait_with_outage(environment, trigger, *, down_at_s: float, down_for_
         if down_for_s is not None:
             await asyncio.sleep(down_for_s)
             await asyncio.to_thread(environment.restart_sshd, 0)
+            release_sessions([launched["pid"]])
 
-    disruption = asyncio.ensure_future(outage())
+    with _held_loading(launched):
+        disruption = asyncio.ensure_future(outage())
+        try:
+            return await _first_event(trigger)
+        finally:
+            await disruption
+
+
+@contextmanager
+def _held_loading(launched: dict):
+    """The launched server held (SIGSTOP to its session: ``setsid`` made it a session leader) from now until it is
+    let go on (``release_sessions``) or the block ends: it loads nothing meanwhile, so a disruption the test
+    starts lands while it loads, however slowly the machine runs. A held server's process is alive and its
+    port unbound, as a loading one's."""
+    hold_sessions([launched["pid"]])
     try:
-        return await _first_event(trigger)
+        yield
     finally:
-        await disruption
+        release_sessions([launched["pid"]])
 
 
 def _reconnect_lines(capfd, caplog) -> list[str]:
@@ -105,7 +123,7 @@ def test_wait_reconnects_after_the_ssh_server_is_killed_and_restarted(node, capf
     launched = _launch(node)
     trigger = _trigger(launched)
     caplog.set_level("WARNING")
-    event = asyncio.run(_wait_with_outage(node, trigger, down_at_s=1.5, down_for_s=3.0))
+    event = asyncio.run(_wait_with_outage(node, trigger, launched, down_at_s=1.5, down_for_s=3.0))
     assert event["status"] == "ready", event
     assert event["server_info"]["internal_states"][0]["effective_max_running_requests_per_dp"] > 0
     reconnects = _reconnect_lines(capfd, caplog)
@@ -122,6 +140,7 @@ def test_a_wedged_ssh_server_times_the_command_out_and_the_wait_goes_on(node, ca
         node.signal_sshd(signal.SIGSTOP)  # the connection stays up; nothing answers on it
         await asyncio.sleep(4.0)
         node.signal_sshd(signal.SIGCONT)
+        release_sessions([launched["pid"]])
 
     async def wait():
         disruption = asyncio.ensure_future(wedge())
@@ -130,7 +149,8 @@ def test_a_wedged_ssh_server_times_the_command_out_and_the_wait_goes_on(node, ca
         finally:
             await disruption
 
-    event = asyncio.run(wait())
+    with _held_loading(launched):
+        event = asyncio.run(wait())
     assert event["status"] == "ready", event
     reconnects = _reconnect_lines(capfd, caplog)
     assert any("TimeoutError" in line for line in reconnects), reconnects
@@ -143,7 +163,7 @@ def test_wait_fails_naming_host_server_and_budget_when_the_node_stays_away(node,
     launched = _launch(node)
     trigger = _trigger(launched, reconnect_attempts=3, reconnect_budget_s=60.0)
     caplog.set_level("WARNING")
-    event = asyncio.run(_wait_with_outage(node, trigger, down_at_s=1.0, down_for_s=None))
+    event = asyncio.run(_wait_with_outage(node, trigger, launched, down_at_s=1.0, down_for_s=None))
     assert event["status"] == "unreachable", event
     # The server was still loading when SSH went: the wait could not know it would come up, so it fails.
     assert event["budget"]["failures"] == 4 and event["budget"]["attempts"] == 3
