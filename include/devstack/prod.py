@@ -27,7 +27,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from devstack.demo import PROJECT_ROOT, SimEnvironment, airflow_cli
-from devstack.sessions import STOP_GRACE_S, hold_sessions, reap_sessions, release_sessions, signal_session, terminate_sessions
+from devstack.sessions import (STOP_GRACE_S, hold_sessions, reap_sessions, release_sessions, signal_session,
+                               terminate_sessions)
 
 DAG_ID = "sglang_generation"
 PG_ADMIN_URL = os.environ.get("FLEETGEN_PG_ADMIN_URL", "postgresql://root@127.0.0.1:5432/postgres")
