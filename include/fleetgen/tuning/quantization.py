@@ -10,7 +10,9 @@ Three things in SGLang decide it (docs/sglang-memory-model.md §2.2):
   before anything loads;
 - ``model_loader/weight_utils.py::get_quant_config`` builds the method's config, whose ``kv_cache_quant_algo``
   makes ``mem_cache/kv_cache_dtype.py::configure_kv_cache_dtype`` store the KV cache in FP8 when
-  ``--kv-cache-dtype`` is ``auto``; ``model_loader/loader.py`` refuses a GPU below the method's capability.
+  ``--kv-cache-dtype`` is ``auto``; ``model_loader/loader.py`` refuses a GPU below the method's capability. A
+  ModelOpt mixed-precision (``modelopt_mixed``) config.json that lacks the per-layer map or the KV-cache keys is
+  read from ``hf_quant_config.json`` instead, as an NVFP4 Qwen3.6-35B-A3B export's is (its config.json has no KV key).
 
 The weights SGLang loads are the checkpoint's tensors as stored, so their bytes are the index's or the headers'
 (model_files.py) whatever the method.
@@ -23,9 +25,11 @@ from dataclasses import dataclass
 from fleetgen.errors import ModelConfigError
 
 # get_min_capability of each method's config class (layers/quantization/*): the GPU's compute capability
-# (major * 10 + minor) must reach it (model_loader/loader.py::_get_quantization_config).
-MIN_CAPABILITY = {"fp8": 80, "modelopt_fp8": 89, "modelopt_fp4": 80, "awq": 75, "awq_marlin": 80,
-                  "gptq_marlin": 80, "compressed-tensors": 70, "mxfp4": 80, "w8a8_fp8": 89, "w8a8_int8": 75}
+# (major * 10 + minor) must reach it (model_loader/loader.py::_get_quantization_config). modelopt_mixed's is
+# ModelOptFp4Config's.
+MIN_CAPABILITY = {"fp8": 80, "modelopt_fp8": 89, "modelopt_fp4": 80, "modelopt_mixed": 80, "awq": 75,
+                  "awq_marlin": 80, "gptq_marlin": 80, "compressed-tensors": 70, "mxfp4": 80, "w8a8_fp8": 89,
+                  "w8a8_int8": 75}
 # _verify_quantization's compatible_quantization_methods: a --quantization that may differ from the checkpoint's.
 COMPATIBLE_FLAGS = {"modelopt_fp8": {"modelopt"}, "modelopt_fp4": {"modelopt", "fp8"}, "modelopt_mixed": {"modelopt"},
                     "nvfp4_online": {"fp8", "modelopt_fp8"}, "petit_nvfp4": {"modelopt"},
@@ -34,7 +38,9 @@ COMPATIBLE_FLAGS = {"modelopt_fp8": {"modelopt"}, "modelopt_fp4": {"modelopt", "
                     "auto-round-int8": {"compressed-tensors", "compressed_tensors"}}
 # Methods that requantize a checkpoint online (model_config.py REQUANTIZATION_METHODS, nvfp4_online).
 ONLINE_REQUANTIZATION = frozenset({"quark_mxfp4", "nvfp4_online"})
-MODELOPT_METHODS = frozenset({"modelopt_fp8", "modelopt_fp4"})
+# A ModelOpt checkpoint keeps its own method whatever --quantization names: base_config.py's
+# _modelopt_override_quantization_method, ModelOptMixedPrecisionConfig.override_quantization_method.
+MODELOPT_METHODS = frozenset({"modelopt_fp8", "modelopt_fp4", "modelopt_mixed"})
 # awq_marlin / gptq_marlin override_quantization_method: the user's flag that still lets the upgrade happen.
 _MARLIN_FLAGS = {"awq": {None, "marlin", "awq_marlin"}, "gptq": {None, "marlin", "gptq_marlin"}}
 # AWQMarlinConfig.TYPE_MAP / GPTQMarlinConfig.TYPE_MAP (symmetric only) and marlin_utils' group sizes.
@@ -78,6 +84,29 @@ def _modelopt_method(quant: dict) -> str | None:
     if algo and "FP4" in algo:
         return "modelopt_fp4"
     return {"FP8": "modelopt_fp8", "MXFP8": "mxfp8"}.get(algo)
+
+
+def _mixed_kv_algo(quant: dict, source: str, hf_quant_config: dict | None, config_path: str) -> str | None:
+    """ModelOptMixedPrecisionConfig.from_config's kv_cache_quant_algo, from config.json's flat quantization_config
+    unless get_quant_config passes over it as incomplete (no quantized_layers, or neither kv_cache_quant_algo nor
+    kv_cache_scheme) for the checkpoint's hf_quant_config.json."""
+    complete = "quantized_layers" in quant and ("kv_cache_quant_algo" in quant or "kv_cache_scheme" in quant)
+    if source == "config.json" and not complete:
+        if not isinstance(hf_quant_config, dict):
+            raise ModelConfigError("SGLang refuses this launch: Cannot find the config file for modelopt_mixed (its "
+                                   "config.json quantization_config has no per-layer map or KV-cache keys, and there "
+                                   "is no hf_quant_config.json beside it)", path=config_path,
+                                   hint="copy the checkpoint's hf_quant_config.json into the model directory named by "
+                                        "model.path in the fleet description")
+        quant = hf_quant_config
+    if "quant_algo" not in quant:  # the file's nested form
+        return _modelopt_section(quant).get("kv_cache_quant_algo")
+    scheme = quant.get("kv_cache_scheme")
+    if isinstance(scheme, dict):
+        if scheme.get("type") == "float" and scheme.get("num_bits") in (8, 4):
+            return "FP8" if scheme["num_bits"] == 8 else "NVFP4"
+        return "auto"
+    return quant.get("kv_cache_quant_algo")
 
 
 def _kv_algo(method: str, quant: dict) -> str | None:
@@ -159,6 +188,8 @@ def checkpoint_quantization(config: dict, hf_quant_config: dict | None, flag: st
         raise ModelConfigError(f"quantization method {flag} (checkpoint: {checkpoint_method}) is not one the tuner "
                                f"models ({', '.join(sorted(MIN_CAPABILITY))})", path=config_path,
                                hint="plan this model by hand with explicit SGLang flags")
+    if flag == "modelopt_mixed":
+        return Quantization(flag, _mixed_kv_algo(quant, source, hf_quant_config, config_path), source)
     return Quantization(flag, _kv_algo(flag, quant), source)
 
 

@@ -25,6 +25,15 @@ MODELOPT_FP4 = {"producer": {"name": "modelopt"},
                 "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16,
                                  "exclude_modules": ["lm_head"]}}
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+# nvidia/Qwen3.6-35B-A3B-NVFP4 (abridged to one layer of each kind): config.json names the per-layer map but no
+# KV-cache key; its hf_quant_config.json carries kv_cache_quant_algo FP8
+MIXED_LAYERS = {"model.language_model.layers.0.mlp.experts": {"quant_algo": "W4A16_NVFP4", "group_size": 16},
+                "model.language_model.layers.3.self_attn.q_proj": {"quant_algo": "FP8"}}
+MIXED = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": MIXED_LAYERS,
+         "producer": {"name": "modelopt", "version": "0.37.0"}, "ignore": ["mtp.layers.0*", "mtp*"]}
+MIXED_FILE = {"producer": {"name": "modelopt", "version": "0.44.0"},
+              "quantization": {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": "FP8",
+                               "exclude_modules": ["mtp.layers.0*", "mtp*"], "quantized_layers": MIXED_LAYERS}}
 
 
 def resolve(quant=None, hf_quant=None, flag=None):
@@ -160,8 +169,6 @@ def test_an_hf_quant_config_that_names_no_modelopt_method_leaves_the_checkpoint_
 
 
 @pytest.mark.parametrize("quant, named", [
-    ({"quant_algo": "MIXED_PRECISION", "quantized_layers": {"l0": {"quant_algo": "NVFP4"}}}, "modelopt_mixed"),
-    ({"quant_algo": "MIXED_PRECISION", "quantized_layers": {"l0": {"quant_algo": "w4a16_nvfp4"}}}, "modelopt_mixed"),
     ({"quant_algo": "MIXED_PRECISION", "quantized_layers": {"l0": {"quant_algo": "FP8"}, "l1": "x"}}, "w4afp8"),
     ({"quant_algo": "MIXED_PRECISION"}, "w4afp8"),
     ({"quant_algo": "MXFP8"}, "mxfp8"),
@@ -170,6 +177,36 @@ def test_modelopt_methods_the_tuner_does_not_model_are_named_in_the_refusal(quan
     with pytest.raises(ModelConfigError, match=rf"quantization method {named} \(checkpoint: {named}\)") as error:
         resolve(quant)
     assert error.value.path == "/models/m/config.json" and "by hand" in error.value.hint
+
+
+@pytest.mark.parametrize("quant, hf_quant, flag, expected", [
+    # get_quant_config passes over config.json's map without a KV-cache key for hf_quant_config.json's
+    (MIXED, MIXED_FILE, None, Quantization("modelopt_mixed", "FP8", "config.json")),
+    # a config.json with its KV-cache key is read as it stands (ModelOptMixedPrecisionConfig.from_config, flat)
+    ({**MIXED, "kv_cache_scheme": {"type": "float", "num_bits": 8}}, None, None,
+     Quantization("modelopt_mixed", "FP8", "config.json")),
+    ({**MIXED, "kv_cache_quant_algo": None}, MIXED_FILE, None, Quantization("modelopt_mixed", None, "config.json")),
+    ({**MIXED, "kv_cache_scheme": {"type": "float", "num_bits": 4}}, None, None,
+     Quantization("modelopt_mixed", "NVFP4", "config.json")),
+    ({**MIXED, "kv_cache_scheme": {"type": "int", "num_bits": 8}}, None, None,
+     Quantization("modelopt_mixed", "auto", "config.json")),
+    # only hf_quant_config.json (nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4)
+    (None, MIXED_FILE, None, Quantization("modelopt_mixed", "FP8", "hf_quant_config.json")),
+    # the checkpoint's method whatever --quantization names (override_quantization_method)
+    (MIXED, MIXED_FILE, "awq", Quantization("modelopt_mixed", "FP8", "config.json")),
+])
+def test_a_modelopt_mixed_checkpoint_takes_its_kv_cache_where_sglang_finds_it(quant, hf_quant, flag, expected):
+    assert resolve(quant, hf_quant, flag) == expected
+
+
+def test_an_fp8_kv_cache_only_hf_quant_config_names_is_an_fp8_kv_cache():
+    assert resolve(MIXED, MIXED_FILE).kv_cache_fp8 and not resolve({**MIXED, "kv_cache_quant_algo": None}).kv_cache_fp8
+
+
+def test_a_modelopt_mixed_config_without_its_kv_key_or_file_is_refused_as_sglang_refuses_it():
+    with pytest.raises(ModelConfigError, match="Cannot find the config file for modelopt_mixed") as error:
+        resolve(MIXED)
+    assert error.value.path == "/models/m/config.json" and "hf_quant_config.json" in error.value.hint
 
 
 def test_online_requantization_is_refused_naming_the_flag_and_the_checkpoint():
@@ -192,7 +229,8 @@ def test_a_gpu_at_or_above_the_methods_capability_is_accepted(method, generation
 @pytest.mark.parametrize("method, generation, needed, current", [
     ("fp8", "sm75", 80, 75), ("modelopt_fp8", "sm86", 89, 86), ("w8a8_fp8", "sm80", 89, 80),
     ("awq", "sm70", 75, 70), ("awq_marlin", "sm75", 80, 75), ("gptq_marlin", "sm75", 80, 75),
-    ("modelopt_fp4", "sm75", 80, 75), ("mxfp4", "sm75", 80, 75), ("compressed-tensors", "sm61", 70, 61),
+    ("modelopt_fp4", "sm75", 80, 75), ("modelopt_mixed", "sm75", 80, 75), ("mxfp4", "sm75", 80, 75),
+    ("compressed-tensors", "sm61", 70, 61),
     ("w8a8_int8", "sm70", 75, 70),
 ])
 def test_a_gpu_below_the_methods_capability_is_refused(method, generation, needed, current):
