@@ -2,7 +2,9 @@
 
 A line is a JSON object: ``{"id": str, "messages": [...]}`` (chat, possibly multi-turn) or
 ``{"id": str, "prompt": str}``, with an optional ``"sampling"`` object of per-prompt overrides
-(keys in ``SAMPLING_OVERRIDES``). Other top-level keys are carried along unread.
+(keys in ``SAMPLING_OVERRIDES``). Other top-level keys are carried along unread. A line of the OpenAI Batch API's
+input format (``{"custom_id", "method", "url", "body"}``) is mapped onto the same record by
+:mod:`fleetgen.prompts.batch_api` and checked the same way; :func:`read_line` says which format a line is in.
 
 :func:`parse_line` tells the two kinds of problem apart (see :mod:`fleetgen.prompts.scan` for what each
 leads to): *structural* (not a JSON object, no usable ``id``) and *per-prompt* (the id is good but
@@ -14,11 +16,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from fleetgen.json_types import is_json_int, is_json_number, is_positive_int
+from fleetgen.prompts import batch_api
 
-__all__ = ["Prompt", "ROLES", "SAMPLING_OVERRIDES", "fast_id", "parse_line", "shorten"]
+__all__ = ["FLEETGEN_FORMAT", "FORMAT_NAMES", "ParsedLine", "Prompt", "ROLES", "SAMPLING_OVERRIDES", "fast_id", "parse_line",
+           "mixed_formats", "read_line", "shorten"]
 
 try:  # orjson parses ~3x faster; the stdlib parser gives the same values
     import orjson as _orjson
@@ -92,28 +96,64 @@ def fast_id(raw_line: bytes) -> bytes | None:
     return raw_id if end > 0 and b"\\" not in raw_id else None
 
 
+FLEETGEN_FORMAT = "fleetgen"  # the format above; batch_api.BATCH_FORMAT the other
+FORMAT_NAMES = {FLEETGEN_FORMAT: 'fleetgen\'s prompts format ({"id", "messages" | "prompt"})',
+                batch_api.BATCH_FORMAT: 'the OpenAI Batch API\'s input format ({"custom_id", "method", "url", "body"})'}
+
+
+class ParsedLine(NamedTuple):
+    """One line read: the prompt, or the structural or per-prompt problem; its id, and the format it is in (None
+    when the line names no prompt: not an object, no id); a Batch API request's ``body.model``."""
+
+    prompt: Prompt | None
+    structural: str | None
+    per_prompt: str | None
+    id: str | None
+    format: str | None = None
+    model: str | None = None
+
+
 def parse_line(raw: bytes) -> tuple[Prompt | None, str | None, str | None, str | None]:
-    """(prompt, structural problem, per-prompt problem, id) for one non-blank line."""
+    """(prompt, structural problem, per-prompt problem, id) for one non-blank line, in either format."""
+    return read_line(raw)[:4]
+
+
+def read_line(raw: bytes) -> ParsedLine:
+    """``parse_line`` with the line's format and the model a Batch API request names."""
     try:
         record = _loads(raw)
     except _JSONError as exc:
-        return None, f"malformed JSON ({shorten(str(exc))})", None, None
+        return ParsedLine(None, f"malformed JSON ({shorten(str(exc))})", None, None)
     except UnicodeDecodeError:
-        return None, "not valid UTF-8", None, None
+        return ParsedLine(None, "not valid UTF-8", None, None)
     if not isinstance(record, dict):
-        return None, f"expected a JSON object, got {type(record).__name__}", None, None
+        return ParsedLine(None, f"expected a JSON object, got {type(record).__name__}", None, None)
+    line_format, id_key, model, request_problem, names = FLEETGEN_FORMAT, "id", None, None, None
+    if batch_api.is_batch_record(record):
+        request = batch_api.to_prompt_record(record)
+        line_format, id_key, model, request_problem, names = (batch_api.BATCH_FORMAT, batch_api.ID_KEY,
+                                                              request.model, request.problem, request.names)
+        record = request.record
     prompt_id = record.get("id")
     if prompt_id is None:
-        return None, 'missing "id"', None, None
+        return ParsedLine(None, f'missing "{id_key}"', None, None)
     if not isinstance(prompt_id, str) or not prompt_id.strip():
-        return None, f'"id" must be a non-empty string, got {shorten(repr(prompt_id))}', None, None
-    if problem := _content_problem(record):
-        return None, None, problem, prompt_id
-    return (Prompt(id=prompt_id, messages=record.get("messages"), prompt=record.get("prompt"),
-                   sampling=record.get("sampling") or {}), None, None, prompt_id)
+        return ParsedLine(None, f'"{id_key}" must be a non-empty string, got {shorten(repr(prompt_id))}', None, None,
+                          line_format)
+    if problem := request_problem or _content_problem(record, names):
+        return ParsedLine(None, None, problem, prompt_id, line_format, model)
+    return ParsedLine(Prompt(id=prompt_id, messages=record.get("messages"), prompt=record.get("prompt"),
+                             sampling=record.get("sampling") or {}), None, None, prompt_id, line_format, model)
 
 
-def _content_problem(record: dict) -> str | None:
+def mixed_formats(line_format: str, file_format: str, decided_at: int) -> str:
+    """Why a line of one format cannot be in a file of the other (the file's first prompt, at ``decided_at``,
+    decided its format): the structural problem the scan names the line with."""
+    return (f"this line is in {FORMAT_NAMES[line_format]}, the file in {FORMAT_NAMES[file_format]} (as its first "
+            f"prompt, line {decided_at}, is): one file holds one format")
+
+
+def _content_problem(record: dict, batch_names: dict[str, str] | None = None) -> str | None:
     has_messages, has_prompt = "messages" in record, "prompt" in record
     if has_messages == has_prompt:
         return 'needs exactly one of "messages" and "prompt"'
@@ -130,11 +170,17 @@ def _content_problem(record: dict) -> str | None:
         if not isinstance(sampling, dict):
             return f'"sampling" must be an object, got {type(sampling).__name__}'
         for key, value in sampling.items():
+            # a Batch API line's overrides are its body keys: named as the line names them
+            name = f'sampling override "{key}"' if batch_names is None else f"body.{batch_names.get(key, key)}"
             if key not in SAMPLING_OVERRIDES:
-                return f'unknown sampling override "{key}" (allowed: {", ".join(SAMPLING_OVERRIDES)})'
+                allowed = ", ".join(SAMPLING_OVERRIDES)
+                return (f'unknown sampling override "{key}" (allowed: {allowed})' if batch_names is None else
+                        f"{name} is not supported (fleetgen reads the sampling keys {allowed}, "
+                        f"{', '.join(batch_api.RENAMED)}, and {', '.join(sorted(batch_api.UNREAD))}, which change "
+                        f"nothing)")
             what, check = SAMPLING_OVERRIDES[key]
             if not check(value):
-                return f'sampling override "{key}" must be {what}, got {shorten(repr(value))}'
+                return f"{name} must be {what}, got {shorten(repr(value))}"
     return None
 
 

@@ -2,8 +2,9 @@
 
 The prompts file is JSONL, one object a line: ``{"id": str, "messages": [...]}`` (chat, possibly
 multi-turn) or ``{"id": str, "prompt": str}``, with an optional ``"sampling"`` object of per-prompt
-overrides (keys in ``SAMPLING_OVERRIDES``). Other top-level keys are carried along unread. Parsing
-and checking one line lives in :mod:`fleetgen.prompts.lines` (its public names are re-exported
+overrides (keys in ``SAMPLING_OVERRIDES``). Other top-level keys are carried along unread. A file in the
+OpenAI Batch API's input format is read the same way (:mod:`fleetgen.prompts.batch_api`); one file holds one
+format. Parsing and checking one line lives in :mod:`fleetgen.prompts.lines` (its public names are re-exported
 here); this module deals with the file as a whole.
 
 Two kinds of problem are told apart:
@@ -47,8 +48,8 @@ import orjson
 from fleetgen.errors import PromptsError
 from fleetgen.prompts.length import (CHARS_PER_TOKEN, LengthLimit, cap_cut_limit,  # noqa: F401 (re-exported)
                                      estimated_tokens)
-from fleetgen.prompts.lines import (ROLES, SAMPLING_OVERRIDES, Prompt, fast_id,  # noqa: F401 (re-exported)
-                                  parse_line, shorten)
+from fleetgen.prompts.lines import (FLEETGEN_FORMAT, ROLES, SAMPLING_OVERRIDES, Prompt,  # noqa: F401 (re-exported)
+                                    fast_id, mixed_formats, parse_line, read_line, shorten)
 
 CHANGED_SINCE_SCAN = "the prompts file changed after it was scanned; start a new run"
 # What a compressed file starts with, and the command that decompresses it beside the original: the scan reads
@@ -100,6 +101,12 @@ class PromptScan:
     # what the context, and so every server's cap, is with and without it.
     longest: dict | None = None
     runner_up_prompt_tokens: int | None = None
+    # The file's format (lines.FLEETGEN_FORMAT or batch_api.BATCH_FORMAT): its first line naming a prompt decided it.
+    format: str = FLEETGEN_FORMAT
+    # Accepted Batch API requests whose body.model is not the run's model (generated with the run's: §1.1), and the
+    # first of them ({"line", "model"}); counted only when the scan is told the run's model.
+    other_model_lines: int = 0
+    other_model: dict | None = None
 
     @property
     def est_prompt_tokens_mean(self) -> float:
@@ -153,7 +160,7 @@ def compression_of(path: str | os.PathLike) -> tuple[str, str] | None:
 
 def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | None = None,
                  max_listed: int = 20, length_limit: LengthLimit | None = None,
-                 max_cap_cut_factor: float = 0.0) -> PromptScan:
+                 max_cap_cut_factor: float = 0.0, run_model: str | None = None) -> PromptScan:
     """Validate the whole file in one pass; write per-prompt rejects; raise on structural problems.
 
     With ``length_limit``, prompts too long for its context are rejected too (``too_long`` counts
@@ -168,16 +175,20 @@ def scan_prompts(path: str | os.PathLike, *, rejects_path: str | os.PathLike | N
 
     The scan also fixes what the run will read: one digest per index block (``digests``), and the
     largest per-prompt ``max_tokens`` and request (``own_max_tokens_max``, ``request_tokens_max``).
+
+    The file is in one format, fleetgen's or the OpenAI Batch API's (``format``): the first line that names a
+    prompt decides, and a line of the other format is a structural problem. With ``run_model``, the accepted Batch
+    API requests naming another model are counted (``other_model_lines``).
     """
     if max_cap_cut_factor and length_limit is None:
         raise ValueError("max_cap_cut_factor needs the length_limit that gives each prompt its output budget")
-    scan = _scan_once(Path(path), rejects_path, max_listed, length_limit)
+    scan = _scan_once(Path(path), rejects_path, max_listed, length_limit, run_model)
     tighter = cap_cut_limit(length_limit, scan.request_tokens_median, scan.request_tokens_max, max_cap_cut_factor)
-    return scan if tighter is None else _scan_once(Path(path), rejects_path, max_listed, tighter)
+    return scan if tighter is None else _scan_once(Path(path), rejects_path, max_listed, tighter, run_model)
 
 
 def _scan_once(path: Path, rejects_path: str | os.PathLike | None, max_listed: int,
-               length_limit: LengthLimit | None) -> PromptScan:
+               length_limit: LengthLimit | None, run_model: str | None) -> PromptScan:
     try:
         stat = path.stat()
     except OSError as exc:
@@ -190,7 +201,7 @@ def _scan_once(path: Path, rejects_path: str | os.PathLike | None, max_listed: i
         partial.parent.mkdir(parents=True, exist_ok=True)
     with path.open("rb") as handle, (partial.open("wb") if partial is not None else open(os.devnull, "wb")) as sink, \
             jsonlines.Writer(sink, dumps=orjson.dumps) as out:
-        tally = _Tally(max_listed=max_listed, length_limit=length_limit, rejects=out)
+        tally = _Tally(max_listed=max_listed, length_limit=length_limit, rejects=out, run_model=run_model)
         add = tally.add  # bound once: a call per line of a file of millions
         for number, raw in enumerate(handle, 1):
             add(number, raw)
@@ -234,6 +245,11 @@ class _Tally:
     requests: array = field(default_factory=lambda: array("q"))
     longest: tuple[str, int] | None = None  # (id, line) of the accepted prompt with the most characters
     runner_up_chars: int | None = None  # the most characters among the accepted but the longest
+    run_model: str | None = None
+    file_format: str | None = None  # the format of the first line naming a prompt, at format_line
+    format_line: int = 0
+    other_model_lines: int = 0
+    other_model: dict | None = None
 
     def add(self, number: int, raw: bytes) -> None:
         line_offset, self.offset, self.lines = self.offset, self.offset + len(raw), number
@@ -243,7 +259,8 @@ class _Tally:
             self.block.update(raw)
 
     def _judge(self, number: int, raw: bytes, line_offset: int) -> None:
-        prompt, structural, per_prompt, prompt_id = parse_line(raw)
+        parsed = read_line(raw)
+        prompt, structural, per_prompt, prompt_id = parsed[:4]
         if prompt is not None and self.length_limit is not None and (per_prompt := self.length_limit.problem(prompt)):
             self.too_long += 1
         if prompt_id is not None:
@@ -252,6 +269,10 @@ class _Tally:
                 structural = f"duplicate id {shorten(repr(prompt_id))}"
             else:
                 self.seen_ids.add(prompt_id)
+            if self.file_format is None:
+                self.file_format, self.format_line = parsed.format, number
+            elif parsed.format != self.file_format:
+                structural = mixed_formats(parsed.format, self.file_format, self.format_line)
         if structural:
             self.problem_count += 1
             if len(self.problems) < self.max_listed:
@@ -263,6 +284,9 @@ class _Tally:
                 self.reject_reasons.append((number, per_prompt))
         else:
             self._accept(number, prompt, line_offset)
+            if parsed.model is not None and self.run_model is not None and parsed.model != self.run_model:
+                self.other_model_lines += 1
+                self.other_model = self.other_model or {"line": number, "model": parsed.model}
 
     def _accept(self, number: int, prompt: Prompt, line_offset: int) -> None:
         if self.count % INDEX_STRIDE == 0:
@@ -302,7 +326,8 @@ class _Tally:
             longest=asdict(LongestPrompt(*self.longest, prompt_tokens=estimated_tokens(self.chars_max)))
             if self.longest is not None else None,
             runner_up_prompt_tokens=estimated_tokens(self.runner_up_chars) if self.runner_up_chars is not None
-            else None)
+            else None, format=self.file_format or FLEETGEN_FORMAT, other_model_lines=self.other_model_lines,
+            other_model=self.other_model)
 
 
 def _raise_structural(path: Path, tally: _Tally) -> None:
@@ -312,7 +337,8 @@ def _raise_structural(path: Path, tally: _Tally) -> None:
     raise PromptsError(
         f"{tally.problem_count} structural problem(s) in the prompts file:\n{listed}{more}",
         problems=problems, path=str(path), line=problems[0][0],
-        hint="fix these lines (each needs valid JSON and a unique string id) and start the run again")
+        hint="fix these lines (each needs valid JSON and a unique string id: \"custom_id\" in a Batch API file, "
+             "all in one format) and start the run again")
 
 
 def _raise_none_valid(path: Path, tally: _Tally, rejects: Path | None) -> None:

@@ -367,7 +367,8 @@ def test_problem_listing_edges(tmp_path):
         scan_prompts(path)
     assert len(caught.value.problems) == 20 and caught.value.message.endswith("\n  ... and 5 more")
     assert caught.value.path == str(path)
-    assert caught.value.hint == "fix these lines (each needs valid JSON and a unique string id) and start the run again"
+    assert caught.value.hint == ('fix these lines (each needs valid JSON and a unique string id: "custom_id" in a Batch '
+                                 'API file, all in one format) and start the run again')
     _write(path, ["[1]\n", "[2]\n", _line("a")])
     with pytest.raises(PromptsError) as exact:
         scan_prompts(path, max_listed=2)
