@@ -152,17 +152,19 @@ def scan_prompts(fleet: dict) -> dict:
     *When it fails*: the file is not readable on the worker or a line is not JSON; the log names the line.
     """
     from fleetgen.prompts.length import LengthLimit
+    from fleetgen.prompts.lines import FLEETGEN_FORMAT, FORMAT_NAMES
     from fleetgen.prompts.scan import scan_prompts as scan_file
     from fleetgen.report.previous import prompts_identity
 
     _, config, layout = run_context()
     _create_run_folder(layout)
-    limit = _prompt_length_limit(fleet_from_json(fleet), config)
+    spec = fleet_from_json(fleet)
+    limit = _prompt_length_limit(spec, config)
     log.info("Validating prompts %s (rejects go to %s); prompts must fit a context of %d tokens with max_tokens "
              "%d (%s)", config.inputs.prompts_path, layout.rejects, limit.context_tokens, limit.max_tokens,
              limit.source)
     scan = scan_file(config.inputs.prompts_path, rejects_path=layout.rejects, length_limit=limit,
-                     max_cap_cut_factor=config.tuning.max_cap_cut_factor)
+                     max_cap_cut_factor=config.tuning.max_cap_cut_factor, run_model=spec.model.served_name)
     applied = LengthLimit.from_dict(scan.length_limit)  # tighter than ``limit`` when max_cap_cut_factor set some aside
     # The scan (with its sparse byte index, ~1,000 pairs per million prompts) travels on so that
     # plan_shards does not read the file a second time.
@@ -170,8 +172,13 @@ def scan_prompts(fleet: dict) -> dict:
                "prompt_tokens_mean": round(scan.est_prompt_tokens_mean, 1),
                "prompt_tokens_max": scan.est_prompt_tokens_max}
     layout.prompts_identity.write_text(json.dumps(prompts_identity(summary)))
-    log.info("Prompts: %d valid, %d rejected; prompt tokens mean %.0f, max %d (estimated from characters)",
-             scan.count, scan.rejected, scan.est_prompt_tokens_mean, scan.est_prompt_tokens_max)
+    log.info("Prompts%s: %d valid, %d rejected; prompt tokens mean %.0f, max %d (estimated from characters)",
+             "" if scan.format == FLEETGEN_FORMAT else f" in {FORMAT_NAMES[scan.format]}", scan.count, scan.rejected,
+             scan.est_prompt_tokens_mean, scan.est_prompt_tokens_max)
+    if scan.other_model_lines:  # docs/output-formats.md §1.1: the fleet's model answers every request
+        log.warning("%d Batch API request(s) name another model than the fleet's %r (the first: %r at line %d); "
+                    "they are generated with the fleet's model, which their completions name", scan.other_model_lines,
+                    spec.model.served_name, scan.other_model["model"], scan.other_model["line"])
     if scan.too_long:
         log.warning("%d prompt(s) set aside as too long for the context of %d tokens (%s): estimated prompt tokens "
                     "+ max_tokens %d exceed it; the plan sizes the servers for the other prompts; each is in %s "

@@ -226,6 +226,22 @@ def test_the_context_param_limits_the_prompts_and_the_fleets_context_length_wins
     assert summary["length_limit"]["context_tokens"] == 1000 and summary["too_long"] == 0
 
 
+def test_a_batch_api_file_is_scanned_and_its_requests_naming_another_model_are_told_once(run, nodes, caplog):
+    run.prompts.write_text("".join(json.dumps({
+        "custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": model, "messages": [{"role": "user", "content": "hi"}]}}) + "\n"
+        for i, model in enumerate(["m", "gpt-4o-mini", "m", "o3"])))
+    with caplog.at_level("INFO", logger="fleetgen"):
+        summary = run.call(tasks.scan_prompts, fleet_document(str(run.model)))  # the fleet serves "m"
+    assert (summary["format"], summary["count"], summary["other_model_lines"]) == ("openai_batch", 4, 2)
+    messages = _messages(caplog)
+    assert messages[1].startswith("Prompts in the OpenAI Batch API's input format ({\"custom_id\", \"method\", "
+                                  "\"url\", \"body\"}): 4 valid, 0 rejected")
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "2 Batch API request(s) name another model than the fleet's 'm' (the first: 'gpt-4o-mini' at line 2); they "
+        "are generated with the fleet's model, which their completions name"]
+
+
 def test_a_scan_with_nothing_too_long_warns_of_nothing(run, nodes, caplog):
     with caplog.at_level("WARNING", logger="fleetgen"):
         run.call(tasks.scan_prompts, fleet_document(str(run.model)))
