@@ -28,6 +28,8 @@ def dag_param(spec: Setting) -> Param:
     elif spec.kind is list:  # the form edits it as JSON
         schema["type"] = "array"
         schema["items"] = {"type": "object"}
+    elif spec.kind is dict:  # the form edits it as JSON too
+        schema["type"] = "object"
     elif spec.optional:
         schema["type"] = ["null", "string"]
     else:

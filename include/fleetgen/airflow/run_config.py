@@ -23,12 +23,13 @@ from typing import Any
 from fleetgen.errors import ConfigError
 from fleetgen.json_types import is_json_int, is_json_number
 from fleetgen.outputs import OUTPUT_ROOT_VARIABLE, RunLayout, default_output_root
+from fleetgen.report.prices import GpuHourPrice, read_gpu_hour_price
 from fleetgen.tuning import TunerBounds
 from fleetgen.tuning.model_files import WEIGHTS_HASHES
 from fleetgen.tuning.plan import MODES
 from fleetgen.validation.thresholds import ValidationThresholds
 
-INPUTS, TUNING, GENERATION, THRESHOLDS = "Inputs", "Tuning", "Generation", "Validation thresholds"
+INPUTS, TUNING, GENERATION, THRESHOLDS, REPORT = "Inputs", "Tuning", "Generation", "Validation thresholds", "Report"
 PROMPTS_PATH_VARIABLE = "FLEETGEN_PROMPTS_PATH"
 # reuse_completions: reuse on scheduled runs only (a person's manual run generates everything), always, never.
 REUSE_MODES = ("scheduled", "always", "never")
@@ -42,7 +43,7 @@ class Setting:
     """One DAG parameter: what the form shows and what a run accepts."""
 
     name: str
-    kind: type                    # bool, int, float, str, Path or list (of JSON objects)
+    kind: type                    # bool, int, float, str, Path, list (of JSON objects) or dict (a JSON object)
     default: Any                  # a value, or a callable read when the DAG is parsed (the deployment's env)
     title: str
     section: str
@@ -71,6 +72,10 @@ class Setting:
             if not isinstance(value, list):
                 raise self._refuse("must be a list", value)
             return list(value)
+        if self.kind is dict:  # its entries too
+            if not isinstance(value, dict):
+                raise self._refuse("must be an object", value)
+            return dict(value)
         if self.kind is bool:
             if not isinstance(value, bool):
                 raise self._refuse("must be true or false", value)
@@ -306,7 +311,23 @@ class Thresholds(_Group):
                                      "Validation fails when more prompts failed permanently (4xx).", low=0, high=1)
 
 
-GROUPS: tuple[type[_Group], ...] = (Inputs, Tuning, Generation, Thresholds)
+@dataclass(frozen=True)
+class Report(_Group):
+    gpu_hour_price: dict = setting(
+        dict, dict, "GPU-hour prices", REPORT,
+        'What one GPU-hour costs, by GPU name as nvidia-smi prints it: {"currency": "USD", "per_gpu_hour": '
+        '{"NVIDIA B200": 6.25}}. The report then shows the run\'s cost and its cost per million output tokens, per '
+        "server and per tuning trial candidate. Empty: GPU-hours only, no money.")
+
+    def __post_init__(self) -> None:
+        self.prices()  # a bad entry stops the run at its first task, naming the entry
+
+    def prices(self) -> GpuHourPrice:
+        """The checked prices of ``gpu_hour_price`` (fleetgen.report.prices)."""
+        return read_gpu_hour_price(self.gpu_hour_price)
+
+
+GROUPS: tuple[type[_Group], ...] = (Inputs, Tuning, Generation, Thresholds, Report)
 
 
 def allowed_output_roots() -> tuple[Path, ...]:
@@ -364,6 +385,7 @@ class RunConfig:
     tuning: Tuning
     generation: Generation
     validation: ValidationThresholds
+    report: Report
 
     @staticmethod
     def settings() -> list[Setting]:
@@ -390,7 +412,7 @@ class RunConfig:
         validation = ValidationThresholds(max_tokens=generation.max_tokens,
                                           **asdict(Thresholds.from_params(params)))
         return cls(inputs=Inputs.from_params(params), tuning=Tuning.from_params(params), generation=generation,
-                   validation=validation)
+                   validation=validation, report=Report.from_params(params))
 
     def layout(self, run_id: str) -> RunLayout:
         """The run's folder; refused unless ``output_root`` lies in an allowed root (``run_layout``)."""
@@ -399,6 +421,6 @@ class RunConfig:
     def to_dict(self) -> dict:
         return {"inputs": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.inputs).items()},
                 "tuning": asdict(self.tuning), "generation": asdict(self.generation),
-                "validation": asdict(self.validation)}
+                "validation": asdict(self.validation), "report": asdict(self.report)}
 
 

@@ -66,7 +66,7 @@ def test_the_form_has_every_parameter_once_in_the_declared_order():
     form = dag_params()
     assert list(form) == [spec.name for spec in RunConfig.settings()]
     assert set(form) == RunConfig.param_names()
-    assert list(form)[:2] == ["prompts_path", "output_root"] and list(form)[-1] == "max_error_share"
+    assert list(form)[:2] == ["prompts_path", "output_root"] and list(form)[-1] == "gpu_hour_price"
 
 
 @pytest.mark.parametrize("name", [spec.name for spec in RunConfig.settings() if spec.kind in (int, float)])

@@ -287,7 +287,7 @@ def test_missing_parameters_are_named_in_order():
     with pytest.raises(ConfigError) as caught:
         RunConfig.from_params(params)
     assert caught.value.message == "DAG parameter(s) missing: dry_run, max_tokens, top_p"
-    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 34
+    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 35
 
 
 def test_unknown_parameters_are_refused_before_missing_ones_with_how_to_fix():
@@ -310,7 +310,7 @@ def test_the_form_reads_top_to_bottom_in_sections():
     assert list(_specs())[:7] == ["prompts_path", "output_root", "dry_run", "fleet_file", "relaunch_servers",
                                "keep_servers_up", "skip_unreachable_nodes"]
     assert [spec.section for spec in _specs().values()] == (
-        ["Inputs"] * 7 + ["Tuning"] * 14 + ["Generation"] * 9 + ["Validation thresholds"] * 4)
+        ["Inputs"] * 7 + ["Tuning"] * 14 + ["Generation"] * 9 + ["Validation thresholds"] * 4 + ["Report"])
 
 
 def test_the_configuration_as_a_dict_holds_every_group_with_paths_as_text():
@@ -321,7 +321,8 @@ def test_the_configuration_as_a_dict_holds_every_group_with_paths_as_text():
                                  "skip_unreachable_nodes": False}
     assert as_dict["tuning"]["mode"] == "tuned" and as_dict["generation"]["shard_size"] == 5000
     assert as_dict["validation"]["max_tokens"] == 4096 and as_dict["validation"]["max_error_share"] == 0.01
-    assert set(as_dict) == {"inputs", "tuning", "generation", "validation"}
+    assert as_dict["report"] == {"gpu_hour_price": {}}
+    assert set(as_dict) == {"inputs", "tuning", "generation", "validation", "report"}
 
 
 def test_a_folder_is_not_a_prompts_file_and_is_named_a_folder(tmp_path):
@@ -511,3 +512,47 @@ def test_the_form_edits_the_candidates_as_a_list_of_objects():
     assert form.resolve([{"name": "a", "flags": {"--page-size": 64}}]) == [{"name": "a", "flags": {"--page-size": 64}}]
     with pytest.raises(ParamValidationError):
         form.resolve(["--page-size 64"])
+
+
+def test_gpu_hour_prices_are_read_by_gpu_name_and_empty_by_default_which_prices_nothing():
+    config = RunConfig.from_params(PARAMS)
+    assert config.report.prices().priced is False and config.report.prices().of("NVIDIA B200") is None
+    assert _specs()["gpu_hour_price"].default_value() == {}
+    assert _specs()["gpu_hour_price"].default_value() is not _specs()["gpu_hour_price"].default_value()
+    priced = RunConfig.from_params({**PARAMS, "gpu_hour_price": {
+        "currency": " EUR ", "per_gpu_hour": {"NVIDIA B200": 6, " NVIDIA H100 80GB HBM3 ": 2.5}}}).report.prices()
+    assert (priced.currency, priced.of("NVIDIA B200"), priced.of("NVIDIA H100 80GB HBM3")) == ("EUR", 6.0, 2.5)
+    assert priced.of("NVIDIA H100") is None and priced.unused(["NVIDIA B200"]) == ["NVIDIA H100 80GB HBM3"]
+
+
+@pytest.mark.parametrize("value, message", [
+    ([6.25], r"gpu_hour_price must be an object, got \[6.25\]"),
+    ({"currency": "USD", "per_gpu_hour": {"NVIDIA B200": 6}, "per_hour": 1}, r"unknown key\(s\) 'per_hour'"),
+    ({"currency": "USD"}, r"per_gpu_hour must be a non-empty object of GPU name to price per GPU-hour, got None"),
+    ({"currency": "USD", "per_gpu_hour": {}}, r"per_gpu_hour must be a non-empty object"),
+    ({"per_gpu_hour": {"NVIDIA B200": 6}}, r"currency must be a non-empty text of at most 16 characters .*got None"),
+    ({"currency": "  ", "per_gpu_hour": {"NVIDIA B200": 6}}, r"currency must be a non-empty text"),
+    ({"currency": "USD", "per_gpu_hour": {"NVIDIA B200": -1}},
+     r"per_gpu_hour entry 'NVIDIA B200' must be a price per GPU-hour from 0 to 1,000,000, got -1"),
+    ({"currency": "USD", "per_gpu_hour": {"NVIDIA B200": "6"}}, r"entry 'NVIDIA B200' must be a price .*got '6'"),
+    ({"currency": "USD", "per_gpu_hour": {"NVIDIA B200": True}}, r"entry 'NVIDIA B200' must be a price .*got True"),
+    ({"currency": "USD", "per_gpu_hour": {"NVIDIA B200": float("inf")}}, r"entry 'NVIDIA B200' must be a price"),
+    ({"currency": "USD", "per_gpu_hour": {" ": 6}}, r"per_gpu_hour has an entry without a GPU name: ' '"),
+    ({"currency": "USD", "per_gpu_hour": {"NVIDIA B200": 6, "NVIDIA B200 ": 7}}, r"names 'NVIDIA B200' twice"),
+])
+def test_a_bad_gpu_hour_price_stops_the_run_naming_the_parameter_and_the_entry(value, message):
+    with pytest.raises(ConfigError, match=message) as caught:
+        RunConfig.from_params({**PARAMS, "gpu_hour_price": value})
+    assert caught.value.message.startswith("DAG parameter gpu_hour_price ")
+    assert "set gpu_hour_price in the trigger form or the run's conf" in caught.value.hint
+
+
+def test_the_form_edits_the_gpu_hour_prices_as_an_object():
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from fleetgen.airflow.params import dag_params
+
+    form = dag_params()["gpu_hour_price"]
+    assert form.schema == {"title": "GPU-hour prices", "section": "Report", "type": "object"} and form.value == {}
+    with pytest.raises(ParamValidationError):
+        form.resolve([{"NVIDIA B200": 6}])
