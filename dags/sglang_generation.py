@@ -45,7 +45,8 @@ DOC_MD = f"""
    (**reuse_completions**), then keeps every server at its effective limit × headroom and resumes from its
    checkpoint when retried. Each shard also samples the servers' `/metrics` and the nodes' `nvidia-smi`.
 5. **validate**: Great Expectations over the per-completion stats (one completion per prompt, token and finish
-   reason bounds); **report**: throughput overall / per GPU / per server and the comparison with the previous run.
+   reason bounds); **report**: throughput overall / per GPU / per server and the comparison with the previous run;
+   **batch_api_files**: the results as OpenAI Batch API output and error files (`batch/`).
 
 Outputs: `{{output_root}}/{{run_id}}/` (`completions/`, `errors/`, `stats/`, `validation/`, `report/`).
 """
@@ -185,10 +186,12 @@ with DAG(
         run_report = _task(validate_tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET],
                            trigger_rule="none_failed")(
             decided, in_use, results, validation, identity, FLEET, trial_results)
+        batch_files = _task(validate_tasks.batch_api_files, task_id="batch_api_files", retries=1)()
+        validation >> batch_files
 
     released = _task(server_tasks.release_servers, task_id="release_servers", trigger_rule="all_done",
                     map_index_template=NODE_LABEL).partial(
         fleet=FLEET, plans=PLANS).expand(node=nodes)
     [run_report, readiness, readiness_again, in_use] >> released
     outcome = _task(failures.run_outcome, task_id="run_outcome", trigger_rule="one_failed", retries=0)()
-    [run_report, released] >> outcome
+    [run_report, released, batch_files] >> outcome

@@ -26,6 +26,7 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       candidate-plans.json         the tuning trial's candidates: each one's plan per server, tonight's split
       calibration.json             each server's readback: the memory it really had vs the plan
       trial-decision.json          the tuning trial's decision, its candidates' scores and each server's candidate
+      batch/output.jsonl, errors.jsonl  the results as OpenAI Batch API output and error files (once validated)
 
     <output_root>/calibration.json   corrections per (GPU, SGLang version, model, tp) the next plan starts from
     <output_root>/tuning-trials.jsonl  one tuning trial decision a line, per (GPU, model, SGLang version, workload)
@@ -160,6 +161,16 @@ class RunLayout:
     def trial_decision(self) -> Path:
         """The tuning trial's decision (fleetgen.tuning.trial.decision_record), or why no trial ran."""
         return self.root / "trial-decision.json"
+
+    @property
+    def batch_output(self) -> Path:
+        """The results as an OpenAI Batch API output file (fleetgen.report.batch_output)."""
+        return self.root / "batch" / "output.jsonl"
+
+    @property
+    def batch_errors(self) -> Path:
+        """The prompts without a completion as an OpenAI Batch API error file (fleetgen.report.batch_output)."""
+        return self.root / "batch" / "errors.jsonl"
 
     def gpu_sampler_claim(self, node: str) -> Path:
         """Which shard samples ``node``'s GPUs now (fleetgen.nodes.gpu_sampling.SamplerClaim)."""

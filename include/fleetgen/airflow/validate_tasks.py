@@ -1,4 +1,5 @@
-"""Task callables of the ``validate`` group: Great Expectations over the stats, then the run report."""
+"""Task callables of the ``validate`` group: Great Expectations over the stats, then the run report and the results as
+OpenAI Batch API files."""
 
 from __future__ import annotations
 
@@ -35,6 +36,22 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
     log.info("Validation passed: %d rows, every prompt exactly once; Data Docs at %s", summary["rows"],
              summary.get("data_docs"))
     return summary
+
+
+def batch_api_files() -> dict:
+    """**Writes the results as OpenAI Batch API files** in the run's folder, for code written for a hosted provider:
+    `batch/output.jsonl` (one response a completion, its body a `chat.completion`) and `batch/errors.jsonl` (the
+    prompts set aside at scan time or written off), `custom_id` the prompt's id, whichever format the prompts were in.
+
+    *When it fails*: a file of the run's folder cannot be written (the message names it); clear the task once fixed.
+    """
+    from fleetgen.report.batch_output import write_batch_files
+
+    _, _, layout = run_context()
+    written = write_batch_files(layout)
+    log.info("Batch API files: %d response(s) in %s, %d error(s) in %s", written.responses, written.output,
+             written.failed, written.errors)
+    return written.to_dict()
 
 
 def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], validation: dict,
