@@ -52,10 +52,12 @@ def worker_unit(nodeid: str) -> str:
 # The units that take minutes of wall time each (real or production-shaped servers, a browser, Airflow DAG runs,
 # SGLang's own sizing of the oracle matrix), longest first; measured with three workers on two cores beside other
 # load: tests/real_sglang/ 19 min, the production stack 8, the browser 8, the server lifecycle 6, the end-to-end
-# DAG 6, the oracle matrix 6, the smoke runs of the two DAG benches 2 each; every other file under 2.
+# DAG 6, the oracle matrix 6, the tuning trial's two DAG runs 3-6, the smoke runs of the two DAG benches 2 each; every
+# other file under 2.
 LONG_UNITS = (REAL_SGLANG, "tests/e2e/test_production_stack.py", "tests/airflow/test_ui_in_browser.py",
               "tests/e2e/test_server_lifecycle.py", "tests/e2e/test_dag_end_to_end.py",
-              "tests/oracle/test_oracle_matrix.py", "tests/bench/test_dag_utilization.py", "tests/bench/test_nightly.py")
+              "tests/e2e/test_tuning_trial.py", "tests/oracle/test_oracle_matrix.py",
+              "tests/bench/test_dag_utilization.py", "tests/bench/test_nightly.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without xdist (-p no:xdist) must not refuse it

@@ -257,7 +257,8 @@ def choose_split(servers: Sequence[str], candidates: Sequence[str], *, last_winn
         if last_winner in candidates:
             incumbent = last_winner
             if last_winner != INCUMBENT:
-                notes.append(f"incumbent {last_winner}: the winner of the last trial for this fleet, model and workload")
+                notes.append(f"incumbent {last_winner}: the winner of the last trial for this fleet, model and "
+                             "workload")
         else:
             notes.append(f"the last trial's winner {last_winner} is not a candidate tonight (its flags no longer "
                          f"apply, or tuning_candidates no longer lists it): the incumbent is {INCUMBENT}")

@@ -1,0 +1,115 @@
+"""The tuning trial end to end with dag.test() over real SSH on three simulated B200 servers: the incumbent on two,
+a challenger on one; the decision follows what the simulated servers really generate per second, the servers on
+the losing configuration are relaunched on the winner, and every prompt ends with exactly one completion.
+
+The two candidates differ by their request cap only (4 and 16 running requests; the rest of the launch the same):
+the simulated decode step grows little with the batch (include/sglang_sim/perf.py), so four times the batch is
+about three times the output tokens per second. The second run swaps which of them is the incumbent, and the
+decision swaps with it."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+SLOW_CAP, FAST_CAP = 4, 16
+PROMPTS = 1500
+
+
+@pytest.fixture(scope="module")
+def trial_env(tmp_path_factory, airflow_db):
+    """One simulated node of 3 B200 GPUs behind the embedded SSH server, with short outputs of steady length so that
+    a window of a few seconds holds tens of completions, and real time (time_scale 1) so that the client keeps up."""
+    from devstack.demo import SimEnvironment
+
+    environment = SimEnvironment(root=tmp_path_factory.mktemp("trial"), gpus_per_node=3, prompts=PROMPTS,
+                                 sim={"time_scale": 1.0, "load_seconds": 2.0, "output_mean_tokens": 150.0,
+                                      "output_shape": 40.0}).prepare().start()
+    try:
+        with environment.airflow_settings_applied():
+            yield environment
+    finally:
+        environment.stop()
+
+
+def _fleet_file(env, cap: int) -> Path:
+    fleet = yaml.safe_load(os.environ["AIRFLOW_VAR_FLEETGEN_FLEET"])  # the committed fleet, applied
+    fleet["nodes"][0]["gpus"] = [0, 1, 2]
+    fleet["server"]["extra_args"] = list(fleet["server"]["extra_args"]) + ["--max-running-requests", str(cap)]
+    path = env.root / f"fleet-cap-{cap}.json"
+    path.write_text(json.dumps(fleet))
+    return path
+
+
+def _run(dag, env, *, incumbent_cap: int, challenger_cap: int, output_root: Path):
+    conf = {"fleet_file": str(_fleet_file(env, incumbent_cap)), "prompts_path": str(env.prompts_path),
+            "output_root": str(output_root), "shard_size": PROMPTS // 2, "max_tokens": 512, "ready_timeout_s": 120,
+            "sample_interval_s": 0.5, "tuning_trial": True, "tuning_trial_share": 0.5, "tuning_trial_window_s": 3.0,
+            "tuning_trial_min_gain": 0.03, "pin_full_context_plan": True, "relaunch_servers": False,
+            "reuse_completions": "never",
+            "tuning_candidates": [{"name": f"cap_{challenger_cap}",
+                                   "flags": {"--max-running-requests": challenger_cap}}]}
+    dag_run = dag.test(run_conf=conf)
+    states = {(ti.task_id, ti.map_index): ti.state for ti in dag_run.get_task_instances()}
+    assert dag_run.state == "success", states
+    run_dir = next(output_root.glob("*/report/report.json")).parent.parent
+    return states, run_dir
+
+
+def _completion_ids(run_dir: Path) -> list[str]:
+    return [json.loads(line)["id"] for path in sorted((run_dir / "completions").glob("*.jsonl"))
+            for line in path.read_text().splitlines()]
+
+
+def _servers_by_candidate(run_dir: Path) -> dict[str, list[str]]:
+    servers = json.loads((run_dir / "trial-decision.json").read_text())["servers"]
+    by: dict[str, list[str]] = {}
+    for server, entry in servers.items():
+        by.setdefault(entry["candidate"], []).append(server)
+    return by
+
+
+@pytest.mark.parametrize("incumbent_cap, challenger_cap, winner", [
+    (FAST_CAP, SLOW_CAP, "incumbent"),            # the challenger is slower: kept, its server moved back
+    (SLOW_CAP, FAST_CAP, f"cap_{FAST_CAP}"),      # swapped: the challenger wins, the incumbent's servers move
+])
+def test_the_trial_keeps_the_measured_winner_and_relaunches_the_losers_on_it(dag, trial_env, incumbent_cap,
+                                                                             challenger_cap, winner):
+    output_root = trial_env.output_root / f"incumbent-{incumbent_cap}"
+    states, run_dir = _run(dag, trial_env, incumbent_cap=incumbent_cap, challenger_cap=challenger_cap,
+                           output_root=output_root)
+    decision = json.loads((run_dir / "trial-decision.json").read_text())
+    print(f"trial (incumbent cap {incumbent_cap}, challenger cap {challenger_cap}): {decision['reason']}")
+    assert decision["winner"] == winner, decision["reason"]
+    scores = decision["scores"]
+    challenger = f"cap_{challenger_cap}"
+    assert set(scores) == {"incumbent", challenger}, decision
+    fast, slow = (challenger, "incumbent") if winner == challenger else ("incumbent", challenger)
+    assert scores[fast]["lower"] > scores[slow]["upper"] and scores[fast]["median"] > 1.5 * scores[slow]["median"]
+    by_candidate = _servers_by_candidate(run_dir)
+    assert len(by_candidate["incumbent"]) == 2 and len(by_candidate[challenger]) == 1
+
+    # the relaunch round ran: the losers were stopped and started on the winner, the winners kept
+    assert states[("trial.relaunch_needed", -1)] == "success"
+    assert all(state == "success" for (task, _), state in states.items() if task.startswith("relaunch."))
+    losers = [server for candidate, servers in by_candidate.items() if candidate != winner for server in servers]
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    assert report["servers"]["relaunched"] == len(losers) and report["servers"]["kept"] == 3 - len(losers)
+    caps = {row["server"]: row["effective"]["max_running_requests"] for row in report["tuning"]}
+    winner_cap = challenger_cap if winner == challenger else incumbent_cap
+    assert set(caps.values()) == {winner_cap}, caps
+
+    # exactly once: the trial's shards and the rest are the job's, every prompt once
+    ids = _completion_ids(run_dir)
+    expected = [json.loads(line)["id"] for line in trial_env.prompts_path.read_text().splitlines()]
+    assert sorted(ids) == sorted(expected) and len(ids) == len(set(ids)) == PROMPTS
+    trial_shards = [ti for (task, _), ti in states.items() if task == "generate.trial_shard"]
+    assert trial_shards and all(state == "success" for state in trial_shards)
+    assert report["validation"]["success"]
+    # recorded for the next night under the key of this fleet, model and workload
+    history = [json.loads(line) for line in (output_root / "tuning-trials.jsonl").read_text().splitlines()]
+    assert [record["decision"]["winner"] for record in history] == [winner]
