@@ -43,6 +43,10 @@ def test_a_path_as_the_node_reports_it_is_the_path_given_or_its_home_expanded():
     assert not remote.as_expanded("~/models/m", "/home/u/models/m")
 
 
+def test_a_home_expanded_path_matches_its_folders_whole_not_a_folder_ending_in_the_same_letters():
+    assert not remote.as_expanded("/home/u/old-models/m", "~/models/m")
+
+
 ARGV_DUMP = "import json, sys\nprint(json.dumps(sys.argv[1:]), flush=True)\n"
 
 

@@ -1,6 +1,7 @@
 """Stopping only our servers: pid file + command line must match, TERM then KILL; strangers survive."""
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -169,3 +170,24 @@ def test_the_server_and_the_processes_it_started_carry_our_marker(tmp_path):
     finally:
         os.kill(child, 9)
         _stop(tmp_path, [31015], module="spawner")
+
+
+def test_a_server_launched_before_the_marker_existed_is_ours_by_its_module_on_its_port(tmp_path):
+    # no FLEETGEN_PID_FILE in its environment: only its command line (our module, our port) names it ours;
+    # started as a launch starts one (setsid in a background job), so init reaps it once it exits
+    argv = [sys.executable, "-c", SLEEPER, "-m", "fakeserver", "--port", "31016", "--host", "h"]
+    started = subprocess.run(["bash", "-c", f"setsid {shlex.join(argv)} > /dev/null 2>&1 < /dev/null & echo $!"],
+                             env={key: value for key, value in os.environ.items() if key != remote.SERVER_MARKER_ENV},
+                             capture_output=True, text=True, check=True)
+    pid = int(started.stdout)
+    try:
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "sglang-31016.pid").write_text(f"{pid}\n")
+        out = _stop(tmp_path, [31016], module="sglang.launch_server")
+        assert out.strip() == f"stale port=31016 pid={pid}" and _alive(pid)
+        (tmp_path / "run" / "sglang-31016.pid").write_text(f"{pid}\n")
+        assert _stop(tmp_path, [31016]).strip() == f"stopped port=31016 pid={pid} signal=TERM"
+        _wait_dead(pid)
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
