@@ -230,9 +230,13 @@ def decide(plans: list[dict], readiness: list[dict], trial_shards: list[dict]) -
     log.info("Tuning trial over shard(s) %s, %d metrics row(s), windows of %g s; output tokens/s per GPU:\n%s\n%s",
              shard_ids, len(samples), config.tuning.trial_window_s, _score_table(decision, servers), decision.reason)
     _write_json(layout.trial_decision, trial.decision_record(decision, servers=servers, samples=samples,
-                                                             decided_at=time.time()))
+                                                             decided_at=time.time(),
+                                                             window_s=config.tuning.trial_window_s))
     key = _key(trial_plan, layout, shard_ids)
-    if key is None:
+    if not decision.scores:  # nothing measured (reused prompts, a trial too short): the next night tries again
+        log.warning("The trial's decision is not recorded for later nights: it scored no candidate; raise "
+                    "tuning_trial_share or lower tuning_trial_window_s for more windows")
+    elif key is None:
         log.warning("The trial's decision is not recorded for later nights: no model identity or no completion "
                     "gave its history key")
     else:

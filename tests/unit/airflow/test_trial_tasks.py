@@ -213,6 +213,7 @@ def test_a_clearly_faster_challenger_wins_and_every_server_moves_to_it(run, capl
     assert final[2] == plans[2]  # the challenger's own server keeps its plan: the relaunch round keeps it running
     decision = json.loads(run.layout.trial_decision.read_text())
     assert decision["winner"] == "no_speculation" and decision["incumbent"] == "incumbent"
+    assert decision["window_s"] == 4
     assert decision["servers"]["n0:30002"] == {"candidate": "no_speculation", "cap": 20, "gpus": 1,
                                                "trial_seconds": 39.5}
     assert decision["scores"]["no_speculation"]["median"] == pytest.approx(1500, rel=0.02)
@@ -251,6 +252,18 @@ def test_the_decision_is_recorded_under_the_key_of_the_trials_own_completions(ru
     history = TrialHistory(trial_history_file(run.tmp / "out"))
     key = TrialKey(**parts, workload="out1024-short")
     assert history.latest_winner(key) == "no_speculation" and history.tried(key) == {"incumbent", "no_speculation"}
+
+
+def test_a_trial_that_measured_nothing_keeps_the_incumbent_and_is_not_recorded(run, caplog):
+    plans = [plan.to_dict() for plan in _tonight(run)[0]]
+    stats = run.layout.shard_file("stats", 0)
+    stats.parent.mkdir(parents=True, exist_ok=True)
+    stats.write_text(json.dumps({"id": "p0", "prompt_tokens": 300, "completion_tokens": 900}) + "\n")
+    with caplog.at_level("WARNING", logger="fleetgen"):
+        final = run.call(trial_tasks.decide, plans, [], [{"shard_id": 0}])  # no metrics rows at all
+    assert {p["candidate"] for p in final} == {"incumbent"}
+    assert "it scored no candidate" in caplog.text
+    assert not trial_history_file(run.tmp / "out").exists()
 
 
 def test_a_server_backed_off_on_the_winner_keeps_the_flags_it_runs(run):
