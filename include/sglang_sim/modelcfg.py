@@ -20,6 +20,7 @@ from sglang_sim.errors import SimModelConfigError
 # configs/model_config.py::multimodal_model_archs and the archs ModelConfig turns off by default: one table,
 # SGLang's, for the product and the simulator alike.
 from sglang_sim.multimodal import MULTIMODAL_ARCHITECTURES, MULTIMODAL_OFF_BY_DEFAULT
+from sglang_sim.statecfg import RecurrentState, read_state
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1,
                "float8_e4m3fn": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -45,6 +46,8 @@ TEXT_CONFIG_DEFAULTS = {
 # The checkpoint's quantization files: ModelOpt's beside config.json (configs/model_config.py::_parse_quant_hf_config).
 QUANT_CONFIG_FILE = "hf_quant_config.json"
 INDEX_FILE = "model.safetensors.index.json"
+# Models whose every layer is a Mamba layer (statecfg.py): no attention heads in config.json, no KV cache.
+STATE_ONLY = {"MambaForCausalLM", "FalconMambaForCausalLM", "Mamba2ForCausalLM"}
 # Vision hidden size of the tower a config class builds when config.json has no vision_config.
 DEFAULT_VISION_HIDDEN = {"Qwen3_5ForConditionalGeneration": 1152, "Qwen3_5MoeForConditionalGeneration": 1152}
 
@@ -98,7 +101,7 @@ class ModelShape:
     kv_lora_rank: int = 0        # MLA only
     qk_rope_head_dim: int = 0
     q_lora_rank: int = 0
-    linear: LinearAttention | None = None
+    linear: LinearAttention | RecurrentState | None = None
     eos_token_id: int | None = None
     # ModelConfig.num_nextn_predict_layers: the only MTP key SGLang reads off the target config
     # (Qwen3.5/3.6 name theirs mtp_num_hidden_layers, which it does not read); None when absent.
@@ -124,8 +127,10 @@ class ModelShape:
     def __post_init__(self) -> None:
         if min(self.hidden_size, self.num_layers, self.num_heads, self.vocab_size) <= 0:
             raise ValueError(f"model shape has a non-positive size: {self}")
-        if not 0 < self.full_attention_layers <= self.num_layers:
-            raise ValueError(f"full_attention_layers {self.full_attention_layers} not in 1..{self.num_layers}")
+        # a pure Mamba model keeps no KV at all
+        lowest = 0 if self.linear is not None else 1
+        if not lowest <= self.full_attention_layers <= self.num_layers:
+            raise ValueError(f"full_attention_layers {self.full_attention_layers} not in {lowest}..{self.num_layers}")
 
     @property
     def is_mla(self) -> bool:
@@ -259,7 +264,9 @@ def from_config(config: dict, *, path: str | None = None) -> ModelShape:
     try:
         hidden = int(text["hidden_size"])
         layers = int(text["num_hidden_layers"])
-        heads = int(text["num_attention_heads"])
+        architecture = str((config.get("architectures") or text.get("architectures") or ["unknown"])[0])
+        # pure Mamba checkpoints name no attention heads
+        heads = int(text["num_attention_heads"]) if architecture not in STATE_ONLY else 1
         vocab = int(_first(text, "vocab_size", default=config.get("vocab_size")))
     except (KeyError, TypeError, ValueError) as exc:
         raise SimModelConfigError(f"config.json lacks a required key: {exc}", path=path,
@@ -295,6 +302,9 @@ def from_config(config: dict, *, path: str | None = None) -> ModelShape:
     mamba2 = _mamba2_state(text, layers)
     if mamba2 is not None:
         linear, full_layers, mamba_layers = mamba2
+    family = read_state(architecture, text, path=path)
+    if family is not None:
+        linear, full_layers, mamba_layers = family
 
     experts = int(_first(text, "num_experts", "n_routed_experts", default=0) or 0)
     if experts:
@@ -307,7 +317,6 @@ def from_config(config: dict, *, path: str | None = None) -> ModelShape:
     else:
         moe_layers, shared = 0, 0
     eos = _first(text, "eos_token_id", default=config.get("eos_token_id"))
-    architecture = str((config.get("architectures") or text.get("architectures") or ["unknown"])[0])
     nextn = text.get("num_nextn_predict_layers")
     swa: dict = {}
     if architecture in SWA_BY_LAYER_TYPES | SWA_EVERY_FOURTH_FULL and not linear and not kv_lora:

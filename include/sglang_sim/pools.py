@@ -84,7 +84,7 @@ def kv_cell_bytes(model: ModelShape, launch: Launch) -> int:
     """The cell the budget charges (``model_executor/pool_configurator.py::DefaultPoolConfigurator``):
     the target's full-attention cell, plus ``int(cell * eagle_draft_num_layers / L_kv)`` when known."""
     cell = model.kv_bytes_per_token(launch.attn_tp, launch.kv_dtype_bytes)
-    if launch.draft_layers:
+    if launch.draft_layers and model.full_attention_layers:
         cell += int(cell * launch.draft_layers / model.full_attention_layers)
     return cell
 
@@ -92,7 +92,7 @@ def kv_cell_bytes(model: ModelShape, launch: Launch) -> int:
 def draft_kv_cell_bytes(model: ModelShape, launch: Launch, draft_model: ModelShape | None = None) -> int:
     """Bytes per token of the draft worker's own KV pool: its layers at the draft's per-layer cell
     (the target's geometry for a path-less MTP head)."""
-    if not launch.draft_kv_layers:
+    if not launch.draft_kv_layers or not (draft_model or model).full_attention_layers:
         return 0
     geometry = draft_model or model
     per_layer = geometry.kv_bytes_per_token(launch.attn_tp, launch.kv_dtype_bytes) // geometry.full_attention_layers
@@ -222,6 +222,10 @@ def size_pools(model: ModelShape, launch: Launch, pre_load_free_bytes: int,
         # ratio x the SWA cell (a float division), page-floored; the SWA pool gets int(full x ratio).
         cell, swa_cell = model.swa_split_bytes_per_token(launch.attn_tp, launch.kv_dtype_bytes)
         tokens = int(rest_bytes // (cell + launch.swa_full_tokens_ratio * swa_cell)) // page * page
+    elif cell == 0:
+        # DefaultPoolConfigurator: a model without attention layers (pure Mamba) has a zero cell, and its token
+        # pool is --max-total-tokens, else the context length
+        tokens = (launch.max_total_tokens or launch.context_len) // page * page
     else:
         tokens = rest_bytes // cell // page * page
     warnings: list[str] = []

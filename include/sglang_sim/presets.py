@@ -49,6 +49,15 @@ PRESET_WEIGHTS_BYTES.update({"llama3.2-1b": 2_471_645_608,        # Llama-3.2-1B
                              # k/v scales, bf16 embeddings, lm_head and norms)
                              "qwen2.5-7b-awq": 5_570_747_392, "qwen2.5-7b-gptq-int4": 5_575_277_568,
                              "llama3.1-8b-fp8-compressed": 9_081_202_432, "llama3.1-8b-fp8-modelopt": 9_081_202_688})
+# State-cache families (docs/sglang-memory-model.md §2.3), bf16 checkpoints, computed from their config's shapes at
+# 2 bytes a parameter, each tensor as the model code lays it out: ibm-granite/granite-4.0-h-small (32,207,337,984
+# parameters: 36 Mamba2 and 4 attention layers, each with 72 experts and a shared expert; tied embeddings),
+# moonshotai/Kimi-Linear-48B-A3B-Instruct (49,122,681,728: SGLang's models/kimi_linear.py, 20 KDA and 7 MLA layers,
+# one dense and 26 MoE MLPs of 256 experts), LFM2.5-2.6B (2,697,198,592: the 266 tensors a public audit of the
+# official checkpoint lists) and jet-ai/Jet-Nemotron-2B (1,964,806,208: NVlabs/Jet-Nemotron's jet_block.py and
+# dynamic_conv.py for the 24 JetBlocks, Qwen2 attention with q/k/v biases for the other 4 layers).
+PRESET_WEIGHTS_BYTES.update({"granite-4.0-h-small": 64_414_675_968, "kimi-linear-48b-a3b": 98_245_363_456,
+                             "lfm2.5-2.6b": 5_394_397_184, "jet-nemotron-2b": 3_929_612_416})
 # Presets whose public checkpoint is a single model.safetensors without an index.
 SINGLE_FILE_PRESETS = frozenset({"llama3.2-1b"})
 SINGLE_FILE = "model.safetensors"
@@ -125,6 +134,8 @@ def safetensors_index(shape: ModelShape, weights_bytes: int) -> dict:
 
 def _is_full(shape: ModelShape, index: int) -> bool:
     # spread the full-attention layers evenly, as an interval does (every k-th layer)
+    if not shape.full_attention_layers:  # pure Mamba
+        return False
     interval = shape.num_layers // shape.full_attention_layers
     return (index + 1) % interval == 0
 

@@ -21,7 +21,21 @@ SPEC_MRR_DEFAULT_ALGOS = {"EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "DFLASH", "D
 SPEC_MRR_DEFAULT = 48
 # architectures whose triton linear-attention kernels support extra_buffer (docs/sglang-memory-model.md §1.5)
 EXTRA_BUFFER_MODEL_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
-                            "kimi_linear", "falcon_h1", "nemotron_h"}
+                            "kimi_linear", "falcon_h1", "nemotron_h", "granitemoehybrid", "bailing_hybrid"}
+# arg_groups/overrides.py::_mamba_radix_cache_resolution runs only for these stateful architectures (plus
+# GigaChat 3.5's linear-attention registry spec); for any other, --mamba-radix-cache-strategy auto stays auto:
+# no tracking slot, overlap scheduling kept.
+RADIX_RESOLVED_ARCHITECTURES = {
+    "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "BailingMoeV2_5ForCausalLM", "BailingMoeV3ForCausalLM",
+    "BailingMoeV3VLForConditionalGeneration", "Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+    "InternS2PreviewForConditionalGeneration", "InternS2MobiusForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM", "Qwen3_5ForCausalLM",
+    "Qwen4ExpForConditionalGeneration", "MiniCPMV4_6ForConditionalGeneration", "MiniCPMV4_7ForConditionalGeneration",
+    "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3", "FalconH1ForCausalLM",
+    "JetNemotronForCausalLM", "JetVLMForConditionalGeneration", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
+    "ZayaForCausalLM", "Glm5NextForConditionalGeneration", "GraniteMoeHybridForCausalLM", "GigaChat35ForCausalLM"}
+# model_overrides/minicpm.py: MiniCPM-SALA's hybrid attention turns the radix cache off.
+RADIX_OFF_ARCHITECTURES = {"MiniCPMSALAForCausalLM"}
 # configs/model_config.py::ModelConfig._config_draft_model: a path-less MTP draft of these
 # architectures is the target checkpoint rewritten with num_nextn_predict_layers = 1.
 MTP_DRAFT_REWRITE_ARCHITECTURES = {
@@ -41,6 +55,8 @@ QWEN35_HYBRID_ARCHITECTURES = {"Qwen3NextForCausalLM", "Qwen3_5MoeForConditional
                                "Qwen3_5ForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
                                "InternS2MobiusForConditionalGeneration"}
 SM100_TRITON_ARCHITECTURES = {"FalconH1ForCausalLM", "JetNemotronForCausalLM", "JetVLMForConditionalGeneration"}
+# model_overrides/granitemoehybrid.py (with Mamba layers) and lfm2.py: flashinfer on SM100.
+SM100_FLASHINFER_ARCHITECTURES = {"GraniteMoeHybridForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM"}
 # model_overrides/deepseek_v2.py: the DeepSeek family (DSA variants aside) takes trtllm_mla on SM100 when no
 # attention backend is given.
 SM100_TRTLLM_MLA_ARCHITECTURES = {
@@ -321,6 +337,8 @@ def attention_backend(args: argparse.Namespace, model: ModelShape, sm: int | Non
         return "flashinfer"
     if model.architecture in SM100_TRITON_ARCHITECTURES:
         return "triton"
+    if model.architecture in SM100_FLASHINFER_ARCHITECTURES and model.is_hybrid:
+        return "flashinfer"
     # the default is chosen before the speculative hook fills in top-k: with speculative decoding,
     # trtllm_mha needs --speculative-eagle-topk on the command line
     topk_known = not spec_on or args.speculative_eagle_topk is not None or args.speculative_algorithm == "DFLASH"
@@ -399,6 +417,15 @@ def _radix_strategy(args: argparse.Namespace, model: ModelShape, page_size: int,
     if not model.is_hybrid:
         return "", overlap_disabled
     strategy = args.mamba_radix_cache_strategy
+    buffered = strategy in ("extra_buffer", "extra_buffer_lazy")
+    if model.architecture not in RADIX_RESOLVED_ARCHITECTURES:
+        if buffered and not args.disable_radix_cache:  # model_hook.py::handle_mamba_radix_cache
+            raise LaunchError("ValueError", f"--mamba-radix-cache-strategy {strategy} needs mamba state, got "
+                              f"{model.architecture}.", kind="args", in_scheduler=False)
+        return strategy, overlap_disabled
+    if buffered and model.model_type not in EXTRA_BUFFER_MODEL_TYPES and not args.disable_radix_cache:
+        raise LaunchError("AssertionError", f"extra_buffer is not supported for {model.architecture}; use no_buffer.",
+                          kind="args", in_scheduler=False)
     if strategy == "auto":
         supported = model.model_type in EXTRA_BUFFER_MODEL_TYPES
         if supported and (not overlap_disabled or page_size > 1):
@@ -541,7 +568,8 @@ def resolve_launch(args: argparse.Namespace, model: ModelShape, gpu_totals_mib: 
         max_total_tokens=args.max_total_tokens, spec_algorithm=algo, spec_steps=steps,
         spec_topk=topk, spec_draft_tokens=draft, draft_layers=draft_layers, draft_kv_layers=draft_pool_layers,
         mm_reservation_mb=multimodal_reservation_mb(args, model, hopper_vl=_large_hopper_qwen3_vl(model, sm, gpu_mem)),
-        radix_disabled=bool(args.disable_radix_cache), mamba_strategy=strategy,
+        radix_disabled=bool(args.disable_radix_cache) or (model.architecture in RADIX_OFF_ARCHITECTURES
+                                                          and model.is_hybrid), mamba_strategy=strategy,
         overlap_disabled=overlap_disabled, max_mamba_cache_size=args.max_mamba_cache_size,
         mamba_full_memory_ratio=0.9 if args.mamba_full_memory_ratio is None else args.mamba_full_memory_ratio,
         ssm_dtype_bytes=DTYPE_BYTES[ssm_name], ssm_dtype_name=ssm_name, messages=tuple(messages),

@@ -16,6 +16,7 @@ from oracle_harness import SEED_ARGS, SEED_SPEC, MatrixCase, oracle_case, prepar
 from cases_checkpoints import CHECKPOINT_CASES
 from cases_parallel_and_window import PARALLEL_AND_WINDOW_CASES
 from cases_public_models import PUBLIC_MODEL_CASES
+from cases_state_families import STATE_FAMILY_CASES
 
 # The first test's setup sizes every case in one SGLang subprocess (oracle_harness.run_sglang): about two minutes
 # on two quiet cores, several times that beside the real servers of the other workers.
@@ -57,7 +58,7 @@ MATRIX = [
     MatrixCase("qwen3-vl-8b-h100", "qwen3-vl-8b", "H100"),
     MatrixCase("qwen3-vl-8b-h200-mrr-500", "qwen3-vl-8b", "H200", bounds=TunerBounds(max_running_requests=500)),
     MatrixCase("qwen3-vl-8b-b200-defaults", "qwen3-vl-8b", "B200", bounds=TunerBounds(mode="sglang_defaults")),
-] + CHECKPOINT_CASES + PARALLEL_AND_WINDOW_CASES + PUBLIC_MODEL_CASES
+] + CHECKPOINT_CASES + PARALLEL_AND_WINDOW_CASES + PUBLIC_MODEL_CASES + STATE_FAMILY_CASES
 COMPARED = ("mem_fraction_static", "chunked_prefill_size", "decode_max_bs", "page_size", "max_total_num_tokens",
             "max_mamba_cache_size", "max_running_requests")
 

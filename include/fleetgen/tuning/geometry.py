@@ -8,7 +8,10 @@ Four layouts are covered, each the way SGLang 0.5.23 reads it:
   ``full_attention_interval``-th layer, linear attention elsewhere (§2.3);
 - hybrid Mamba2 (Nemotron-H: a ``M``/``*``/``-``/``E`` layer pattern; Falcon-H1, recognised by its
   architecture or model_type: attention and Mamba in every layer), both through
-  ``Mamba2StateShape.create`` (2.3).
+  ``Mamba2StateShape.create`` (2.3);
+- every other state-cache family SGLang sizes (Granite 4.0-H, LFM2, Kimi-Linear, Mamba-1/2, Jet-Nemotron, ...):
+  the architecture registry names its SGLang config class, shape rule and layer naming, and ``state_shapes.py``
+  reads the config as that class's ``mamba2_cache_params`` does; its attention layers keep dense or MLA KV.
 
 A config that matches none of them is an error that names the keys it lacks: sizing an unknown
 layout as if it were dense would silently leave its state out of the budget.
@@ -24,7 +27,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from fleetgen.errors import ModelConfigError
-from fleetgen.tuning.architectures import ARCHITECTURES, names_with
+from fleetgen.tuning.architectures import ARCHITECTURES, STATE_CACHE_REFUSALS, architecture as registry_entry, names_with
+from fleetgen.tuning.state_shapes import READS_CONFIG_SSM_DTYPE, layer_split, state_fields
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # utils/hf_transformers/common.py::get_context_length (docs/sglang-memory-model.md §1.6): the first key present wins.
@@ -52,6 +56,12 @@ DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
 MULTIMODAL_OFF_BY_DEFAULT = names_with("multimodal_off_by_default")
 MULTIMODAL_PREFILL_GRAPH_ARCHITECTURES = names_with("keeps_multimodal_prefill_graph")
 LANGUAGE_MODEL_ONLY_ARCHITECTURES = names_with("language_model_only")
+# The SGLang config classes read here through state_shapes.py (the Qwen3-Next/3.5, Nemotron-H and Falcon-H1
+# families keep their readers below).
+_STATE_FAMILY_CONFIGS = frozenset({"GraniteMoeHybridConfig", "Lfm2Config", "Lfm2MoeConfig", "Lfm2VlConfig",
+                                   "Mamba2Config", "MambaConfig", "FalconMambaConfig", "JetNemotronConfig",
+                                   "GigaChat35Config", "KimiLinearConfig", "BailingHybridConfig",
+                                   "MiniCPMHybridConfig", "ZayaConfig"})
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,8 @@ class ModelGeometry:
     state_size: int = 0
     conv_kernel: int = 0
     config_ssm_dtype: str | None = None
+    state_rule: str | None = None  # state_shapes.STATE_SHAPE_RULES, None when not hybrid
+    state_unsharded_conv: int = 0  # conv channels every TP rank keeps whole (Zaya's prev_hs, window 1)
     # Multi-token-prediction head: num_nextn_predict_layers is what SGLang reads for the KV fold
     # (spec_aux_hidden_state._resolve_eagle_aux_hidden_state); mtp_num_hidden_layers is Qwen3.5's key.
     nextn_predict_layers: int | None = None
@@ -99,6 +111,10 @@ class ModelGeometry:
     @property
     def is_hybrid(self) -> bool:
         return self.state_layers > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @property
     def is_hybrid_swa(self) -> bool:
@@ -141,6 +157,14 @@ def model_geometry(config: dict, *, config_path: str = "config.json") -> ModelGe
                      "language model's keys live under text_config)")
 
     common = _common_fields(text, config, architecture)
+    entry = registry_entry(architecture)
+    if entry.state_config in STATE_CACHE_REFUSALS:
+        raise ModelConfigError(f"{architecture}: {STATE_CACHE_REFUSALS[entry.state_config]}", path=config_path,
+                               hint="plan this model by hand with explicit SGLang flags")
+    if entry.state_config in _STATE_FAMILY_CONFIGS:
+        family = _state_family(entry, get, common, config_path)
+        if family is not None:
+            return family
     if get("index_topk") is not None:
         raise ModelConfigError(f"{architecture}: DSA sparse attention (index_topk) keeps an indexer KV cache "
                                "that the tuner does not model", path=config_path,
@@ -168,7 +192,7 @@ def model_geometry(config: dict, *, config_path: str = "config.json") -> ModelGe
                              head_dim=0, v_head_dim=0, kv_lora_rank=int(get("kv_lora_rank")),
                              qk_rope_head_dim=int(get("qk_rope_head_dim")), **common)
     stateful = sorted(k for k in set(text) | set(config) if any(h in k for h in _STATEFUL_HINTS))
-    if stateful:
+    if stateful and entry.state_config not in _STATE_FAMILY_CONFIGS:
         raise ModelConfigError(
             f"{architecture}: unknown layout with recurrent/sparse state keys {', '.join(stateful)}; the tuner "
             "covers dense GQA, MLA, hybrid GatedDeltaNet (linear_num_value_heads, full_attention_interval, ...) "
@@ -278,7 +302,7 @@ def _hybrid_gdn(get, need, common: dict) -> ModelGeometry:
         state_intermediate=int(get("linear_value_head_dim")) * int(get("linear_num_value_heads")),
         state_groups=int(get("linear_num_key_heads")), state_heads=int(get("linear_num_value_heads")),
         state_head_dim=int(get("linear_value_head_dim")), state_size=int(get("linear_key_head_dim")),
-        conv_kernel=int(get("linear_conv_kernel_dim")), **common)
+        conv_kernel=int(get("linear_conv_kernel_dim")), state_rule="mamba2", **common)
 
 
 def _nemotron_h(get, need, common: dict, architecture: str, config_path: str) -> ModelGeometry:
@@ -304,7 +328,8 @@ def _nemotron_h(get, need, common: dict, architecture: str, config_path: str) ->
         layout="nemotron_h", num_layers=len(pattern), attention_layers=str(pattern).count("*"),
         **_attention_fields(get), state_layers=str(pattern).count("M"),
         state_intermediate=heads * head_dim, state_groups=int(groups), state_heads=heads,
-        state_head_dim=head_dim, state_size=int(get("ssm_state_size")), conv_kernel=int(kernel), **common)
+        state_head_dim=head_dim, state_size=int(get("ssm_state_size")), conv_kernel=int(kernel), state_rule="mamba2",
+        **common)
 
 
 def _falcon_h1(get, need, common: dict) -> ModelGeometry:
@@ -325,4 +350,30 @@ def _falcon_h1(get, need, common: dict) -> ModelGeometry:
         layout="falcon_h1", num_layers=layers, attention_layers=layers, **_attention_fields(get),
         state_layers=layers, state_intermediate=intermediate, state_groups=int(get("mamba_n_groups")),
         state_heads=heads, state_head_dim=head_dim, state_size=int(get("mamba_d_state")),
-        conv_kernel=int(get("mamba_d_conv")), **common)
+        conv_kernel=int(get("mamba_d_conv")), state_rule="mamba2", **common)
+
+
+def _state_family(entry, get, common: dict, config_path: str) -> ModelGeometry | None:
+    """A state-cache family read through state_shapes.py; None when the config has no state layer (SGLang's
+    ``mamba2_cache_params`` is then None and the model is plain: an all-attention Granite or LFM2)."""
+    if get("num_hidden_layers") is None:
+        raise ModelConfigError(f"{entry.name}: config.json has no num_hidden_layers", path=config_path)
+    layers, state_layers, attention_layers = layer_split(entry, get, int(get("num_hidden_layers")), config_path)
+    if state_layers == 0:
+        return None
+    fields = state_fields(entry, get, config_path)
+    if entry.state_config not in READS_CONFIG_SSM_DTYPE:
+        common = {**common, "config_ssm_dtype": None}  # mamba2_state_dtype(None): the config's value is ignored
+    if get("kv_lora_rank") is not None:
+        # ModelConfig's MLA branches for these architectures (Kimi-Linear, Bailing, GigaChat 3.5); Bailing 3 keeps
+        # no rope part under use_mla_nope
+        rope = 0 if entry.name.startswith("BailingMoeV3") and get("use_mla_nope") else int(get("qk_rope_head_dim"))
+        attention = {"kv_heads": 1, "head_dim": 0, "v_head_dim": 0, "kv_lora_rank": int(get("kv_lora_rank")),
+                     "qk_rope_head_dim": rope}
+    elif attention_layers:
+        attention = _attention_fields(get)
+    else:
+        attention = {"kv_heads": 0, "head_dim": 0, "v_head_dim": 0}
+    layout = entry.state_config.removesuffix("Config").lower()
+    return ModelGeometry(layout=layout, num_layers=layers, attention_layers=attention_layers,
+                         state_layers=state_layers, **attention, **fields, **common)

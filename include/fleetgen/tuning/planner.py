@@ -273,7 +273,7 @@ def _platform_profile(base_profile: MemoryProfile, geometry: ModelGeometry, opti
                                 kv_cache_quant_algo=base_profile.kv_cache_quant_algo)
 
     profile = reprofile(options)
-    if profile.is_hybrid and not options.disable_radix_cache and options.mamba_radix_cache_strategy == "auto" \
+    if profile.is_hybrid and profile.radix_strategy is not None and options.mamba_radix_cache_strategy == "auto" \
             and bounds.mode == "tuned":
         flags["--mamba-radix-cache-strategy"] = profile.radix_strategy
         options = options.replace(mamba_radix_cache_strategy=profile.radix_strategy)

@@ -39,6 +39,9 @@ CONSTRAINED_BACKEND_DEFAULT_PAGE = 64
 # The attention-backend rule of each architecture (architectures.py).
 QWEN35_ARCHITECTURES = names_with("attention_backend", "qwen3_5")
 TRITON_ON_SM100_ARCHITECTURES = names_with("attention_backend", "triton_on_sm100")
+# model_overrides/granitemoehybrid.py, lfm2.py: flashinfer on SM100 when no backend is given (Granite only with a
+# Mamba layer, which every hybrid geometry has).
+FLASHINFER_ON_SM100_ARCHITECTURES = names_with("attention_backend", "flashinfer_on_sm100")
 # model_overrides/gpt_oss.py, llama4.py: with no --attention-backend, trtllm_mha on SM100, fa3 on Hopper,
 # triton elsewhere (CUDA), whatever the speculative top-k.
 PINNED_BACKEND_ARCHITECTURES = names_with("attention_backend", "pinned")
@@ -113,7 +116,7 @@ def _default_backend(geometry: ModelGeometry, options: LaunchOptions, generation
         return PINNED_BACKENDS.get(generation or "", "triton")
     if generation == "sm100" and geometry.architecture in TRTLLM_MLA_ON_SM100_ARCHITECTURES:
         return "trtllm_mla"
-    if geometry.layout == "mla":
+    if geometry.is_mla:
         return {"sm90": "fa3", "sm100": "flashinfer"}.get(generation or "", "triton")
     if generation == "sm90" and topk_one:
         return "fa3"
@@ -121,6 +124,8 @@ def _default_backend(geometry: ModelGeometry, options: LaunchOptions, generation
         return "flashinfer"
     if geometry.architecture in TRITON_ON_SM100_ARCHITECTURES:
         return "triton"
+    if geometry.architecture in FLASHINFER_ON_SM100_ARCHITECTURES and geometry.is_hybrid:
+        return "flashinfer"
     if not trtllm_allowed:
         return "triton" if geometry.architecture in QWEN35_ARCHITECTURES else "flashinfer"
     if geometry.architecture in QWEN35_ARCHITECTURES:

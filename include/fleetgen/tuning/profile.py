@@ -17,11 +17,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from fleetgen.errors import ModelConfigError
-from fleetgen.tuning.architectures import names_with
+from fleetgen.tuning.architectures import architecture, names_with
 from fleetgen.tuning.geometry import (DEFAULT_SWA_FULL_TOKENS_RATIO, DTYPE_BYTES, LANGUAGE_MODEL_ONLY_ARCHITECTURES,
                                       ModelGeometry, model_geometry)
 from fleetgen.tuning.options import LaunchOptions
 from fleetgen.tuning.quantization import checkpoint_quantization
+from fleetgen.tuning.state_shapes import state_elements
 
 __all__ = ["LaunchOptions", "MemoryProfile", "ModelGeometry", "profile_model", "profile_geometry",
            "weights_bytes_from_index", "MIB", "GIB"]
@@ -153,7 +154,7 @@ def profile_geometry(geometry: ModelGeometry, weights_bytes: int, options: Launc
     kv_bytes = _kv_dtype_bytes(geometry, options, kv_cache_quant_algo, config_path)
     # Per-layer KV cell (2.2): MHA/GQA max(1, kv_heads // tp) * (head_dim + v_head_dim) * bytes;
     # MLA (kv_lora_rank + qk_rope_head_dim) * bytes, replicated on every TP rank.
-    if geometry.layout == "mla":
+    if geometry.is_mla:
         per_layer = (geometry.kv_lora_rank + geometry.qk_rope_head_dim) * kv_bytes
     else:
         per_layer = max(1, geometry.kv_heads // tp) * (geometry.head_dim + geometry.v_head_dim) * kv_bytes
@@ -169,7 +170,7 @@ def profile_geometry(geometry: ModelGeometry, weights_bytes: int, options: Launc
     if options.eagle_family:
         folded_layers, outside_layers = _draft_kv_layers(geometry, options, draft_layers, config_path)
         # pool_configurator.DefaultPoolConfigurator: cell += int(cell * draft_layers / L_kv).
-        if folded_layers:
+        if folded_layers and geometry.attention_layers:
             cell += int(cell * folded_layers / geometry.attention_layers)
         if outside_layers:
             draft_outside = per_layer * outside_layers
@@ -184,7 +185,7 @@ def profile_geometry(geometry: ModelGeometry, weights_bytes: int, options: Launc
         conv_bytes *= geometry.state_layers
         ssm_bytes *= geometry.state_layers
     state_bytes = conv_bytes + ssm_bytes
-    ratio, strategy, overlap = _state_slots_per_request(geometry, options)
+    ratio, strategy, overlap = _state_slots_per_request(geometry, options, config_path)
 
     context = geometry.context_length
     mm_reserve = 0
@@ -206,7 +207,7 @@ def profile_geometry(geometry: ModelGeometry, weights_bytes: int, options: Launc
         mamba_full_memory_ratio=(options.mamba_full_memory_ratio
                                  if options.mamba_full_memory_ratio is not None
                                  else DEFAULT_MAMBA_FULL_MEMORY_RATIO),
-        uses_mla=geometry.layout == "mla", draft_model_layers=draft_layers, draft_weights_bytes=draft_weights_bytes,
+        uses_mla=geometry.is_mla, draft_model_layers=draft_layers, draft_weights_bytes=draft_weights_bytes,
         quantization=quantization, kv_cache_quant_algo=kv_cache_quant_algo,
         swa_kv_bytes_per_token=swa_pool[0] if swa_pool else 0, swa_full_tokens_ratio=swa_pool[1] if swa_pool else None,
         sliding_window_size=geometry.sliding_window_size if swa_pool else None,
@@ -297,40 +298,45 @@ def _ssm_dtype(geometry: ModelGeometry, options: LaunchOptions, notes: list[str]
 
 def _state_bytes_per_layer(geometry: ModelGeometry, tp: int, ssm_dtype: str,
                            config_path: str) -> tuple[int, int]:
-    """Mamba2StateShape.create (2.3): conv (conv_dim/tp, kernel-1), temporal (heads/tp, head_dim, state)."""
-    groups = geometry.state_groups
-    if groups % tp:
-        groups += tp - groups  # extra_groups_for_head_shards
-    conv_dim = geometry.state_intermediate + 2 * groups * geometry.state_size
-    if conv_dim % tp or geometry.state_heads % tp:
-        raise ModelConfigError(
-            f"{geometry.architecture}: tp {tp} does not divide the state shapes (conv_dim {conv_dim}, "
-            f"{geometry.state_heads} heads); SGLang's divide() would fail", path=config_path,
-            hint="choose a tp size that divides the linear-attention head count")
-    conv = conv_dim // tp * (geometry.conv_kernel - 1) * CONV_STATE_BYTES
-    ssm = geometry.state_heads // tp * geometry.state_head_dim * geometry.state_size * DTYPE_BYTES[ssm_dtype]
-    return conv, ssm
+    """One layer's (conv, temporal) bytes per slot: the family's shape rule (state_shapes.py, 2.3)."""
+    elements = state_elements(geometry, tp, config_path)
+    return elements.conv * CONV_STATE_BYTES, elements.temporal * DTYPE_BYTES[ssm_dtype]
 
 
-def _state_slots_per_request(geometry: ModelGeometry, options: LaunchOptions) -> tuple[int, str | None, bool]:
+def _state_slots_per_request(geometry: ModelGeometry, options: LaunchOptions,
+                             config_path: str = "config.json") -> tuple[int, str | None, bool]:
     """(ratio, resolved radix strategy, overlap scheduling on) per 2.3 / section 3.
 
-    ``auto`` resolves (overrides._mamba_radix_cache_resolution) to extra_buffer when overlap
-    scheduling is on or page_size > 1 (all covered hybrid layouts support it), else to no_buffer with
-    overlap scheduling turned off. Ratio: 1 with the radix cache off, else 3 + tracking slots
-    (extra_buffer 2 with overlap, 1 without; extra_buffer_lazy 1; no_buffer 0).
+    ``auto`` resolves (overrides._mamba_radix_cache_resolution) only for the architectures the registry marks
+    ``mamba_radix``: to extra_buffer when overlap scheduling is on or page_size > 1 and the architecture supports
+    extra buffers, else to no_buffer with overlap scheduling turned off; for any other stateful architecture it
+    stays ``auto`` and holds no tracking slot. Ratio: 1 with the radix cache off (the flag, or a model override
+    that turns it off), else 3 + tracking slots (extra_buffer 2 with overlap, 1 without; extra_buffer_lazy 1;
+    no_buffer 0).
     """
     overlap = not options.disable_overlap_schedule
     if not geometry.is_hybrid:
         return 1, None, overlap
-    if options.disable_radix_cache:
+    entry = architecture(geometry.architecture)
+    if options.disable_radix_cache or entry.radix_cache_off:
         return 1, None, overlap
     strategy = options.mamba_radix_cache_strategy
+    if not entry.mamba_radix:
+        if strategy in ("extra_buffer", "extra_buffer_lazy"):
+            # model_hook.py::handle_mamba_radix_cache, for an architecture the resolution pass does not cover
+            raise ModelConfigError(f"--mamba-radix-cache-strategy {strategy} needs mamba state, got "
+                                   f"{geometry.architecture}.", path=config_path,
+                                   hint="drop --mamba-radix-cache-strategy from the extra SGLang args")
+        return 3, None, overlap
     if strategy == "auto":
-        if overlap or (options.page_size or 1) > 1:
+        if (overlap or (options.page_size or 1) > 1) and entry.mamba_extra_buffer:
             strategy = "extra_buffer"
         else:
             strategy, overlap = "no_buffer", False
+    if strategy in ("extra_buffer", "extra_buffer_lazy") and not entry.mamba_extra_buffer:
+        # mamba_hook.py::validate_mamba_extra_buffer
+        raise ModelConfigError(f"extra_buffer is not supported for {geometry.architecture}; use no_buffer.",
+                               path=config_path, hint="drop --mamba-radix-cache-strategy from the extra SGLang args")
     if strategy == "extra_buffer":
         return 3 + (2 if overlap else 1), strategy, overlap
     if strategy == "extra_buffer_lazy":

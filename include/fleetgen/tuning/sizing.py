@@ -178,7 +178,8 @@ def size_pools(profile: MemoryProfile, *, pre_load_free_bytes: int, mem_fraction
                       f"{math.ceil(minimum * 1000) / 1000:.3f} (minimum viable = 1 - available/pre = "
                       f"{minimum:.4f}).", k=k)
     kv_budget = int(rest * GIB)
-    tokens, swa_tokens = _kv_tokens(profile, kv_budget, page_size=page_size, max_total_tokens=max_total_tokens)
+    tokens, swa_tokens = _kv_tokens(profile, kv_budget, page_size=page_size, max_total_tokens=max_total_tokens,
+                                    context_length=context_length)
     if swa_tokens is not None and profile.sliding_window_size is not None \
             and profile.sliding_window_size + page_size >= swa_tokens:
         # MemoryPoolConfigurator.validate_swa_pool_size, checked before the pool config exists
@@ -234,10 +235,13 @@ def _mamba_slots(profile: MemoryProfile, rest: float, *, max_running_requests: i
     return k, spec_requests, rest
 
 
-def _kv_tokens(profile: MemoryProfile, kv_budget: int, *, page_size: int,
-               max_total_tokens: int | None) -> tuple[int, int | None]:
+def _kv_tokens(profile: MemoryProfile, kv_budget: int, *, page_size: int, max_total_tokens: int | None,
+               context_length: int) -> tuple[int, int | None]:
     """The KV pool's tokens from its budget (2.3), page-floored and capped by --max-total-tokens; with a
-    sliding-window pool (2.5), also that pool's tokens (else None)."""
+    sliding-window pool (2.5), also that pool's tokens (else None). A model with no attention layer (pure Mamba)
+    has a zero cell: DefaultPoolConfigurator then takes --max-total-tokens, else the context length."""
+    if profile.kv_bytes_per_token == 0:
+        return (max_total_tokens or context_length) // page_size * page_size, None
     if profile.swa_full_tokens_ratio is not None:
         # 2.5, HybridSWAPoolConfigurator: full tokens = budget // (full cell + ratio x SWA cell) (a float
         # division), page-floored; the SWA pool holds int(full x ratio), page-floored.

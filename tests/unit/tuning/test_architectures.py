@@ -140,6 +140,8 @@ def test_the_eagle_defaults_are_sglangs_for_every_architecture_that_departs_from
     ("triton_on_sm100", {"FalconH1ForCausalLM", "JetNemotronForCausalLM", "JetVLMForConditionalGeneration"}),
     # model_overrides/gpt_oss.py, llama4.py
     ("pinned", {"GptOssForCausalLM", "Llama4ForCausalLM", "Llama4ForConditionalGeneration"}),
+    # model_overrides/granitemoehybrid.py (with a Mamba layer), lfm2.py
+    ("flashinfer_on_sm100", {"GraniteMoeHybridForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM"}),
     # model_overrides/deepseek_v2.py::_deepseek_family_overrides, kimi_k3.py
     ("trtllm_mla_on_sm100", {"DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "Dots3NoteForCausalLM",
                              "Glm5NextForConditionalGeneration", "GlmMoeDsaForCausalLM", "HYV4ForCausalLM",
@@ -166,3 +168,29 @@ def test_an_entry_is_found_by_its_exact_name_and_a_trait_by_its_value():
     # False is a value too: every entry without the trait
     assert names_with("mxfp4_bf16", False) == {entry.name for entry in ARCHITECTURES} - {"GptOssForCausalLM"}
     assert names_with("swa_layers", None) >= {"LlamaForCausalLM"}
+
+
+@pytest.fixture(scope="module")
+def sglang_radix_lists():
+    path = SGLANG / "arg_groups" / "overrides.py"
+    if not path.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"no SGLang source at {SGLANG}: scripts/sglang-venv.sh did not run")
+        pytest.skip(f"no SGLang source at {SGLANG}; build it with scripts/sglang-venv.sh")
+    return _literal_lists(path)
+
+
+def test_the_radix_strategy_traits_are_sglangs_lists(sglang_radix_lists):
+    # GigaChat 3.5 joins the resolution through its linear_attn_model_registry spec (uses_mamba_radix_cache,
+    # configs/gigachat35.py; extra buffers off), Granite 4.0-H through the layer_types probe beside the list
+    assert names_with("mamba_radix") == sglang_radix_lists["_MAMBA_RADIX_CACHE_ARCHS"] | {
+        "GigaChat35ForCausalLM", "GraniteMoeHybridForCausalLM"}
+    assert names_with("mamba_extra_buffer") == sglang_radix_lists["_MAMBA_EXTRA_BUFFER_ARCHS"]
+
+
+def test_a_state_entry_names_its_config_class_shape_and_layers_together():
+    for entry in ARCHITECTURES:
+        assert (entry.state_shape is None) == (entry.state_layers is None), entry.name
+        assert entry.state_shape is None or entry.state_config, entry.name
+    assert architecture("MiniCPMSALAForCausalLM").radix_cache_off
+    assert names_with("radix_cache_off", None) >= {"Qwen3NextForCausalLM", "LlamaForCausalLM"}

@@ -1,0 +1,46 @@
+"""Oracle matrix cases: the state-cache families beyond Qwen3-Next/3.5, Nemotron-H and Falcon-H1, one public
+checkpoint each (``sglang_sim/models/<preset>``: its config.json, its weight bytes in
+``sglang_sim.presets.PRESET_WEIGHTS_BYTES``), on varied GPUs and tp:
+
+- granite-4.0-h-small: ibm-granite/granite-4.0-h-small (GraniteMoeHybrid: 36 Mamba2 layers, 4 GQA attention layers,
+  ``layer_types``); extra_buffer by default, flashinfer on SM100 (model_overrides/granitemoehybrid.py);
+- kimi-linear-48b-a3b: moonshotai/Kimi-Linear-48B-A3B-Instruct (20 KDA layers, ``KimiLinearStateShape``; 7 MLA
+  layers whose KV is one latent per token);
+- lfm2.5-2.6b: LiquidAI LFM2.5-2.6B (22 short-convolution layers, a conv state and no temporal state; 8 GQA
+  layers); outside SGLang's extra-buffer list, so ``auto`` resolves to no_buffer and overlap scheduling goes off;
+- jet-nemotron-2b: jet-ai/Jet-Nemotron-2B (24 JetBlocks, the GatedDeltaNet shape; 2 full and 2 sliding-window
+  layers, both kept in the one KV pool); no_buffer as LFM2, triton on SM100.
+
+None of these checkpoints has an MTP head, so none is planned with speculative decoding.
+"""
+
+from fleetgen.tuning import TunerBounds
+
+from oracle_harness import MatrixCase
+
+STATE_FAMILY_CASES: list[MatrixCase] = [
+    MatrixCase("granite-4h-small-h200", "granite-4.0-h-small", "H200"),
+    MatrixCase("granite-4h-small-tp2-h100", "granite-4.0-h-small", "H100", tp=2),
+    MatrixCase("granite-4h-small-b200", "granite-4.0-h-small", "B200"),
+    MatrixCase("granite-4h-small-tp4-l40s", "granite-4.0-h-small", "L40S", tp=4),
+    MatrixCase("granite-4h-small-tp2-a100-80g-no-buffer", "granite-4.0-h-small", "A100-80G", tp=2,
+               bounds=TunerBounds(no_buffer_radix=True)),
+    MatrixCase("granite-4h-small-h200-bf16-ssm", "granite-4.0-h-small", "H200", bounds=TunerBounds(bf16_ssm_state=True)),
+    MatrixCase("granite-4h-small-b200-defaults", "granite-4.0-h-small", "B200",
+               bounds=TunerBounds(mode="sglang_defaults")),
+    MatrixCase("kimi-linear-h200", "kimi-linear-48b-a3b", "H200"),
+    MatrixCase("kimi-linear-tp2-h100", "kimi-linear-48b-a3b", "H100", tp=2),
+    MatrixCase("kimi-linear-b200", "kimi-linear-48b-a3b", "B200"),
+    MatrixCase("kimi-linear-tp4-a100-40g", "kimi-linear-48b-a3b", "A100-40G", tp=4),
+    MatrixCase("kimi-linear-tp2-b200-context-128k", "kimi-linear-48b-a3b", "B200", tp=2,
+               extra_args=("--context-length", "131072")),
+    MatrixCase("lfm2.5-2.6b-l4", "lfm2.5-2.6b", "L4"),
+    MatrixCase("lfm2.5-2.6b-a10g-tp2", "lfm2.5-2.6b", "A10G", tp=2),
+    MatrixCase("lfm2.5-2.6b-h100", "lfm2.5-2.6b", "H100"),
+    MatrixCase("lfm2.5-2.6b-b200", "lfm2.5-2.6b", "B200"),
+    MatrixCase("lfm2.5-2.6b-l40s-defaults", "lfm2.5-2.6b", "L40S", bounds=TunerBounds(mode="sglang_defaults")),
+    MatrixCase("jet-nemotron-2b-h100", "jet-nemotron-2b", "H100"),
+    MatrixCase("jet-nemotron-2b-b200", "jet-nemotron-2b", "B200"),
+    MatrixCase("jet-nemotron-2b-a100-40g-tp2", "jet-nemotron-2b", "A100-40G", tp=2),
+    MatrixCase("jet-nemotron-2b-l4-mrr-64", "jet-nemotron-2b", "L4", bounds=TunerBounds(max_running_requests=64)),
+]
