@@ -13,6 +13,7 @@ fleetgen does not record SGLang's random response id, so the ids are derived fro
 id (``request_hash``): the same run writes the same files, a retried task included. Both files are written to a
 temporary name and renamed, so a reader never sees half of one. Reading goes through the run's layout
 (:mod:`fleetgen.outputs`); completions are read a line at a time, so memory does not grow with the run.
+The files, with an example line each: docs/output-formats.md §9.
 """
 
 from __future__ import annotations
