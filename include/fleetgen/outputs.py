@@ -27,6 +27,7 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       calibration.json             each server's readback: the memory it really had vs the plan
       trial-decision.json          the tuning trial's decision, its candidates' scores and each server's candidate
       batch/output.jsonl, errors.jsonl  the results as OpenAI Batch API output and error files (once validated)
+      server-times/<host>_<port>.jsonl  when each server was launched, kept, ready and stopped (GPU-hours)
 
     <output_root>/calibration.json   corrections per (GPU, SGLang version, model, tp) the next plan starts from
     <output_root>/tuning-trials.jsonl  one tuning trial decision a line, per (GPU, model, SGLang version, workload)
@@ -37,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,6 +174,11 @@ class RunLayout:
         """The prompts without a completion as an OpenAI Batch API error file (fleetgen.report.batch_output)."""
         return self.root / "batch" / "errors.jsonl"
 
+    @property
+    def server_times_dir(self) -> Path:
+        """Per server, when it was launched, kept, ready and stopped in this run (record_server_time)."""
+        return self.root / "server-times"
+
     def gpu_sampler_claim(self, node: str) -> Path:
         """Which shard samples ``node``'s GPUs now (fleetgen.nodes.gpu_sampling.SamplerClaim)."""
         return self.kind_dir("gpu") / f"{node}.sampler"
@@ -274,6 +281,10 @@ def run_root_of_report(report_json: str | Path) -> Path:
 
 def read_failures(path: Path) -> list[dict]:
     """The records of a run's ``failures.jsonl`` (a torn last line is skipped)."""
+    return _jsonl_records(path)
+
+
+def _jsonl_records(path: Path) -> list[dict]:
     records = []
     if path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
@@ -301,3 +312,38 @@ def read_marker_stops(layout: RunLayout) -> list[dict]:
     for path in sorted(layout.servers_stopped_dir.glob("*.json")) if layout.servers_stopped_dir.is_dir() else []:
         records += json.loads(path.read_text())
     return records
+
+
+# What a server's line in server-times/ says happened to it: launched (launch_servers, or wait_ready relaunching it
+# smaller), kept (launch_servers passing on one that already ran the plan), ready (wait_ready read /server_info),
+# stopped (stop_servers, at the trial's relaunch and at release_servers).
+SERVER_TIME_EVENTS = ("launched", "kept", "ready", "stopped")
+
+
+def record_server_time(layout: RunLayout, server: str, event: str, *, pid: int | None = None,
+                       at: float | None = None) -> dict:
+    """Append ``event`` of ``server`` ("host:port") at ``at`` (now) to its file in ``server-times/``: one small
+    line a write, each server's events written one task after another (one writer at a time per file)."""
+    if event not in SERVER_TIME_EVENTS:
+        raise ValueError(f"unknown server event {event!r}; expected one of {SERVER_TIME_EVENTS}")
+    record = {"server": server, "event": event, "t": round(time.time() if at is None else at, 3), "pid": pid}
+    layout.server_times_dir.mkdir(parents=True, exist_ok=True)
+    path = layout.server_times_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', server)}.jsonl"
+    with path.open("a+b") as handle:
+        torn = False
+        if handle.seek(0, os.SEEK_END):
+            handle.seek(-1, os.SEEK_END)
+            torn = handle.read(1) != b"\n"
+        handle.write((b"\n" if torn else b"") + json.dumps(record).encode() + b"\n")  # a torn line stays alone
+    return record
+
+
+def read_server_times(layout: RunLayout) -> dict[str, list[dict]]:
+    """Every server's recorded events, in time order; a torn last line (a killed task) is skipped."""
+    events: dict[str, list[dict]] = {}
+    for path in sorted(layout.server_times_dir.glob("*.jsonl")) if layout.server_times_dir.is_dir() else []:
+        for record in _jsonl_records(path):
+            if isinstance(record, dict) and record.get("event") in SERVER_TIME_EVENTS \
+                    and isinstance(record.get("t"), (int, float)):
+                events.setdefault(str(record["server"]), []).append(record)
+    return {server: sorted(rows, key=lambda row: row["t"]) for server, rows in sorted(events.items())}

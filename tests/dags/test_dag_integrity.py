@@ -82,7 +82,7 @@ def test_every_default_is_valid_in_the_form_and_params_come_in_sections(dagbag):
     sections = [dag.params.get_param(name).schema.get("section") for name in dag.params]
     assert all(sections), "every param belongs to a section"
     # The form groups params by section in the order they first appear: the everyday ones first.
-    assert list(dict.fromkeys(sections)) == ["Inputs", "Tuning", "Generation", "Validation thresholds"]
+    assert list(dict.fromkeys(sections)) == ["Inputs", "Tuning", "Generation", "Validation thresholds", "Report"]
     for name in dag.params:
         param = dag.params.get_param(name)
         schema_type = param.schema.get("type")

@@ -7,7 +7,8 @@ import pytest
 
 from fleetgen.errors import ConfigError
 from fleetgen.outputs import (SHARD_KINDS, RunLayout, calibration_file, default_output_root, read_failures,
-                              run_folder_name, run_root_of_report, trial_history_file)
+                              read_server_times, record_server_time, run_folder_name, run_root_of_report,
+                              trial_history_file)
 
 # The nearest docs/ above this file: the checkout's, also from the copy of tests/ a mutation run makes inside it.
 DOC = next(folder / "docs" / "output-formats.md" for folder in Path(__file__).resolve().parents
@@ -140,3 +141,24 @@ def test_only_stops_found_by_the_launch_marker_are_kept_for_the_report_per_node(
     write_marker_stops(layout, "node1", [gone])
     write_marker_stops(layout, "node0", [plain, other])
     assert read_marker_stops(layout) == [{"node": "node0", **other}, {"node": "node1", **gone}]
+
+
+def test_each_servers_times_are_kept_in_its_own_documented_file_and_read_back_in_time_order(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    record_server_time(layout, "gpu-a:30000", "launched", pid=7, at=100.0)
+    record_server_time(layout, "gpu-b:30000", "kept", pid=9, at=90.0)
+    record_server_time(layout, "gpu-a:30000", "ready", pid=7, at=160.0)
+    record_server_time(layout, "gpu-a:30000", "stopped", pid=7, at=150.5)  # another worker's clock: ordered by t
+    assert sorted(path.name for path in layout.server_times_dir.iterdir()) == ["gpu-a_30000.jsonl",
+                                                                              "gpu-b_30000.jsonl"]
+    assert "server-times/" in DOC.read_text()
+    with (layout.server_times_dir / "gpu-a_30000.jsonl").open("a") as handle:
+        handle.write('{"server": "gpu-a:30000", "event": "rea')  # a task killed mid-write
+    record_server_time(layout, "gpu-a:30000", "ready", pid=7, at=170.0)  # its retry: a line of its own
+    assert {server: [(e["event"], e["t"], e["pid"]) for e in events]
+            for server, events in read_server_times(layout).items()} == {
+        "gpu-a:30000": [("launched", 100.0, 7), ("stopped", 150.5, 7), ("ready", 160.0, 7), ("ready", 170.0, 7)],
+        "gpu-b:30000": [("kept", 90.0, 9)]}
+    assert read_server_times(RunLayout(tmp_path / "no-run")) == {}
+    with pytest.raises(ValueError, match="unknown server event 'started'"):
+        record_server_time(layout, "gpu-a:30000", "started")

@@ -191,6 +191,7 @@ class WaitReadyOperator(BaseOperator):
         for line in mismatches:
             log.warning("expected vs effective on %s: %s", launched["name"], line)
         expected = plan.expected
+        self._record_time(launched, "ready")
         log.info("%s ready after %.0f s: effective max_running_requests=%d, max_total_num_tokens=%d, "
                  "max_mamba_cache_size=%s (expected %s, %s, %s)", launched["name"], event.waited_s,
                  limits.effective_max_running_requests, limits.max_total_num_tokens, limits.max_mamba_cache_size,
@@ -206,6 +207,18 @@ class WaitReadyOperator(BaseOperator):
                 # what the shards re-read from /server_info to know it is still this launch (generate/launch_check.py)
                 "launch_fields": readiness.launch_fields(info, plan.flags),
                 "calibration": self._calibrate(launched, plan, limits, event.log_tail)}
+
+    @staticmethod
+    def _record_time(launched: dict, event: str) -> None:
+        """When the server got ready or was relaunched, for the report's GPU-hours (outputs.record_server_time); a
+        record that cannot be written is a warning (the report then counts that server's loading as unknown)."""
+        from fleetgen.airflow.context import run_context
+        from fleetgen.outputs import record_server_time
+
+        try:
+            record_server_time(run_context()[2], launched["name"], event, pid=launched["pid"])
+        except (FleetgenError, OSError) as exc:
+            log.warning("when %s was %s is not recorded for the GPU-hours: %s", launched["name"], event, exc)
 
     def _calibrate(self, launched: dict, plan, limits, log_lines: list[str]) -> dict | None:
         """The readback's calibration (tuning/calibration.py), recorded for the next plan and in the run's
@@ -241,4 +254,5 @@ class WaitReadyOperator(BaseOperator):
             stop_ports(shell, fleet, [slot.port])
             relaunched = launch_server(shell, fleet, slot, smaller.to_dict(), api_key(fleet),
                                        run_id=run_context()[0]["run_id"])
+        self._record_time(relaunched, "launched")  # still loading: its first launch stays the start
         self.defer(trigger=self._trigger(relaunched, smaller.attempt), method_name="execute_complete")

@@ -316,7 +316,7 @@ class Report(_Group):
     gpu_hour_price: dict = setting(
         dict, dict, "GPU-hour prices", REPORT,
         'What one GPU-hour costs, by GPU name as nvidia-smi prints it: {"currency": "USD", "per_gpu_hour": '
-        '{"NVIDIA B200": 6.25}}. The report then shows the run\'s cost and its cost per million output tokens, per '
+        '{"NVIDIA B200": 6.03}}. The report then shows the run\'s cost and its cost per million output tokens, per '
         "server and per tuning trial candidate. Empty: GPU-hours only, no money.")
 
     def __post_init__(self) -> None:

@@ -9,7 +9,7 @@ from fleetgen.airflow.context import mapped_values, run_context
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.nodes import probe
 from fleetgen.nodes.fleet import fleet_from_json
-from fleetgen.outputs import write_marker_stops
+from fleetgen.outputs import record_server_time, write_marker_stops
 
 log = logging.getLogger("fleetgen")
 
@@ -50,6 +50,9 @@ def stop_servers(node: str, fleet: dict, plans: list[dict] | None = None,
         records = lifecycle.stop_ports(shell, spec, ports) if ports else []
         stopped = {r["pid"] for r in records if r["outcome"] == "stopped"}
         inventory = lifecycle.wait_memory_released(shell, spec, node, stopped)
+    for record in records:  # the end of its GPU time in this run (the report's GPU-hours), once its memory is back
+        if record["outcome"] == "stopped":
+            record_server_time(layout, f"{node}:{record['port']}", "stopped", pid=record["pid"])
     write_marker_stops(layout, node, records)  # the report lists them
     for record in records:
         if record.get("launched_under_other_module") or record.get("pid_file_missing"):
@@ -110,7 +113,7 @@ def launch_servers(node: str, fleet: dict, plans: list[dict], stopped: list[dict
     *When it fails*: SSH (retried: a retry passes on the servers an earlier try launched with the same command
     line, never launching one twice), or the server's Python/module in the fleet description is wrong.
     """
-    context, _, _ = run_context()
+    context, _, layout = run_context()
     spec = fleet_from_json(fleet)
     if left_out(node, plans):
         return []
@@ -144,6 +147,12 @@ def launch_servers(node: str, fleet: dict, plans: list[dict], stopped: list[dict
                 else:
                     launched.append(lifecycle.launch_server(shell, spec, slot, plan, key,
                                                             run_id=context["run_id"]))
+                # when its GPU time starts in this run (the report's GPU-hours); an earlier try's launch, if it
+                # recorded one, stays the start
+                record_server_time(layout, slot.name, "launched", pid=launched[-1]["pid"])
+    for server in launched:
+        if server["kept"]:  # already running the plan: this run holds it from now on
+            record_server_time(layout, server["name"], "kept", pid=server["pid"])
     log.info("Servers on %s: pids %s", node, [s["pid"] for s in launched])
     return launched
 

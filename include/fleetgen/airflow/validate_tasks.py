@@ -86,7 +86,8 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
     # the run's wall time, which also holds server start-up and validation.
     summary = build_report(layout.root, run_id=context["run_id"], plan=list(plans), readiness=mapped_values(readiness),
                            shard_results=mapped_values(trial_results or []) + mapped_values(shard_results),
-                           validation=validation, previous_report=previous)
+                           validation=validation, previous_report=previous,
+                           gpu_hour_price=config.report.prices())
     for asset in context["task"].outlets:  # the finished dataset, for downstream training DAGs
         context["outlet_events"][asset].extra = {"run_id": context["run_id"], "out_dir": str(layout.root),
                                                  "completions": str(layout.kind_dir("completions")),

@@ -28,12 +28,14 @@ import pandas as pd
 
 from fleetgen.generate.liveness import dead_seconds, lost_tries
 from fleetgen.report.markdown import render_markdown
+from fleetgen.report.gpu_hours import gpu_hours
 from fleetgen.report.occupancy import failures, gpu_usage, occupancy
 from fleetgen.report.plots import write_plots
 from fleetgen.nodes.readiness import ServerInfo
 from fleetgen.outputs import RunLayout, read_marker_stops
 from fleetgen.report.payoff import AUTO_SIZING_MODE, tuning_payoff
 from fleetgen.report.previous import REPORT_SCHEMA, find_previous_report
+from fleetgen.report.prices import GpuHourPrice
 from fleetgen.tuning.plan_notes import read_plan_notes
 from fleetgen.validation.stats_table import load_errors, load_stats
 from fleetgen.validation.outcome import why_not_passed
@@ -304,8 +306,10 @@ def _net_of_dead_tries(report: dict, lost: list[dict]) -> None:
 
 def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, readiness: list[dict] | None,
                  shard_results: list[dict] | None, validation: dict | None,
-                 previous_report: str | Path | None, wall_seconds: float | None = None) -> dict:
-    """Write ``<out>/report/{report.json, report.md, *.png}``; return a small JSON-safe summary."""
+                 previous_report: str | Path | None, wall_seconds: float | None = None,
+                 gpu_hour_price: GpuHourPrice | None = None) -> dict:
+    """Write ``<out>/report/{report.json, report.md, *.png}``; return a small JSON-safe summary. ``gpu_hour_price``:
+    the run's prices (DAG parameter gpu_hour_price); without, GPU-hours and no money."""
     out = Path(out_dir)
     folder = RunLayout(out).report_dir
     folder.mkdir(parents=True, exist_ok=True)
@@ -349,6 +353,10 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
                                                     _server_gpus(plan, readiness).items() if where["gpu_ids"]},
         simulated=report["simulated"], generation_seconds=timing["generation_seconds"], previous=previous,
         auto_report=_auto_sizing_report(out))
+    # From launch to release, split into loading, generating and idle, and what it cost (report/gpu_hours.py).
+    report["gpu_hours"] = gpu_hours(RunLayout(out), stats=stats[~reused], plan=plan,
+                                    server_gpus=_server_gpus(plan, readiness), prices=gpu_hour_price or GpuHourPrice(),
+                                    now=now.timestamp(), payoff=report["tuning_payoff"])
     report["validation"] = validation
     # Why the run does not count as validated (None when it does): it is then not indexed for reuse.
     report["not_validated"] = why_not_passed(RunLayout(out), validation)

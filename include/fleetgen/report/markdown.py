@@ -84,8 +84,9 @@ def _against_line(label: str, against: dict | None) -> str:
     return line + "."
 
 
-def _payoff_section(payoff: dict | None) -> list[str]:
-    """Tuning payoff (docs/tuning-trial.md §6): the candidates measured, the decision, what the one in use gained."""
+def _payoff_section(payoff: dict | None, savings: list[str] = ()) -> list[str]:
+    """Tuning payoff (docs/tuning-trial.md §6): the candidates measured, the decision, what the one in use gained
+    (``savings``: in GPU-hours and money per million output tokens)."""
     if not payoff:
         return []
     lines = ["## Tuning payoff", ""]
@@ -118,7 +119,7 @@ def _payoff_section(payoff: dict | None) -> list[str]:
         unmeasured = f"; not measured on {', '.join(cost['unmeasured'])}" if cost["unmeasured"] else ""
         lines.append(f"- Trial cost: {_number(cost['gpu_minutes'], 2)} GPU-minutes at the challengers' lower speed"
                      f"{share}{unmeasured}.")
-    return lines + [""]
+    return lines + list(savings) + [""]
 
 
 def _gpus_section(gpus: dict | None, plots: dict) -> list[str]:
@@ -135,6 +136,76 @@ def _gpus_section(gpus: dict | None, plots: dict) -> list[str]:
     if "gpus" in plots:
         lines += [f"![GPUs]({plots['gpus']})", ""]
     return lines
+
+
+def _amount(value: float | None, currency: str | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.2f} {currency}" if abs(value) >= 1 else f"{value:.4f} {currency}"
+
+
+def _hours(value: float | None) -> str:
+    return "-" if value is None else (f"{value:,.2f}" if abs(value) >= 10 else f"{value:.4f}")
+
+
+def _cost_section(cost: dict | None) -> list[str]:
+    """GPU-hours from launch to release, split, and what they cost at gpu_hour_price (report/gpu_hours.py)."""
+    if not cost:
+        return []
+    lines, currency, hours = ["## GPU-hours and cost", ""], cost["currency"], cost["gpu_hours"]
+    if not cost["per_server"]:
+        return lines + ["No server's launch was recorded in server-times/ (a run made before they were): no "
+                        "GPU-hours.", ""]
+    lines += [f"From launch (or takeover of a server kept running) to release: **{_hours(hours['held'])} GPU-hours** "
+              f"(loading {_hours(hours['loading'])}, generating {_hours(hours['generating'])}, idle "
+              f"{_hours(hours['idle'])}); {_hours(cost['gpu_hours_per_million_tokens'])} GPU-hours per million "
+              "output tokens.", ""]
+    if "report" in cost["ends"]:
+        lines += ["Servers still up when the report was written (keep_servers_up, or release_servers, which runs "
+                  "after the report) are counted to the report's time.", ""]
+    if not cost["priced"]:
+        lines += ["No money: the DAG parameter gpu_hour_price is empty (set a price per GPU-hour by GPU name).", ""]
+    else:
+        lines += ["Prices (gpu_hour_price): " + ", ".join(f"{name} {_amount(price, currency)} per GPU-hour" for
+                                                            name, price in cost["prices"]["per_gpu_hour"].items())
+                  + ".", ""]
+    if cost["cost"] is not None:
+        lines += [f"Cost: **{_amount(cost['cost'], currency)}**; "
+                  f"**{_amount(cost['cost_per_million_tokens'], currency)} per million output tokens**.", ""]
+    for name, servers in cost["unpriced"].items():
+        lines += [f"- **No price for {name}** (servers {', '.join(servers)}): the run's cost is not given; add it "
+                  "to gpu_hour_price."]
+    if cost["unused_prices"]:
+        lines += [f"- Priced but in no server of the fleet: {', '.join(cost['unused_prices'])} (names must be "
+                  "nvidia-smi's)."]
+    if cost["not_recorded"]:
+        lines += [f"- No launch recorded for {', '.join(cost['not_recorded'])}: not counted."]
+    lines += [""] if cost["unpriced"] or cost["unused_prices"] or cost["not_recorded"] else []
+    lines += _table(["server", "GPUs", "from", "held s", "loading s", "generating s", "idle s", "GPU-hours",
+                     "output tokens", "cost", "cost per M tokens"],
+                    [[name, f"{row['gpus']} x {', '.join(sorted(set(row['gpu_names']))) or '?'}",
+                      "kept" if row["kept"] else "launch", row["seconds"]["held"], row["seconds"]["loading"],
+                      row["seconds"]["generating"], row["seconds"]["idle"], _hours(row["gpu_hours"]["held"]),
+                      row["completion_tokens"], _amount(row["cost"], currency),
+                      _amount(row["cost_per_million_tokens"], currency)] for name, row in cost["per_server"].items()])
+    configurations = cost["configurations"]["rows"]
+    if any(row["tokens_per_s_per_gpu"] for row in configurations):
+        lines += ["Per configuration, at its steady output tokens/s per GPU (Tuning payoff):", ""]
+        lines += _table(["configuration", "tokens/s per GPU", "GPU-hours per M tokens", "cost per M tokens"],
+                        [[row["name"], _number(row["tokens_per_s_per_gpu"], 0),
+                          _hours(row["gpu_hours_per_million_tokens"]),
+                          _amount(row["cost_per_million_tokens"], currency)] for row in configurations])
+    return lines
+
+
+def _savings_lines(cost: dict | None) -> list[str]:
+    """What the configuration in use saves per million output tokens (the Tuning payoff's last lines)."""
+    currency = (cost or {}).get("currency")
+    return [f"- Saved per million output tokens by {saving['configuration']} against {saving['against']}: "
+            f"{_hours(saving['gpu_hours_per_million_tokens'])} GPU-hours"
+            + (f", {_amount(saving['cost_per_million_tokens'], currency)}" if saving["cost_per_million_tokens"]
+               is not None else "") + "."
+            for saving in ((cost or {}).get("configurations") or {}).get("savings", [])]
 
 
 def _failures_section(failures: dict | None) -> list[str]:
@@ -218,6 +289,7 @@ def render_markdown(report: dict) -> str:
             lines += [f"![{title}]({plots[key]})", ""]
     lines += _occupancy_section(report.get("occupancy"), plots)
     lines += _gpus_section(report.get("gpus"), plots)
+    lines += _cost_section(report.get("gpu_hours"))
     lines += _failures_section(report.get("failures"))
     lines += ["## Output tokens", ""]
     lines += _table(["mean", "min", "p50", "p90", "p99", "max"],
@@ -241,7 +313,7 @@ def render_markdown(report: dict) -> str:
         if readbacks:
             lines += ["Readback of the memory the plan assumed:", "", *readbacks, ""]
         lines += _workload_path(report["tuning"])
-    lines += _payoff_section(report.get("tuning_payoff"))
+    lines += _payoff_section(report.get("tuning_payoff"), _savings_lines(report.get("gpu_hours")))
     lines += _plan_notes_section(report.get("plan_notes"))
     lines += _marker_stops_section(report.get("marker_stops"))
     if report.get("shards"):

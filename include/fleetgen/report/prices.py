@@ -1,6 +1,9 @@
 """What a GPU-hour costs: the DAG parameter ``gpu_hour_price``, checked once (``fleetgen.airflow.run_config``).
 
-    {"currency": "USD", "per_gpu_hour": {"NVIDIA B200": 6.25, "NVIDIA H100 80GB HBM3": 2.99}}
+    {"currency": "USD", "per_gpu_hour": {"NVIDIA B200": 6.03, "NVIDIA H200": 4.54}}
+
+(Spheron's on-demand prices of 17 March 2026, https://www.spheron.network/blog/nvidia-h200-vs-b200-vs-gb200: an
+example of the shape, not a default.)
 
 Each key is a GPU's name exactly as ``nvidia-smi --query-gpu=name`` prints it (the probe's inventory keeps it as
 read); the value is what one GPU-hour of it costs in ``currency``. Empty (the default): the report shows GPU-hours
@@ -21,7 +24,7 @@ PARAMETER = "gpu_hour_price"
 KEYS = ("currency", "per_gpu_hour")
 MAX_PRICE = 1_000_000.0  # per GPU-hour: a bound on typos (a price in cents, a pasted total), not on any market
 MAX_CURRENCY_CHARS = 16
-EXAMPLE = '{"currency": "USD", "per_gpu_hour": {"NVIDIA B200": 6.25}}'
+EXAMPLE = '{"currency": "USD", "per_gpu_hour": {"NVIDIA B200": 6.03}}'  # the shape; the figure as in the doc above
 
 
 @dataclass(frozen=True)

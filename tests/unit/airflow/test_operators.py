@@ -13,6 +13,7 @@ from fleetgen.errors import (AuthenticationRefused, ConfigError, FailureKind, Ho
                              PlanError, ServerError, ServerNotReady, ServerStartupError)
 from fleetgen.nodes import readiness
 from fleetgen.nodes.fleet import ServerSlot
+from fleetgen.outputs import RunLayout, read_server_times
 from fleetgen.generate.settings import shard_endpoints
 from fleetgen.tuning import (LaunchOptions, ServerPlan, TunerBounds, Workload, backoff, plan_server, profile_model,
                              render_budget_table)
@@ -159,9 +160,10 @@ def run_outputs(tmp_path, monkeypatch):
     """Where a readback's calibration is recorded: the output root's shared file and the run's own."""
     from fleetgen.airflow import context
 
-    outputs = SimpleNamespace(shared=tmp_path / "calibration.json", run=tmp_path / "run" / "calibration.json")
+    layout = RunLayout(tmp_path / "run")
+    outputs = SimpleNamespace(shared=tmp_path / "calibration.json", run=layout.calibration, layout=layout)
     config = SimpleNamespace(inputs=SimpleNamespace(output_root=str(tmp_path)))
-    monkeypatch.setattr(context, "run_context", lambda: ({}, config, SimpleNamespace(calibration=outputs.run)))
+    monkeypatch.setattr(context, "run_context", lambda: ({}, config, layout))
     return outputs
 
 
@@ -182,6 +184,9 @@ def test_a_ready_server_gives_its_effective_limits_and_where_it_runs(run_outputs
     assert result["relaunches"] == 2 and result["expected"] == plan.expected and result["mismatches"] == []
     assert (result["model"], result["kept"], result["waited_s"], result["flags"]) == ("qwen", False, 95.4, plan.flags)
     assert result["launch_id"] is None  # it reported no weight_version: its completions are not checked
+    # when it got ready: the end of its loading in the report's GPU-hours
+    assert [(e["event"], e["pid"]) for e in read_server_times(run_outputs.layout)["gpu-node-1:30000"]] == [
+        ("ready", 4242)]
 
 
 def test_a_ready_server_gives_the_launch_identity_it_answers_with(run_outputs):
@@ -344,7 +349,7 @@ def test_without_a_hint_from_the_planner_the_kinds_hint_stands(operator, monkeyp
         failed.value)
 
 
-def test_a_memory_failure_stops_the_server_and_relaunches_it_smaller_on_the_same_slot(monkeypatch, caplog):
+def test_a_memory_failure_stops_the_server_and_relaunches_it_smaller_on_the_same_slot(monkeypatch, caplog, tmp_path):
     from airflow.sdk.exceptions import TaskDeferred
 
     from fleetgen.airflow import lifecycle, node_shell
@@ -377,7 +382,8 @@ def test_a_memory_failure_stops_the_server_and_relaunches_it_smaller_on_the_same
     monkeypatch.setattr(lifecycle, "api_key", lambda fleet: f"key of {fleet.server.api_key_conn_id}")
     from fleetgen.airflow import context as airflow_context
 
-    monkeypatch.setattr(airflow_context, "run_context", lambda: ({"run_id": "night_2"}, None, None))
+    layout = RunLayout(tmp_path / "night_2")
+    monkeypatch.setattr(airflow_context, "run_context", lambda: ({"run_id": "night_2"}, None, layout))
     operator = WaitReadyOperator(task_id="wait_ready", server={}, fleet=FLEET, timeout_s=600)
     with pytest.raises(TaskDeferred) as deferred:
         operator.execute_complete({}, _event("fatal", attempt=1, launched=_launched(_plan(1)), kind="oom_kv",
@@ -392,6 +398,8 @@ def test_a_memory_failure_stops_the_server_and_relaunches_it_smaller_on_the_same
     trigger = deferred.value.trigger
     assert deferred.value.method_name == "execute_complete"
     assert trigger.pid == 5151 and trigger.context["attempt"] == 2 and trigger.context["launched"]["pid"] == 5151
+    # launched again, still loading (the report counts its loading from the first launch)
+    assert [(e["event"], e["pid"]) for e in read_server_times(layout)["gpu-node-1:30000"]] == [("launched", 5151)]
 
 
 def test_execute_defers_the_first_launch_as_attempt_zero():

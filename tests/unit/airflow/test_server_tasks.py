@@ -15,6 +15,7 @@ from fleetgen.airflow import lifecycle, server_tasks
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import HostUnreachable, RemoteError
 from fleetgen.nodes import remote
+from fleetgen.outputs import RunLayout, read_server_times
 
 RUN = "manual__2026-12-03T22:00:00+00:00"  # the run whose launches carry its identity
 
@@ -175,6 +176,14 @@ def test_a_command_line_whose_home_the_node_expanded_is_the_same_launch():
 
 PARAMS = {**{spec.name: spec.default_value() for spec in RunConfig.settings()}, "fleet_file": "",
           "prompts_path": "/p.jsonl", "output_root": "/out"}
+
+
+@pytest.fixture(autouse=True)
+def output_root(tmp_path, monkeypatch):
+    """Each test's own output root: the tasks record when servers were launched, kept and stopped in the run's
+    folder (server-times/)."""
+    monkeypatch.setitem(PARAMS, "output_root", str(tmp_path / "out"))
+    return tmp_path / "out"
 # Two nodes at different addresses that use the same port numbers: n0 runs two servers, n1 one.
 TWO_NODES = {"model": {"path": "/models/m", "served_name": "m"},
              "server": {"python": "/opt/py", "module": "sglang.launch_server", "run_dir": "/r", "log_dir": "/l"},
@@ -379,6 +388,27 @@ def test_a_launch_keeps_some_servers_and_launches_the_others_with_their_own_plan
     assert [(s["name"], s["pid"], s["kept"]) for s in launched] == [("n0:30001", 501, True), ("n0:30000", 901, False)]
     assert recording.opened == [("n0", "ssh_n0")]
     assert recording.calls == [("already_launched", ["n0:30000"], "k"), ("launch_server", "n0:30000", 40, "k")]
+
+
+def _times(output_root, run_id=RUN) -> list[tuple]:
+    layout = RunLayout.for_run(output_root, run_id)
+    return [(server, event["event"], event["pid"]) for server, events in read_server_times(layout).items()
+            for event in events]
+
+
+def test_a_launch_records_when_each_server_was_launched_or_kept_for_the_gpu_hours(monkeypatch, recording,
+                                                                                 output_root):
+    server_tasks.launch_servers("n0", TWO_NODES, _plans_two_nodes(), [_stopped("n0", {30001: 501})])
+    assert _times(output_root) == [("n0:30000", "launched", 901), ("n0:30001", "kept", 501)]
+
+
+def test_a_stop_records_when_the_servers_it_stopped_were_gone_and_nothing_of_a_stale_pid(monkeypatch, recording,
+                                                                                        output_root):
+    _run_with(monkeypatch, keep_servers_up=False)
+    recording.stop_records = [{"outcome": "stopped", "port": 30000, "pid": 11, "signal": "TERM"},
+                              {"outcome": "stale", "port": 30001, "pid": 12, "signal": None}]
+    server_tasks.release_servers("n0", TWO_NODES)
+    assert _times(output_root, "manual__1") == [("n0:30000", "stopped", 11)]
 
 
 def test_a_launch_with_no_stop_results_launches_every_server_of_the_node(monkeypatch, recording):

@@ -745,3 +745,33 @@ def test_a_report_of_a_run_whose_validation_failed_says_it_is_not_validated_nor_
                           validation={"success": True, "expectations": []}, previous_report=None)
     assert json.loads(Path(passed["report_json"]).read_text())["not_validated"] is None
     assert "Not validated" not in Path(passed["report_md"]).read_text()
+
+
+def test_a_built_report_prices_the_gpu_hours_each_server_held_from_its_recorded_launch_and_release(tmp_path,
+                                                                                                   no_plots):
+    from fleetgen.outputs import record_server_time
+    from fleetgen.report.prices import GpuHourPrice
+
+    rows = [row(0, SERVERS[0], 10.0, 100, latency=10.0), row(1, SERVERS[1], 20.0, 300),
+            row(2, SERVERS[0], -5000.0, 999, reused_from="night1")]  # copied: none of tonight's GPU time
+    out = write_run(tmp_path / "run", rows)
+    plan, readiness = plan_and_readiness(40)
+    for entry in plan:  # the probe's rows of each server's GPUs, as derive_plan keeps them
+        entry["inputs"] = {"gpus": [{"index": gpu, "name": "NVIDIA B200"} for gpu in entry["gpu_ids"]]}
+    for server in SERVERS:
+        for event, at in (("launched", -360.0), ("ready", -10.0), ("stopped", 3240.0)):  # held one hour
+            record_server_time(RunLayout(out), server, event, at=T0 + at)
+    build_report(out, run_id="night2", plan=plan, readiness=readiness, shard_results=None, validation=None,
+                 previous_report=None, gpu_hour_price=GpuHourPrice(currency="USD", per_gpu_hour={"NVIDIA B200": 2.0}))
+    report = json.loads((out / "report" / "report.json").read_text())
+    cost = report["gpu_hours"]
+    assert cost["gpu_hours"] == {"held": 4.0, "loading": 0.388889, "generating": 0.003056, "idle": 3.608056}
+    assert (cost["cost"], cost["completion_tokens"], cost["cost_per_million_tokens"]) == (8.0, 400, 20000.0)
+    assert cost["per_server"][SERVERS[0]]["seconds"]["generating"] == 10.0 and \
+        cost["per_server"][SERVERS[2]]["gpu_hours"]["held"] == 2.0  # tensor parallel over two GPUs
+    markdown = (out / "report" / "report.md").read_text()
+    assert "## GPU-hours and cost" in markdown and "Cost: **8.00 USD**; **20,000.00 USD per million output " \
+                                                  "tokens**." in markdown
+    assert build_report(out, run_id="night2", plan=plan, readiness=readiness, shard_results=None, validation=None,
+                        previous_report=None) and json.loads((out / "report" / "report.json").read_text())[
+        "gpu_hours"]["cost"] is None  # no price given: GPU-hours only

@@ -400,3 +400,89 @@ def test_servers_of_ours_stopped_by_their_launch_marker_are_listed_with_why():
         "| node0 | 30000 | 11 | TERM | launched under another server.module |",
         "| node0 | 30001 | 12 | KILL | launched under another server.module; its pid file was gone |"]
     assert "## Servers of ours stopped" not in "\n".join(lines_of(base_report(marker_stops=[])))
+
+
+# --- GPU-hours and cost (report/gpu_hours.py's figures, rendered) --------------------------------------------------
+
+def _cost(tmp_path, prices, *, released=True):
+    """Two one-GPU servers held 2 h and 2.5 h (one released, one still up), 11 M output tokens, a trial's payoff."""
+    from gpu_hours_fixtures import B200, plan_entry, record, stats, trial_payoff, where
+
+    from fleetgen.outputs import RunLayout
+    from fleetgen.report.gpu_hours import gpu_hours
+
+    layout = RunLayout(tmp_path / "run")
+    plan = [plan_entry("a", 1, [B200]), plan_entry("c", 1, [B200])]
+    for server in where(plan):
+        record(layout, server, ("launched", 0.0), ("ready", 300.0))
+    if released:
+        record(layout, "a:1", ("stopped", 7200.0))
+    rows = stats(("a:1", 4000.0, 3000.0, 5_000_000), ("c:1", 5000.0, 4000.0, 6_000_000))
+    return gpu_hours(layout, stats=rows, plan=plan, server_gpus=where(plan), prices=prices, now=9000.0,
+                     payoff={**trial_payoff(), "candidates": [dict(row, servers=[server]) for row, server in
+                                                             zip(trial_payoff()["candidates"][:2], ("a:1", "c:1"))]})
+
+
+def test_the_cost_section_with_a_price_gives_the_run_each_server_and_each_configuration(tmp_path):
+    from fleetgen.report.prices import GpuHourPrice
+
+    cost = _cost(tmp_path, GpuHourPrice(currency="USD", per_gpu_hour={"NVIDIA B200": 3.6}))
+    text = render_markdown(base_report(gpu_hours=cost, tuning_payoff=None))
+    section = text[text.index("## GPU-hours and cost"):text.index("## Failures")].split("\n")
+    assert section[:11] == [
+        "## GPU-hours and cost", "",
+        "From launch (or takeover of a server kept running) to release: **4.5000 GPU-hours** (loading 0.1667, "
+        "generating 1.9444, idle 2.3889); 0.4091 GPU-hours per million output tokens.", "",
+        "Servers still up when the report was written (keep_servers_up, or release_servers, which runs after the "
+        "report) are counted to the report's time.", "",
+        "Prices (gpu_hour_price): NVIDIA B200 3.60 USD per GPU-hour.", "",
+        "Cost: **16.20 USD**; **1.47 USD per million output tokens**.", "",
+        "| server | GPUs | from | held s | loading s | generating s | idle s | GPU-hours | output tokens | cost | "
+        "cost per M tokens |"]
+    assert section[12:14] == [
+        "| a:1 | 1 x NVIDIA B200 | launch | 7,200.0 | 300.0 | 3,000.0 | 3,900.0 | 2.0000 | 5,000,000 | 7.20 USD "
+        "| 1.44 USD |",
+        "| c:1 | 1 x NVIDIA B200 | launch | 9,000.0 | 300.0 | 4,000.0 | 4,700.0 | 2.5000 | 6,000,000 | 9.00 USD "
+        "| 1.50 USD |"]
+    assert "| cap-3/4 | 1,250 | 0.2222 | 0.8000 USD |" in section and \
+        "| in use (cap-3/4) | 1,250 | 0.2222 | 0.8000 USD |" in section
+    payoff = render_markdown(base_report(gpu_hours=cost, tuning_payoff=_a_payoff()))
+    assert ("- Saved per million output tokens by cap-3/4 against the incumbent (incumbent): 0.0556 GPU-hours, "
+            "0.2000 USD.") in payoff.split("## Tuning payoff")[1].split("\n")
+
+
+def test_without_a_price_the_cost_section_keeps_the_gpu_hours_and_says_why_there_is_no_money(tmp_path):
+    from fleetgen.report.prices import GpuHourPrice
+
+    text = render_markdown(base_report(gpu_hours=_cost(tmp_path, GpuHourPrice(), released=False)))
+    section = text[text.index("## GPU-hours and cost"):text.index("## Failures")]
+    assert "**4.5000 GPU-hours**" not in section and "**5.0000 GPU-hours**" in section  # both up to the report
+    assert "No money: the DAG parameter gpu_hour_price is empty (set a price per GPU-hour by GPU name)." in section
+    assert "Cost:" not in section and "USD" not in section and "Prices" not in section
+    assert "| a:1 | 1 x NVIDIA B200 | launch | 9,000.0 | 300.0 | 3,000.0 | 5,700.0 | 2.5000 | 5,000,000 | - | - |" \
+        in section
+    assert "| incumbent | 1,000 | 0.2778 | - |" in section
+
+
+def test_a_gpu_without_a_price_a_price_for_no_gpu_and_a_server_not_recorded_are_named(tmp_path):
+    from fleetgen.report.prices import GpuHourPrice
+
+    cost = _cost(tmp_path, GpuHourPrice(currency="EUR", per_gpu_hour={"NVIDIA H100": 2.0}))
+    cost["not_recorded"] = ["z:1"]
+    section = render_markdown(base_report(gpu_hours=cost)).split("## GPU-hours and cost")[1].split("## Failures")[0]
+    assert "- **No price for NVIDIA B200** (servers a:1, c:1): the run's cost is not given; add it to " \
+           "gpu_hour_price." in section
+    assert "- Priced but in no server of the fleet: NVIDIA H100 (names must be nvidia-smi's)." in section
+    assert "- No launch recorded for z:1: not counted." in section and "Cost:" not in section
+
+
+def test_a_run_without_recorded_launches_says_so_and_a_report_without_the_figures_has_no_section():
+    empty = {"currency": None, "priced": False, "gpu_hours": {}, "per_server": {}}
+    assert "No server's launch was recorded in server-times/" in render_markdown(base_report(gpu_hours=empty))
+    assert "## GPU-hours and cost" not in render_markdown(base_report())
+
+
+def _a_payoff() -> dict:
+    return {"simulated": False, "trial": "skipped", "why": "the trial was off", "candidates": [], "decision": None,
+            "in_use": {"candidate": None, "score": None, "windows": 0, "source": "the whole run", "cap": None},
+            "vs_auto_sizing": None, "vs_previous": None, "cost": None}
