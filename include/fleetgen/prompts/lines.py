@@ -115,35 +115,43 @@ class ParsedLine(NamedTuple):
 
 def parse_line(raw: bytes) -> tuple[Prompt | None, str | None, str | None, str | None]:
     """(prompt, structural problem, per-prompt problem, id) for one non-blank line, in either format."""
-    return read_line(raw)[:4]
+    return _read(raw)[:4]
 
 
 def read_line(raw: bytes) -> ParsedLine:
     """``parse_line`` with the line's format and the model a Batch API request names."""
+    return ParsedLine._make(_read(raw))
+
+
+_is_batch_record = batch_api.is_batch_record  # once per line of a file of millions: no attribute lookup
+
+
+def _read(raw: bytes) -> tuple:
+    """``ParsedLine``'s fields as a plain tuple (the scan and the shard readers call this for every line)."""
     try:
         record = _loads(raw)
     except _JSONError as exc:
-        return ParsedLine(None, f"malformed JSON ({shorten(str(exc))})", None, None)
+        return None, f"malformed JSON ({shorten(str(exc))})", None, None, None, None
     except UnicodeDecodeError:
-        return ParsedLine(None, "not valid UTF-8", None, None)
+        return None, "not valid UTF-8", None, None, None, None
     if not isinstance(record, dict):
-        return ParsedLine(None, f"expected a JSON object, got {type(record).__name__}", None, None)
+        return None, f"expected a JSON object, got {type(record).__name__}", None, None, None, None
     line_format, id_key, model, request_problem, names = FLEETGEN_FORMAT, "id", None, None, None
-    if batch_api.is_batch_record(record):
+    if _is_batch_record(record):
         request = batch_api.to_prompt_record(record)
         line_format, id_key, model, request_problem, names = (batch_api.BATCH_FORMAT, batch_api.ID_KEY,
                                                               request.model, request.problem, request.names)
         record = request.record
     prompt_id = record.get("id")
     if prompt_id is None:
-        return ParsedLine(None, f'missing "{id_key}"', None, None)
+        return None, f'missing "{id_key}"', None, None, None, None
     if not isinstance(prompt_id, str) or not prompt_id.strip():
-        return ParsedLine(None, f'"{id_key}" must be a non-empty string, got {shorten(repr(prompt_id))}', None, None,
-                          line_format)
+        return (None, f'"{id_key}" must be a non-empty string, got {shorten(repr(prompt_id))}', None, None,
+                line_format, None)
     if problem := request_problem or _content_problem(record, names):
-        return ParsedLine(None, None, problem, prompt_id, line_format, model)
-    return ParsedLine(Prompt(id=prompt_id, messages=record.get("messages"), prompt=record.get("prompt"),
-                             sampling=record.get("sampling") or {}), None, None, prompt_id, line_format, model)
+        return None, None, problem, prompt_id, line_format, model
+    return (Prompt(id=prompt_id, messages=record.get("messages"), prompt=record.get("prompt"),
+                   sampling=record.get("sampling") or {}), None, None, prompt_id, line_format, model)
 
 
 def mixed_formats(line_format: str, file_format: str, decided_at: int) -> str:
