@@ -132,9 +132,9 @@ def read_state(architecture: str, text: dict, *, path: str | None = None
                                groups=heads, heads=heads, head_dim=value_dim, state=key_dim)
         found = state, _count(types, {"attn", "swa"}), _count(types, {"jet"})
     elif architecture in ("MambaForCausalLM", "FalconMambaForCausalLM"):
-        # the transformers class derives intermediate_size = expand x hidden_size, whatever the file says
-        state = RecurrentState("full_rank", int(float(text.get("expand", 2)) * hidden), int(text.get("conv_kernel", 4)),
-                               state=int(text.get("state_size", 16)))
+        # the transformers class derives expand x hidden_size unless the file names intermediate_size itself
+        inner = text.get("intermediate_size") or int(float(text.get("expand", 2)) * hidden)
+        state = RecurrentState("full_rank", int(inner), int(text.get("conv_kernel", 4)), state=int(text.get("state_size", 16)))
         found = state, 0, layers
     elif architecture == "Mamba2ForCausalLM":
         if text.get("intermediate_size") is None:

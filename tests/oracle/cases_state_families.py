@@ -9,7 +9,13 @@ checkpoint each (``sglang_sim/models/<preset>``: its config.json, its weight byt
 - lfm2.5-2.6b: LiquidAI LFM2.5-2.6B (22 short-convolution layers, a conv state and no temporal state; 8 GQA
   layers); outside SGLang's extra-buffer list, so ``auto`` resolves to no_buffer and overlap scheduling goes off;
 - jet-nemotron-2b: jet-ai/Jet-Nemotron-2B (24 JetBlocks, the GatedDeltaNet shape; 2 full and 2 sliding-window
-  layers, both kept in the one KV pool); no_buffer as LFM2, triton on SM100.
+  layers, both kept in the one KV pool); no_buffer as LFM2, triton on SM100;
+- lfm2-8b-a1b: LiquidAI/LFM2-8B-A1B (LFM2-MoE: 18 short-conv layers, 6 GQA layers);
+- falcon-mamba-7b (tiiuae/falcon-mamba-7b, Mamba-1) and mamba-codestral-7b (mistralai/Mamba-Codestral-7B-v0.1,
+  Mamba-2): no attention layer, so a zero KV cell, and SGLang's token pool is --max-total-tokens, else the context
+  length (2,048: their configs name none); outside SGLang's radix list, so ``auto`` stays: 3 slots a request, overlap
+  scheduling on. With the context length as its only token pool a pure Mamba server holds one request at a time;
+  --max-total-tokens (free: no KV cell) lets the plan run more.
 
 None of these checkpoints has an MTP head, so none is planned with speculative decoding.
 """
@@ -43,4 +49,13 @@ STATE_FAMILY_CASES: list[MatrixCase] = [
     MatrixCase("jet-nemotron-2b-b200", "jet-nemotron-2b", "B200"),
     MatrixCase("jet-nemotron-2b-a100-40g-tp2", "jet-nemotron-2b", "A100-40G", tp=2),
     MatrixCase("jet-nemotron-2b-l4-mrr-64", "jet-nemotron-2b", "L4", bounds=TunerBounds(max_running_requests=64)),
+    MatrixCase("lfm2-8b-a1b-h100", "lfm2-8b-a1b", "H100"),
+    MatrixCase("lfm2-8b-a1b-b200-tp2", "lfm2-8b-a1b", "B200", tp=2),
+    MatrixCase("lfm2-8b-a1b-l40s-bf16-ssm", "lfm2-8b-a1b", "L40S", bounds=TunerBounds(bf16_ssm_state=True)),
+    MatrixCase("falcon-mamba-7b-h100", "falcon-mamba-7b", "H100"),
+    MatrixCase("falcon-mamba-7b-l40s-max-total-tokens", "falcon-mamba-7b", "L40S",
+               extra_args=("--max-total-tokens", "262144")),
+    MatrixCase("codestral-mamba-tp2-a100-80g", "mamba-codestral-7b", "A100-80G", tp=2),
+    MatrixCase("codestral-mamba-b200-max-total-tokens", "mamba-codestral-7b", "B200",
+               extra_args=("--max-total-tokens", "65536")),
 ]

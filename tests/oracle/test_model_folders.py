@@ -4,11 +4,17 @@ SGLang 0.5.23 pins (what SGLang's tokenizer manager and a router read from a mod
 import json
 import subprocess
 
-from oracle_harness import VENV_PYTHON, require_venv
+from oracle_harness import ORACLE, VENV_PYTHON, require_venv
 from sglang_sim.presets import install_model, preset_names
 
 LOAD = r"""
 import json, sys
+sys.path.insert(0, sys.argv[1])
+import sglang_oracle
+sglang_oracle._install_stubs()
+# what SGLang's own processes load a tokenizer with: its config classes registered with AutoConfig
+# (utils/hf_transformers/common.py), so a model type only SGLang knows (jet_nemotron) is read by its class
+import sglang.srt.utils.hf_transformers.common
 from transformers import AutoConfig, AutoTokenizer
 out = {}
 for path in json.load(sys.stdin):
@@ -26,7 +32,7 @@ def test_every_preset_folder_has_a_loadable_tokenizer(tmp_path):
     folders = {name: install_model(tmp_path / name, name, 10**9) for name in preset_names()}
     for folder in folders.values():
         assert (folder / "tokenizer.json").is_file() and (folder / "tokenizer_config.json").is_file()
-    done = subprocess.run([str(VENV_PYTHON), "-c", LOAD], input=json.dumps([str(f) for f in folders.values()]),
+    done = subprocess.run([str(VENV_PYTHON), "-c", LOAD, str(ORACLE.parent)], input=json.dumps([str(f) for f in folders.values()]),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     loaded = json.loads(done.stdout.strip().splitlines()[-1])

@@ -23,11 +23,11 @@ SCRIPT = ORACLE.with_name("sglang_state_families.py")
 # The public checkpoint of each planned state-cache class (sglang_sim/models/<preset>, sources in presets.py).
 FIXTURES = {"GraniteMoeHybridConfig": "granite-4.0-h-small", "KimiLinearConfig": "kimi-linear-48b-a3b",
             "Lfm2Config": "lfm2.5-2.6b", "JetNemotronConfig": "jet-nemotron-2b", "Qwen3NextConfig": "qwen3-next-80b-a3b",
-            "Qwen3_5TextConfig": "qwen3.6-27b", "NemotronHConfig": "nemotron-h-8b", "FalconH1Config": "falcon-h1-7b"}
+            "Qwen3_5TextConfig": "qwen3.6-27b", "NemotronHConfig": "nemotron-h-8b", "FalconH1Config": "falcon-h1-7b",
+            "Lfm2MoeConfig": "lfm2-8b-a1b", "FalconMambaConfig": "falcon-mamba-7b", "Mamba2Config": "mamba-codestral-7b"}
 # Planned classes without a public config.json in the fixtures yet: their readers follow the class's source.
-WITHOUT_FIXTURE = {"BailingHybridConfig", "FalconMambaConfig", "GigaChat35Config", "InternS2MobiusTextConfig",
-                   "Lfm2MoeConfig", "Lfm2VlConfig", "Mamba2Config", "MambaConfig", "MiniCPMHybridConfig",
-                   "NemotronHPuzzleConfig", "Qwen3_5MoeTextConfig", "ZayaConfig"}
+WITHOUT_FIXTURE = {"BailingHybridConfig", "GigaChat35Config", "InternS2MobiusTextConfig", "Lfm2VlConfig", "MambaConfig",
+                   "MiniCPMHybridConfig", "NemotronHPuzzleConfig", "Qwen3_5MoeTextConfig", "ZayaConfig"}
 TP_SIZES = (1, 2, 4)
 
 

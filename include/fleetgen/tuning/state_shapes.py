@@ -176,8 +176,10 @@ def state_fields(entry: Architecture, get, config_path: str) -> dict:
         return _mamba2(int(get("intermediate_size")), get("n_groups", 8), get("num_heads", 128),
                        get("head_dim", 64), get("state_size", 128), get("conv_kernel", 4))
     if name in ("MambaConfig", "FalconMambaConfig"):
-        # transformers' __post_init__: intermediate_size = int(expand * hidden_size), whatever config.json says
-        intermediate = int(get("expand", 2) * get("hidden_size", 768))
+        # transformers' __post_init__ derives int(expand * hidden_size), then config.json's own intermediate_size
+        # (not a declared field) is set over it
+        intermediate = get("intermediate_size")
+        intermediate = int(intermediate if intermediate is not None else get("expand", 2) * get("hidden_size", 768))
         return {"state_rule": "mamba1", "state_intermediate": intermediate, "state_size": int(get("state_size", 16)),
                 "conv_kernel": int(get("conv_kernel", 4))}
     if name in ("JetNemotronConfig",):

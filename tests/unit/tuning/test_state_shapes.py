@@ -66,17 +66,19 @@ def test_an_explicit_extra_buffer_on_a_family_without_it_is_refused_with_sglangs
 
 
 MAMBA1 = {"architectures": ["FalconMambaForCausalLM"], "model_type": "falcon_mamba", "torch_dtype": "bfloat16",
-          "hidden_size": 4096, "num_hidden_layers": 64, "state_size": 16, "conv_kernel": 4, "expand": 2,
-          "intermediate_size": 1234, "vocab_size": 65024}
+          "hidden_size": 4096, "num_hidden_layers": 64, "state_size": 16, "conv_kernel": 4, "expand": 16,
+          "intermediate_size": 8192, "vocab_size": 65024}
 
 
-def test_mamba1_is_full_rank_from_expand_and_keeps_no_kv():
-    """create_full_rank: conv (8192 / tp, 3), temporal (8192 / tp, 1, 16); transformers' config derives
-    intermediate_size = expand x hidden_size whatever the file says. No attention layer, no KV cell."""
+def test_mamba1_is_full_rank_and_keeps_no_kv():
+    """create_full_rank: conv (8192 / tp, 3), temporal (8192 / tp, 1, 16): config.json's intermediate_size, not
+    expand x hidden_size (Falcon-Mamba-7B's expand 16 would say 65,536). No attention layer, no KV cell."""
     profile = _profile(MAMBA1, 2)
     assert (profile.state_conv_bytes_per_slot, profile.state_ssm_bytes_per_slot) == (
         4096 * 3 * 2 * 64, 4096 * 16 * 4 * 64)
     assert profile.kv_bytes_per_token == 0 and profile.geometry["attention_layers"] == 0
+    without = {key: value for key, value in MAMBA1.items() if key != "intermediate_size"}
+    assert _profile({**without, "expand": 2}, 2).state_conv_bytes_per_slot == 4096 * 3 * 2 * 64
 
 
 def test_a_pure_mamba_model_stays_on_auto_with_three_slots_and_overlap_on():
