@@ -43,7 +43,6 @@ Traits, and where SGLang decides them:
 - ``mamba_extra_buffer``: ``_MAMBA_EXTRA_BUFFER_ARCHS``: ``auto`` can resolve to ``extra_buffer``; otherwise to
   ``no_buffer`` with overlap scheduling off (``_mamba_radix_cache_resolution``).
 - ``radix_cache_off``: a model override that turns the radix cache off (one state slot a request), its source.
-- ``refuses``: (feature, SGLang's reason) for the launches this architecture's server refuses.
 """
 
 from __future__ import annotations
@@ -72,7 +71,6 @@ class Architecture:
     mamba_radix: bool = False
     mamba_extra_buffer: bool = False
     radix_cache_off: str | None = None
-    refuses: tuple[tuple[str, str], ...] = ()
 
 
 SWA_LAYER_RULES = ("layer_types", "llama4")
