@@ -22,7 +22,7 @@ from fleetgen.json_types import is_json_int, is_json_number, is_positive_int
 from fleetgen.prompts import batch_api
 
 __all__ = ["FLEETGEN_FORMAT", "FORMAT_NAMES", "ParsedLine", "Prompt", "ROLES", "SAMPLING_OVERRIDES", "fast_id", "parse_line",
-           "mixed_formats", "read_line", "shorten"]
+           "mixed_formats", "read_fields", "read_line", "shorten"]
 
 try:  # orjson parses ~3x faster; the stdlib parser gives the same values
     import orjson as _orjson
@@ -115,19 +115,19 @@ class ParsedLine(NamedTuple):
 
 def parse_line(raw: bytes) -> tuple[Prompt | None, str | None, str | None, str | None]:
     """(prompt, structural problem, per-prompt problem, id) for one non-blank line, in either format."""
-    return _read(raw)[:4]
+    return read_fields(raw)[:4]
 
 
 def read_line(raw: bytes) -> ParsedLine:
     """``parse_line`` with the line's format and the model a Batch API request names."""
-    return ParsedLine._make(_read(raw))
+    return ParsedLine._make(read_fields(raw))
 
 
 _is_batch_record = batch_api.is_batch_record  # once per line of a file of millions: no attribute lookup
 
 
-def _read(raw: bytes) -> tuple:
-    """``ParsedLine``'s fields as a plain tuple (the scan and the shard readers call this for every line)."""
+def read_fields(raw: bytes) -> tuple:
+    """``ParsedLine``'s fields as a plain tuple: what the scan reads of every line of a file of millions."""
     try:
         record = _loads(raw)
     except _JSONError as exc:

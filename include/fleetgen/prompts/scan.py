@@ -49,7 +49,7 @@ from fleetgen.errors import PromptsError
 from fleetgen.prompts.length import (CHARS_PER_TOKEN, LengthLimit, cap_cut_limit,  # noqa: F401 (re-exported)
                                      estimated_tokens)
 from fleetgen.prompts.lines import (FLEETGEN_FORMAT, ROLES, SAMPLING_OVERRIDES, Prompt,  # noqa: F401 (re-exported)
-                                    fast_id, mixed_formats, parse_line, read_line, shorten)
+                                    fast_id, mixed_formats, parse_line, read_fields, shorten)
 
 CHANGED_SINCE_SCAN = "the prompts file changed after it was scanned; start a new run"
 # What a compressed file starts with, and the command that decompresses it beside the original: the scan reads
@@ -259,8 +259,7 @@ class _Tally:
             self.block.update(raw)
 
     def _judge(self, number: int, raw: bytes, line_offset: int) -> None:
-        parsed = read_line(raw)
-        prompt, structural, per_prompt, prompt_id = parsed[:4]
+        prompt, structural, per_prompt, prompt_id, line_format, model = read_fields(raw)
         if prompt is not None and self.length_limit is not None and (per_prompt := self.length_limit.problem(prompt)):
             self.too_long += 1
         if prompt_id is not None:
@@ -270,9 +269,9 @@ class _Tally:
             else:
                 self.seen_ids.add(prompt_id)
             if self.file_format is None:
-                self.file_format, self.format_line = parsed.format, number
-            elif parsed.format != self.file_format:
-                structural = mixed_formats(parsed.format, self.file_format, self.format_line)
+                self.file_format, self.format_line = line_format, number
+            elif line_format != self.file_format:
+                structural = mixed_formats(line_format, self.file_format, self.format_line)
         if structural:
             self.problem_count += 1
             if len(self.problems) < self.max_listed:
@@ -284,9 +283,9 @@ class _Tally:
                 self.reject_reasons.append((number, per_prompt))
         else:
             self._accept(number, prompt, line_offset)
-            if parsed.model is not None and self.run_model is not None and parsed.model != self.run_model:
+            if model is not None and self.run_model is not None and model != self.run_model:
                 self.other_model_lines += 1
-                self.other_model = self.other_model or {"line": number, "model": parsed.model}
+                self.other_model = self.other_model or {"line": number, "model": model}
 
     def _accept(self, number: int, prompt: Prompt, line_offset: int) -> None:
         if self.count % INDEX_STRIDE == 0:
