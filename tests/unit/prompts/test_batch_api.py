@@ -9,6 +9,7 @@ from prompt_files import chat, write_lines
 from fleetgen.errors import PromptsError
 from fleetgen.generate.reuse import prompt_hash
 from fleetgen.prompts.batch_api import BATCH_FORMAT
+from fleetgen.prompts.length import LengthLimit
 from fleetgen.prompts.lines import FLEETGEN_FORMAT, parse_line, read_line
 from fleetgen.prompts.planned import iter_shard, read_planned_prompts
 from fleetgen.prompts.scan import plan_shards, scan_prompts
@@ -145,6 +146,17 @@ def test_requests_naming_another_model_are_counted_and_generated_with_the_runs(t
     assert (scan.other_model_lines, scan.other_model) == (2, {"line": 2, "model": "gpt-4o-mini"})
     assert scan_prompts(path).other_model_lines == 0  # not told the run's model: nothing to compare
     assert json.loads(json.dumps(scan.to_dict()))["other_model"] == {"line": 2, "model": "gpt-4o-mini"}
+
+
+def test_requests_naming_another_model_are_counted_when_the_cap_cut_factor_scans_the_file_again(tmp_path):
+    short = [request(f"s{number}", url="/v1/completions", prompt="why " * 20) for number in range(9)]
+    path = write_lines(tmp_path / "batch.jsonl", [*short, request("other", url="/v1/completions", prompt="why",
+                                                                  model="other-model"),
+                                                  request("long", url="/v1/completions", prompt="x" * 40_000)])
+    limit = LengthLimit(context_tokens=262_144, max_tokens=16, source="the model's context length")
+    scan = scan_prompts(path, length_limit=limit, max_cap_cut_factor=4, run_model="gpt-4o-mini")
+    assert (scan.count, scan.too_long) == (10, 1)  # set aside by the second scan, under the tighter limit
+    assert (scan.other_model_lines, scan.other_model) == (1, {"line": 10, "model": "other-model"})
 
 
 def test_shards_of_a_batch_file_resume_past_the_prompts_already_done(tmp_path):

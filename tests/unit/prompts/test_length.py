@@ -247,5 +247,6 @@ def test_the_cap_cut_limit_is_factor_times_the_median_request_and_only_tighter()
 def test_a_cap_cut_factor_without_a_length_limit_is_refused(tmp_path):
     import pytest
 
-    with pytest.raises(ValueError, match="max_cap_cut_factor needs the length_limit"):
+    with pytest.raises(ValueError, match="^max_cap_cut_factor needs the length_limit that gives each prompt its "
+                                         "output budget$"):
         scan_prompts(write_short_prompts_and_one_long(tmp_path / "p.jsonl"), max_cap_cut_factor=4)

@@ -454,3 +454,23 @@ def test_a_compressed_file_is_told_by_its_first_bytes(tmp_path, head, expected):
 def test_a_file_that_cannot_be_opened_is_left_for_the_scan_to_name(tmp_path):
     assert scan_module.compression_of(tmp_path / "absent.jsonl") is None
     assert scan_module.compression_of(tmp_path) is None
+
+
+@pytest.mark.parametrize("chars, longest_line, runner_up_tokens", [
+    ([40, 120], 2, 10),  # a longer prompt takes over: the one it displaces is the runner-up
+    ([120, 40, 80], 1, 20),  # the most characters among the others
+    ([120, 120], 1, 30),  # a tie: the first keeps its place, the second is the runner-up
+    ([120], 1, None),  # nothing else: no runner-up
+])
+def test_the_longest_prompt_is_the_first_with_the_most_characters_and_the_runner_up_the_most_of_the_others(
+        tmp_path, chars, longest_line, runner_up_tokens):
+    path = _write(tmp_path / "p.jsonl", [_line(f"p{number}", "x" * count) for number, count in enumerate(chars, 1)])
+    scan = scan_prompts(path)
+    assert scan.longest == {"id": f"p{longest_line}", "line": longest_line, "prompt_tokens": 30}
+    assert scan.runner_up_prompt_tokens == runner_up_tokens
+
+
+def test_the_trial_head_ends_in_a_shorter_shard_when_the_shard_size_does_not_divide_it(tmp_path):
+    path = _write(tmp_path / "p.jsonl", [_line(f"p{number}") for number in range(10)])
+    shards = plan_shards(path, shard_size=2, head=5)
+    assert [(s["first"], s["count"]) for s in shards] == [(0, 2), (2, 2), (4, 1), (5, 2), (7, 2), (9, 1)]
