@@ -21,6 +21,7 @@ from sglang_sim.errors import SimModelConfigError
 # SGLang's, for the product and the simulator alike.
 from sglang_sim.multimodal import MULTIMODAL_ARCHITECTURES, MULTIMODAL_OFF_BY_DEFAULT
 from sglang_sim.statecfg import RecurrentState, read_state
+from sglang_sim.quantcfg import checkpoint_quantization
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1,
                "float8_e4m3fn": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -237,12 +238,21 @@ def _context_length(text: dict) -> int:
     return 2048
 
 
+# NemotronHConfig's block names and the hybrid_override_pattern characters they stand for.
+NEMOTRON_H_BLOCKS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+
+
 def _mamba2_state(text: dict, layers: int) -> tuple[LinearAttention, int, int] | None:
     """Mamba2 hybrids as SGLang's configs describe them to ``Mamba2StateShape.create``: Nemotron-H (a layer
-    pattern, ``M`` Mamba2 and ``*`` attention) and Falcon-H1 (attention and Mamba2 in every layer).
+    pattern, ``M`` Mamba2 and ``*`` attention, or the ``layers_block_type`` list) and Falcon-H1 (attention and
+    Mamba2 in every layer).
     Returns (state shape, attention layers, Mamba layers), None for other models."""
     ssm_dtype = str(text.get("mamba_ssm_dtype") or "float32")
     pattern = text.get("hybrid_override_pattern")
+    blocks = text.get("layers_block_type")
+    if isinstance(blocks, list) and text.get("model_type") == "nemotron_h":
+        # configs/nemotron_h.py::_resolve_layers_block_type: the list newer configs give wins over the pattern
+        pattern = "".join(NEMOTRON_H_BLOCKS.get(str(block), "?") for block in blocks)
     if pattern:
         shape = LinearAttention(int(text["n_groups"]), int(text["mamba_num_heads"]), int(text["ssm_state_size"]),
                                 int(text["mamba_head_dim"]), int(text.get("conv_kernel", 4)), ssm_dtype)
@@ -355,34 +365,6 @@ def from_config(config: dict, *, path: str | None = None) -> ModelShape:
         )
     except ValueError as exc:
         raise SimModelConfigError(str(exc), path=path) from exc
-
-
-def checkpoint_quantization(config: dict, quant_file: dict | None) -> tuple[str | None, str | None]:
-    """(method, kv_cache_quant_algo) of a checkpoint, read as SGLang reads them: config.json's
-    quantization_config (ModelOpt's flat form has a quant_algo and names its KV cache with kv_cache_scheme or
-    kv_cache_quant_algo), else compression_config, else hf_quant_config.json's "quantization" section
-    (layers/quantization/modelopt_quant.py, fp8.py ``from_config``)."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    quant = config.get("quantization_config") or text.get("quantization_config") or config.get("compression_config")
-    if isinstance(quant, dict) and quant:
-        method = str(quant.get("quant_method") or "modelopt").lower()
-        if method == "modelopt":
-            algo = str(quant.get("quant_algo") or "")
-            method = "modelopt_fp4" if "FP4" in algo else "modelopt_fp8" if algo == "FP8" else method
-        scheme = quant.get("kv_cache_scheme")
-        if method.startswith("modelopt") and isinstance(scheme, dict):
-            kv = "FP8" if scheme.get("type") == "float" and scheme.get("num_bits") == 8 else None
-        elif method.startswith("modelopt") or method == "fp8":
-            kv = quant.get("kv_cache_quant_algo")
-        else:
-            kv = None
-        return method, kv
-    if isinstance(quant_file, dict):
-        section = quant_file.get("quantization", quant_file)
-        algo = str(section.get("quant_algo") or "")
-        method = "modelopt_fp4" if "FP4" in algo else "modelopt_fp8" if algo == "FP8" else None
-        return method, section.get("kv_cache_quant_algo") if method else None
-    return None, None
 
 
 def safetensors_bytes(path: Path) -> int:

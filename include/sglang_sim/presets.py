@@ -48,7 +48,17 @@ PRESET_WEIGHTS_BYTES.update({"llama3.2-1b": 2_471_645_608,        # Llama-3.2-1B
                              # and norms fp16), FP8 (fp8 Linear weights with float32 weight/input scales, ModelOpt's
                              # k/v scales, bf16 embeddings, lm_head and norms)
                              "qwen2.5-7b-awq": 5_570_747_392, "qwen2.5-7b-gptq-int4": 5_575_277_568,
-                             "llama3.1-8b-fp8-compressed": 9_081_202_432, "llama3.1-8b-fp8-modelopt": 9_081_202_688})
+                             "llama3.1-8b-fp8-compressed": 9_081_202_432, "llama3.1-8b-fp8-modelopt": 9_081_202_688,
+                             # nvidia/Qwen3.6-35B-A3B-NVFP4 revision 491c2f1: its index's tensor bytes
+                             # (the model-card review in github.com/r0b0tlab/qwen36-35b-a3b-nvfp4-sm121-vllm)
+                             "qwen3.6-35b-a3b-nvfp4": 23_407_580_856,
+                             # computed from the shapes: MiniMax-M2.5's 228,703,644,928 parameters (the Hub's
+                             # count) as stored: FP8 attention and experts with float32 scales per 128x128 block,
+                             # float32 router and bias, bf16 embeddings, lm_head and norms
+                             "minimax-m2.5": 230_121_630_720,
+                             # computed from the shapes, every tensor bf16 (65.8 GB, the size published for the
+                             # release): NVIDIA-Nemotron-3.5-Lightning-30B-A3B, its 2-layer MTP block included
+                             "nemotron-3.5-lightning-30b-a3b": 65_826_532_480})
 # State-cache families (docs/sglang-memory-model.md §2.3), bf16 checkpoints, computed from their config's shapes at
 # 2 bytes a parameter, each tensor as the model code lays it out: ibm-granite/granite-4.0-h-small (32,207,337,984
 # parameters: 36 Mamba2 and 4 attention layers, each with 72 experts and a shared expert; tied embeddings),
@@ -56,15 +66,8 @@ PRESET_WEIGHTS_BYTES.update({"llama3.2-1b": 2_471_645_608,        # Llama-3.2-1B
 # one dense and 26 MoE MLPs of 256 experts), LFM2.5-2.6B (2,697,198,592: the 266 tensors a public audit of the
 # official checkpoint lists) and jet-ai/Jet-Nemotron-2B (1,964,806,208: NVlabs/Jet-Nemotron's jet_block.py and
 # dynamic_conv.py for the 24 JetBlocks, Qwen2 attention with q/k/v biases for the other 4 layers).
-# LiquidAI/LFM2-8B-A1B (8,339,930,560: 18 short-conv and 6 GQA layers, 2 dense and 22 MoE MLPs of 32 experts,
-# tied embeddings as transformers' Lfm2MoeConfig defaults). Pure Mamba, as transformers' Mamba and Mamba2 layouts
-# hold them: tiiuae/falcon-mamba-7b (7,272,665,088: 64 layers of in_proj, conv1d, x_proj, dt_proj, A_log, D,
-# out_proj; untied embeddings) and mistralai/Mamba-Codestral-7B-v0.1 (7,285,403,648: 64 Mamba2 mixers with 8
-# groups; untied embeddings).
 PRESET_WEIGHTS_BYTES.update({"granite-4.0-h-small": 64_414_675_968, "kimi-linear-48b-a3b": 98_245_363_456,
-                             "lfm2.5-2.6b": 5_394_397_184, "jet-nemotron-2b": 3_929_612_416,
-                             "lfm2-8b-a1b": 16_679_861_120, "falcon-mamba-7b": 14_545_330_176,
-                             "mamba-codestral-7b": 14_570_807_296})
+                             "lfm2.5-2.6b": 5_394_397_184, "jet-nemotron-2b": 3_929_612_416})
 # Presets whose public checkpoint is a single model.safetensors without an index.
 SINGLE_FILE_PRESETS = frozenset({"llama3.2-1b"})
 SINGLE_FILE = "model.safetensors"

@@ -438,9 +438,11 @@ def _radix_strategy(args: argparse.Namespace, model: ModelShape, page_size: int,
 
 
 def _kv_dtype(args: argparse.Namespace, model: ModelShape) -> tuple[str, int]:
-    # mem_cache/kv_cache_dtype.py::configure_kv_cache_dtype: "auto" takes the checkpoint's FP8 KV cache
+    # mem_cache/kv_cache_dtype.py::configure_kv_cache_dtype: "auto" takes the checkpoint's FP8 KV cache, else the
+    # model dtype, which for a float32 config is float16 (a Gemma's bfloat16): configs/model_config.py's
+    # _get_and_verify_dtype under --dtype auto
     auto = "float8_e4m3fn" if str(model.kv_cache_quant_algo or "").upper() == "FP8" else \
-        "bfloat16" if model.dtype_bytes == 2 else "float32"
+        "bfloat16" if model.dtype_bytes == 2 or model.model_type.startswith("gemma") else "float16"
     kv_name = {"auto": auto, "bf16": "bfloat16",
                "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
                "fp4_e2m1": "float4_e2m1fn_x2"}.get(args.kv_cache_dtype, args.kv_cache_dtype)
@@ -460,8 +462,11 @@ def _check_quantization(args: argparse.Namespace, model: ModelShape) -> None:
     flag = (args.quantization or "").lower() or None
     if flag is None or model.quantization is None or flag == model.quantization:
         return
-    if model.quantization in ("modelopt_fp8", "modelopt_fp4") and flag not in ("nvfp4_online", "quark_mxfp4"):
-        return  # base_config.py::_modelopt_override_quantization_method: the checkpoint's method wins
+    if model.quantization in ("modelopt_fp8", "modelopt_fp4", "modelopt_mixed") and \
+            flag not in ("nvfp4_online", "quark_mxfp4"):
+        # base_config.py::_modelopt_override_quantization_method (ModelOptMixedPrecisionConfig's own for the mixed
+        # method): the checkpoint's method wins
+        return
     if model.quantization in COMPATIBLE_QUANTIZATION.get(flag, ()):
         return
     if flag in ("marlin", f"{model.quantization}_marlin"):
@@ -473,8 +478,8 @@ def _check_quantization(args: argparse.Namespace, model: ModelShape) -> None:
 
 # get_min_capability of each method SGLang loads a checkpoint with (layers/quantization/*; AWQ and GPTQ load
 # through Marlin on CUDA).
-QUANTIZATION_MIN_SM = {"modelopt_fp8": 89, "modelopt_fp4": 80, "fp8": 80, "mxfp4": 80, "awq": 80, "gptq": 80,
-                       "compressed-tensors": 70}
+QUANTIZATION_MIN_SM = {"modelopt_fp8": 89, "modelopt_fp4": 80, "modelopt_mixed": 80, "fp8": 80, "mxfp4": 80,
+                       "awq": 80, "gptq": 80, "compressed-tensors": 70}
 
 
 def _check_quantization_capability(model: ModelShape, sm: int | None) -> None:

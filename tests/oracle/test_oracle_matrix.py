@@ -14,6 +14,7 @@ from fleetgen.tuning import TunerBounds
 
 from oracle_harness import SEED_ARGS, SEED_SPEC, MatrixCase, oracle_case, prepare, run_oracle
 from cases_checkpoints import CHECKPOINT_CASES
+from cases_config_readers import CONFIG_READER_CASES
 from cases_parallel_and_window import PARALLEL_AND_WINDOW_CASES
 from cases_public_models import PUBLIC_MODEL_CASES
 from cases_state_families import STATE_FAMILY_CASES
@@ -58,7 +59,7 @@ MATRIX = [
     MatrixCase("qwen3-vl-8b-h100", "qwen3-vl-8b", "H100"),
     MatrixCase("qwen3-vl-8b-h200-mrr-500", "qwen3-vl-8b", "H200", bounds=TunerBounds(max_running_requests=500)),
     MatrixCase("qwen3-vl-8b-b200-defaults", "qwen3-vl-8b", "B200", bounds=TunerBounds(mode="sglang_defaults")),
-] + CHECKPOINT_CASES + PARALLEL_AND_WINDOW_CASES + PUBLIC_MODEL_CASES + STATE_FAMILY_CASES
+] + CHECKPOINT_CASES + PARALLEL_AND_WINDOW_CASES + PUBLIC_MODEL_CASES + CONFIG_READER_CASES + STATE_FAMILY_CASES
 COMPARED = ("mem_fraction_static", "chunked_prefill_size", "decode_max_bs", "page_size", "max_total_num_tokens",
             "max_mamba_cache_size", "max_running_requests")
 

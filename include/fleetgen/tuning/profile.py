@@ -39,6 +39,9 @@ MM_FEATURE_CACHE_MIB = 1024
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 # Architectures whose path-less MTP draft SGLang builds by rewriting the target config (architectures.py).
 MTP_REWRITE_ARCHITECTURES = names_with("mtp_draft_rewrite")
+# configs/model_config.py::_STR_DTYPE_TO_TORCH_DTYPE: the config dtypes SGLang recognises.
+_CONFIG_DTYPES = {"half": "float16", "float16": "float16", "float": "float32", "float32": "float32",
+                  "bfloat16": "bfloat16"}
 _KV_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
                    "fp8_e4m3": 1, "fp8_e5m2": 1}
 
@@ -151,7 +154,7 @@ def profile_geometry(geometry: ModelGeometry, weights_bytes: int, options: Launc
         raise ModelConfigError(f"{geometry.architecture}: SGLang 0.5.23 refuses --language-model-only for this "
                                f"architecture (supported: {', '.join(sorted(LANGUAGE_MODEL_ONLY_ARCHITECTURES))})",
                                path=config_path, hint="drop --language-model-only from the extra SGLang args")
-    kv_bytes = _kv_dtype_bytes(geometry, options, kv_cache_quant_algo, config_path)
+    kv_bytes = _kv_dtype_bytes(geometry, options, kv_cache_quant_algo)
     # Per-layer KV cell (2.2): MHA/GQA max(1, kv_heads // tp) * (head_dim + v_head_dim) * bytes;
     # MLA (kv_lora_rank + qk_rope_head_dim) * bytes, replicated on every TP rank.
     if geometry.is_mla:
@@ -242,20 +245,24 @@ def _swa_pool(geometry: ModelGeometry, options: LaunchOptions, kv_bytes: int,
     return per_layer * kv_bytes * geometry.swa_layers, ratio
 
 
-def _kv_dtype_bytes(geometry: ModelGeometry, options: LaunchOptions, kv_cache_quant_algo: str | None,
-                    config_path: str) -> int:
+def _kv_dtype_bytes(geometry: ModelGeometry, options: LaunchOptions, kv_cache_quant_algo: str | None) -> int:
     if options.kv_cache_dtype != "auto":
         return _KV_DTYPE_BYTES[options.kv_cache_dtype]
     # kv_cache_dtype.py::configure_kv_cache_dtype: "auto" takes the checkpoint's FP8 KV (float8_e4m3fn).
     if isinstance(kv_cache_quant_algo, str) and kv_cache_quant_algo.upper() == "FP8":
         return _KV_DTYPE_BYTES["fp8_e4m3"]
     # "auto" stores KV in the model dtype.
-    if geometry.model_dtype not in DTYPE_BYTES:
-        raise ModelConfigError(
-            f"{geometry.architecture}: --kv-cache-dtype auto needs the model dtype, but config.json has "
-            f"torch_dtype/dtype {geometry.model_dtype!r}", path=config_path,
-            hint="pass --kv-cache-dtype explicitly in the extra SGLang args")
-    return DTYPE_BYTES[geometry.model_dtype]
+    return DTYPE_BYTES[auto_model_dtype(geometry)]
+
+
+def auto_model_dtype(geometry: ModelGeometry) -> str:
+    """ModelConfig.dtype under --dtype auto (configs/model_config.py::_get_and_verify_dtype): the config's dtype,
+    float32 when it names none SGLang knows (MiniMax-M2's config.json has no torch_dtype), and a float32 model runs
+    in float16 ("the common practice"), a Gemma in bfloat16."""
+    dtype = _CONFIG_DTYPES.get(geometry.model_dtype or "", "float32")
+    if dtype == "float32":
+        return "bfloat16" if geometry.model_type.startswith("gemma") else "float16"
+    return dtype
 
 
 def _draft_kv_layers(geometry: ModelGeometry, options: LaunchOptions, draft_layers: int | None,

@@ -219,12 +219,28 @@ def test_tp_that_does_not_divide_the_state_heads_is_an_error(qwen3_next_config):
         profile_model(qwen3_next_config, 10**9, LaunchOptions(tp_size=3))
 
 
-def test_kv_auto_without_a_model_dtype_is_an_error(cases):
+@pytest.mark.parametrize("dtype", [None, "float32", "float", "int8"])
+def test_kv_auto_of_a_float32_or_unnamed_model_dtype_is_float16(cases, dtype):
+    """_get_and_verify_dtype: no dtype (MiniMax-M2's config.json) or one SGLang does not know is float32, which
+    --dtype auto runs in float16, and the KV cache with it: 2 bytes, not 4."""
     config = cases.load_config("llama-3.1-8b-style.json")
     del config["torch_dtype"]
-    with pytest.raises(ModelConfigError, match="--kv-cache-dtype auto needs the model dtype"):
-        profile_model(config, 10**9, LaunchOptions())
-    assert profile_model(config, 10**9, LaunchOptions(kv_cache_dtype="bfloat16")).kv_bytes_per_token == 131_072
+    if dtype is not None:
+        config["dtype"] = dtype
+    assert profile_model(config, 10**9, LaunchOptions()).kv_bytes_per_token == 131_072
+    assert profile_model(config, 10**9, LaunchOptions(kv_cache_dtype="float32")).kv_bytes_per_token == 262_144
+
+
+@pytest.mark.parametrize("model_type, dtype", [("gemma3_text", "bfloat16"), ("gemma", "bfloat16"),
+                                               ("llama", "float16")])
+def test_the_dtype_sglang_runs_a_float32_model_in(model_type, dtype):
+    from fleetgen.tuning.profile import auto_model_dtype
+
+    geometry = model_geometry({"model_type": model_type, "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "head_dim": 8, "torch_dtype": "float32"})
+    assert auto_model_dtype(geometry) == dtype
+    assert auto_model_dtype(model_geometry({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+                                            "dtype": "half"})) == "float16"
 
 
 def test_nextn_without_an_mtp_head_is_an_error(cases):
@@ -351,17 +367,6 @@ def test_language_model_only_refusal_names_file_supported_list_and_hint(seed_con
                                  "Cosmos3ForConditionalGeneration, DeepseekV4ForCausalLM, "
                                  "MuseGlimmerForConditionalGeneration)",
                   path="/m/qwen3.6/config.json", hint="drop --language-model-only from the extra SGLang args")
-
-
-def test_kv_auto_without_a_model_dtype_error_names_file_and_hint(cases):
-    config = cases.load_config("llama-3.1-8b-style.json")
-    del config["torch_dtype"]
-    expected = dict(message="LlamaForCausalLM: --kv-cache-dtype auto needs the model dtype, but config.json has "
-                            "torch_dtype/dtype None",
-                    hint="pass --kv-cache-dtype explicitly in the extra SGLang args")
-    _assert_error(_error(profile_model, config, 10**9, LaunchOptions(), config_path="/m/llama/config.json"),
-                  path="/m/llama/config.json", **expected)
-    _assert_error(_error(profile_model, config, 10**9, LaunchOptions()), path="config.json", **expected)
 
 
 def test_eagle_without_a_draft_path_uses_the_mtp_head_like_nextn(seed_config):
