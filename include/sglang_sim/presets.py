@@ -66,8 +66,15 @@ PRESET_WEIGHTS_BYTES.update({"llama3.2-1b": 2_471_645_608,        # Llama-3.2-1B
 # one dense and 26 MoE MLPs of 256 experts), LFM2.5-2.6B (2,697,198,592: the 266 tensors a public audit of the
 # official checkpoint lists) and jet-ai/Jet-Nemotron-2B (1,964,806,208: NVlabs/Jet-Nemotron's jet_block.py and
 # dynamic_conv.py for the 24 JetBlocks, Qwen2 attention with q/k/v biases for the other 4 layers).
+# LiquidAI/LFM2-8B-A1B (8,339,930,560: 18 short-conv and 6 GQA layers, 2 dense and 22 MoE MLPs of 32 experts,
+# tied embeddings as transformers' Lfm2MoeConfig defaults). Pure Mamba, as transformers' Mamba and Mamba2 layouts
+# hold them: tiiuae/falcon-mamba-7b (7,272,665,088: 64 layers of in_proj, conv1d, x_proj, dt_proj, A_log, D,
+# out_proj; untied embeddings) and mistralai/Mamba-Codestral-7B-v0.1 (7,285,403,648: 64 Mamba2 mixers with 8
+# groups; untied embeddings).
 PRESET_WEIGHTS_BYTES.update({"granite-4.0-h-small": 64_414_675_968, "kimi-linear-48b-a3b": 98_245_363_456,
-                             "lfm2.5-2.6b": 5_394_397_184, "jet-nemotron-2b": 3_929_612_416})
+                             "lfm2.5-2.6b": 5_394_397_184, "jet-nemotron-2b": 3_929_612_416,
+                             "lfm2-8b-a1b": 16_679_861_120, "falcon-mamba-7b": 14_545_330_176,
+                             "mamba-codestral-7b": 14_570_807_296})
 # Presets whose public checkpoint is a single model.safetensors without an index.
 SINGLE_FILE_PRESETS = frozenset({"llama3.2-1b"})
 SINGLE_FILE = "model.safetensors"
