@@ -102,7 +102,8 @@ def tonights_plans(spec: FleetSpec, inventories: dict[str, dict], model, workloa
     key = TrialKey(**parts, workload=bucket) if parts and bucket else None
     trial = plan_trial(spec, inventories, model, workload, config.tuning.bounds(), run, log,
                        listed=config.tuning.listed_candidates(),
-                       history=TrialHistory(trial_history_file(config.inputs.output_root)), key=key, key_parts=parts)
+                       history=TrialHistory(trial_history_file(config.inputs.output_root)), key=key, key_parts=parts,
+                       trial_prompts=trial_share_of(config, workload.prompt_count))
     write_trial_plan(layout, trial)
     plans = trial.tonight()
     workload_history.write_plan_record(layout, plans)
@@ -117,11 +118,16 @@ def tonights_plans(spec: FleetSpec, inventories: dict[str, dict], model, workloa
 # --- the plan of the shards ---------------------------------------------------------------------------------------
 
 def trial_prompt_count(config: RunConfig, plans: list[dict] | None, count: int) -> int:
-    """How many of the first prompts the trial shards take: ``tuning_trial_share`` of them when tonight's plans put
-    a challenger on some server, else none. At least one prompt, and never all: the rest runs on the winner."""
-    if not plans or len({plan.get("candidate") for plan in plans}) < 2 or count < 2:
+    """How many of the first prompts the trial shards take: ``trial_share_of`` them when tonight's plans put a
+    challenger on some server, else none."""
+    if not plans or len({plan.get("candidate") for plan in plans}) < 2:
         return 0
-    return min(count - 1, max(1, math.ceil(config.tuning.trial_share * count)))
+    return trial_share_of(config, count)
+
+
+def trial_share_of(config: RunConfig, count: int) -> int:
+    """``tuning_trial_share`` of ``count`` prompts: at least one, and never all (the rest runs on the winner)."""
+    return min(count - 1, max(1, math.ceil(config.tuning.trial_share * count))) if count >= 2 else 0
 
 
 # --- trial.decide -------------------------------------------------------------------------------------------------

@@ -71,8 +71,10 @@ class TrialPlan:
 
 def plan_trial(spec: FleetSpec, inventories: dict[str, dict], model: ModelFiles, workload: Workload,
                bounds: TunerBounds, run: FleetPlanRun, log: logging.Logger, *, listed: Sequence[Candidate],
-               history: TrialHistory, key: TrialKey | None, key_parts: dict) -> TrialPlan:
-    """Tonight's candidates planned and the fleet split between them (see the module's docstring)."""
+               history: TrialHistory, key: TrialKey | None, key_parts: dict, trial_prompts: int) -> TrialPlan:
+    """Tonight's candidates planned and the fleet split between them (see the module's docstring). With fewer
+    ``trial_prompts`` than the split needs to measure every server (``prompts_needed``), no trial: relaunching a
+    challenger's server for a trial that cannot judge it would cost a relaunch for nothing."""
     base_args = tuple(spec.server.extra_args)
     profile = model_profile(spec, model, options_for(spec, base_args))
     speculative = (profile.spec_steps, profile.spec_topk, profile.draft_tokens) if profile.draft_tokens else None
@@ -83,9 +85,31 @@ def plan_trial(spec: FleetSpec, inventories: dict[str, dict], model: ModelFiles,
     last_winner = history.latest_winner(key) if key is not None else None
     tried = history.tried(key) if key is not None else set()
     split = choose_split(servers, list(planned.plans), last_winner=last_winner, tried=tried)
+    by_server = {name: dict(zip(servers, plans)) for name, plans in planned.plans.items()}
+    if split.trial and trial_prompts < prompts_needed(split, by_server):
+        split = without_trial(split, (
+            f"no tuning trial: its {trial_prompts} prompt(s) cannot measure these servers (their caps need "
+            f"{prompts_needed(split, by_server)} for a warm-up and the windows a decision needs); raise "
+            f"tuning_trial_share"))
     return TrialPlan(split=split, described={c.name: c.describe() for c in candidates if c.name in planned.plans},
-                     skipped=dict(planned.skipped), key=key, key_parts=dict(key_parts),
-                     plans={name: dict(zip(servers, plans)) for name, plans in planned.plans.items()})
+                     skipped=dict(planned.skipped), key=key, key_parts=dict(key_parts), plans=by_server)
+
+
+def prompts_needed(split: TrialSplit, plans: dict[str, dict[str, ServerPlan]]) -> int:
+    """The fewest trial prompts that can give every server of ``split`` its warm-up and ``MIN_WINDOWS`` windows: per
+    server ``WARMUP_TURNOVERS + MIN_WINDOWS`` turnovers of its batch (its cap of completions each; a window shorter
+    than one turnover sees the counter step for part of the batch only, tuning/trial.py)."""
+    from fleetgen.tuning.trial import MIN_WINDOWS, WARMUP_TURNOVERS
+
+    return sum((WARMUP_TURNOVERS + MIN_WINDOWS) * plans[candidate][server].expected["max_running_requests"]
+               for server, candidate in split.assignment.items())
+
+
+def without_trial(split: TrialSplit, why: str) -> TrialSplit:
+    """``split`` with every server on its incumbent and ``why`` noted instead of the split's own last note (the one
+    that said which challenger runs where)."""
+    return TrialSplit(split.incumbent, {server: split.incumbent for server in split.assignment}, (),
+                      (*split.notes[:-1], why))
 
 
 def write_trial_plan(layout: RunLayout, trial: TrialPlan) -> None:

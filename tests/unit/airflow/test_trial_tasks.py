@@ -27,7 +27,8 @@ RUN_ID = "manual__2026-01-02T00:00:00+00:00"
 SEED_CONFIG = Path(__file__).resolve().parents[1] / "tuning" / "configs" / "seed-qwen3.6-27b.json"
 SEED_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
              "--speculative-num-draft-tokens", "4", "--reasoning-parser", "qwen3"]
-WORKLOAD = Workload(max_output_tokens=4096, prompt_tokens_mean=270.0, prompt_tokens_max=1900, prompt_count=1000)
+# the seed job's prompt count: its 3 % trial measures every server (tuning_trial_share's default)
+WORKLOAD = Workload(max_output_tokens=4096, prompt_tokens_mean=270.0, prompt_tokens_max=1900, prompt_count=913_786)
 IDENTITY = {"path": "/models/seed", "parts": {"weights": "w" * 64, "config": "c" * 64, "launch_args": "a" * 64,
                                               "sglang": "0.5.23"}}
 
@@ -111,6 +112,23 @@ def test_without_a_trial_every_server_runs_the_fleets_own_plan_and_the_notes_say
     assert {p.candidate for p in plans} == {"incumbent"} and len(plans) == gpus
     assert len(notes) == 1 and notes[0].startswith(why)
     assert not run.layout.candidate_plans.exists()
+
+
+def test_a_trial_share_too_small_to_measure_the_servers_runs_no_trial_and_says_what_to_raise(run):
+    from fleetgen.tuning.trial_plan import prompts_needed
+
+    plans, _ = _tonight(run)
+    trial = read_trial_plan(run.layout)
+    needed = prompts_needed(trial.split, trial.plans)
+    caps = [plan.expected["max_running_requests"] for plan in plans]
+    assert needed == 4 * sum(caps)  # a warm-up turnover and three windows' worth per server
+    share = (needed - 1) / WORKLOAD.prompt_count
+    plans, notes = _tonight(run, tuning_trial_share=share)
+    assert {p.candidate for p in plans} == {"incumbent"}
+    assert notes[0].startswith(f"no tuning trial: its {needed - 1} prompt(s) cannot measure these servers")
+    assert "raise tuning_trial_share" in notes[0] and not read_trial_plan(run.layout).split.trial
+    plans, _ = _tonight(run, tuning_trial_share=needed / WORKLOAD.prompt_count)
+    assert {p.candidate for p in plans} == {"incumbent", "no_speculation"}
 
 
 def test_a_trial_turned_off_plans_as_before_and_notes_nothing(run, caplog):
