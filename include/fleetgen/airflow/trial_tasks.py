@@ -110,7 +110,9 @@ def tonights_plans(spec: FleetSpec, inventories: dict[str, dict], model, workloa
     notes = list(trial.split.notes)
     notes += [f"candidate {name}: {what}" for name, what in trial.described.items()]
     notes += [f"candidate {name} left out: {why}" for name, why in trial.skipped.items()]
-    if key is None:
+    if not parts:
+        notes.append("the trial is not recorded for later nights: derive_plan was given no model identity")
+    elif key is None and trial.split.trial:
         notes.append("the trial's history key waits for its own completions (no earlier run measured the workload)")
     return plans, notes
 

@@ -96,6 +96,8 @@ def test_three_servers_run_the_incumbent_on_two_and_the_first_challenger_on_the_
     assert notes[0] == ("tuning trial: incumbent on 2 server(s), no_speculation on n0:30002; not tried tonight: "
                         "draft_minus_1, cap_3_4, cap_1_2")
     assert "candidate cap_1_2: the request cap at 0.5 of what memory holds" in notes
+    assert notes[-1] == ("the trial's history key waits for its own completions (no earlier run measured the "
+                         "workload)")
     # the workload mode's record holds what runs tonight: the challenger's own cap on its server
     record = json.loads(run.layout.workload_plan.read_text())
     assert record["n0:30002"]["max_running_requests"] == plans[2].expected["max_running_requests"]
@@ -157,8 +159,9 @@ def test_the_next_night_starts_from_the_recorded_winner_and_tries_the_next_chall
 
 
 def test_without_a_model_identity_the_trial_runs_but_cannot_be_recorded(run):
-    plans, _ = _tonight(run, identity=None)
+    plans, notes = _tonight(run, identity=None)
     assert {p.candidate for p in plans} == {"incumbent", "no_speculation"}
+    assert notes[-1] == "the trial is not recorded for later nights: derive_plan was given no model identity"
     assert read_trial_plan(run.layout).key_parts == {}
 
 
