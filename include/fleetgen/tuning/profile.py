@@ -182,6 +182,11 @@ def profile_geometry(geometry: ModelGeometry, weights_bytes: int, options: Launc
 
     conv_bytes = ssm_bytes = 0
     ssm_dtype = None
+    if geometry.is_hybrid and not geometry.attention_layers and options.max_total_tokens is None:
+        # DefaultPoolConfigurator: a zero KV cell sizes the token pool at --max-total-tokens, else the context length
+        notes.append("no layer keeps KV (a pure Mamba model): SGLang's token pool is the context length unless "
+                     "--max-total-tokens is given, which costs no memory; give it in the extra SGLang args to run more "
+                     "requests at once")
     if geometry.is_hybrid:
         ssm_dtype = _ssm_dtype(geometry, options, notes)
         conv_bytes, ssm_bytes = _state_bytes_per_layer(geometry, tp, ssm_dtype, config_path)

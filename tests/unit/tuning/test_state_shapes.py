@@ -97,6 +97,9 @@ def test_a_zero_kv_cell_holds_the_context_length_or_max_total_tokens():
                   max_mamba_cache_size=None, context_length=8192)
     assert size_pools(profile, **common).max_total_num_tokens == 8192
     assert size_pools(profile, **common, max_total_tokens=20_000, page_size=64).max_total_num_tokens == 19_968
+    # the plan says so, until --max-total-tokens is given
+    assert any("--max-total-tokens" in note for note in profile.notes)
+    assert not _profile(MAMBA1, max_total_tokens=20_000).notes
 
 
 def test_mamba2_without_intermediate_size_is_refused_as_sglang_fails():
