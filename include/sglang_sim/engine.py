@@ -43,6 +43,10 @@ COALESCE_WALL_S = 0.001
 # (the ratio moves by 0.001 per step, so the admitted count differs by at most one request). Only a pass
 # cut short by --max-prefill-tokens waits for it: one refused for KV marks the batch full.
 ADMISSION_CHECK_STEPS = 8
+# A step reads the KV the running requests hold (perf.Timing), which grows by a token a request a step: the
+# rate is re-read from it at every event and at least every this many decode steps (the context grows by well
+# under 1 % between reads at SGLang's usual context lengths).
+CONTEXT_REFRESH_STEPS = 32
 
 # --decode-log-interval: a "Decode batch" line every this many decode steps (logged at the first event after)
 DECODE_LOG_INTERVAL = 40
@@ -190,7 +194,7 @@ class BatchEngine:
         # ScheduleBatch.batch_is_full: a pass refused a request for KV while requests ran; cleared when one
         # leaves the batch (finish or retraction)
         self._batch_full = False
-        self._rates = [timing.request_rate(b) for b in range(capacity + 1)]
+        self._context = 0  # KV tokens the running requests held at the last event: what a step reads
         self._logged_interval = 0
         # called with the engine every DECODE_LOG_INTERVAL decode steps (the server formats the line)
         self.decode_logger: Callable[["BatchEngine"], None] | None = None
@@ -228,7 +232,12 @@ class BatchEngine:
         return self.clock.now() < self._stall_until
 
     def rate(self, batch: int) -> float:
-        return self._rates[min(batch, self.capacity)]
+        """Tokens per second each request of the running batch receives (``batch`` of them, holding the KV
+        they held at the last event)."""
+        return self.timing.request_rate(min(batch, self.capacity), self._context)
+
+    def step_seconds(self, batch: int) -> float:
+        return self.timing.step_seconds(batch, self._context)
 
     def throughput(self) -> float:
         """Output tokens per simulated second right now."""
@@ -236,8 +245,14 @@ class BatchEngine:
             return 0.0
         return self.rate(len(self._running)) * len(self._running)
 
+    def full_batch_context(self) -> float:
+        """KV tokens ``capacity`` running requests would hold, each as many as the running ones do on average
+        now (none when idle)."""
+        return self._context / len(self._running) * self.capacity if self._running else 0.0
+
     def full_batch_throughput(self) -> float:
-        return self.rate(self.capacity) * self.capacity
+        """Output tokens per simulated second at ``capacity`` running requests (``full_batch_context``)."""
+        return self.timing.request_rate(self.capacity, self.full_batch_context()) * self.capacity
 
     def submit(self, prompt_tokens: int, output_tokens: int, max_new_tokens: int | None = None, *,
                metered: bool = True) -> asyncio.Future:
@@ -288,8 +303,8 @@ class BatchEngine:
         start = max(self._last, self._stall_until)
         if self._running and now > start:
             batch = len(self._running)
-            step_us = self.timing.step_seconds(batch) * 1e6
-            steps = (now - start) / self.timing.step_seconds(batch)
+            step_us = self.step_seconds(batch) * 1e6
+            steps = (now - start) / self.step_seconds(batch)
             self._progress += (now - start) * self.rate(batch)
             self.stats.decode_steps += steps
             for index, value in enumerate((1, batch, step_us, batch * batch, batch * step_us,
@@ -311,6 +326,7 @@ class BatchEngine:
         if not self._running and not self._waiting:
             self.ratio.reset(self.stats.decode_steps)
         self._admit(now)
+        self._context = self._held(self._progress) if self._running else 0
         self._schedule(now)
 
     def _process_events(self, base: float, now: float) -> None:
@@ -486,10 +502,11 @@ class BatchEngine:
             remaining = min(remaining, exhaustion - self._progress)
         begin = max(now, self._stall_until)
         when = begin + max(0.0, remaining) / self.rate(batch)
+        when = min(when, begin + CONTEXT_REFRESH_STEPS * self.step_seconds(batch))
         if self._waiting and batch < self.capacity and not self._batch_full:
-            when = min(when, begin + ADMISSION_CHECK_STEPS * self.timing.step_seconds(batch))
+            when = min(when, begin + ADMISSION_CHECK_STEPS * self.step_seconds(batch))
         if self.decode_logger is not None:
             # wake for the next "Decode batch" line, which SGLang prints while a request runs alone too
             steps = (self._logged_interval + 1) * DECODE_LOG_INTERVAL - self.stats.decode_steps
-            when = min(when, begin + max(0.0, steps) * self.timing.step_seconds(batch))
+            when = min(when, begin + max(0.0, steps) * self.step_seconds(batch))
         self._timer = self.clock.loop.call_at(self.clock.wall_at(when), self._update)

@@ -9,7 +9,7 @@ every ``WRITE_INTERVAL_S``; ``nvidia-smi`` reads the files of live pids:
   where ``overhead`` is the per-step CPU launch gap (``perf.STEP_OVERHEAD_S``) and ``step(batch)`` the
   step time of the current batch (``perf.Timing``);
 - ``power_share`` (0-1 of the GPU's range from idle to its power limit): ``utilization x (0.85 + 0.15 x
-  compute share)``, the compute share being the per-request (compute and KV-read) part of the step: a
+  compute share)``, the compute share being the per-request (compute, state and KV-read) part of the step: a
   decode step streams the weights whatever the batch, so power tracks utilization first and batch second.
 """
 
@@ -60,9 +60,11 @@ def current_load(service: Service) -> tuple[float, float]:
             utilizations.append(100.0)
             powers.append(1.0)
             continue
-        step = timing.step_seconds(batch)
+        context = engine.used_tokens
+        step = timing.step_seconds(batch, context)
         busy = max(0.0, 1.0 - overhead / step) if step > 0 else 0.0
-        compute = timing.step_per_request_s * batch / step if step > 0 else 0.0
+        per_request = timing.step_per_request_s * batch + timing.step_per_context_token_s * context
+        compute = per_request / step if step > 0 else 0.0
         utilizations.append(100.0 * busy)
         powers.append(busy * (0.85 + 0.15 * compute))
     if not utilizations:

@@ -45,8 +45,9 @@ class SimSettings:
                           max_tokens 4096 the delivered mean is ~2,500 and ~13 % stop by length.
     output_shape          gamma shape of output lengths (larger: less spread).
     think_share           share of an output that is reasoning (the rest is the answer).
-    accept_length         tokens per decode step per request under speculative decoding
-                          (capped by --speculative-num-draft-tokens); 1 without.
+    draft_acceptance      the chance a draft token is accepted given its predecessors were (per position,
+                          the same at every batch size); a verify of D draft tokens gains
+                          1 + a + ... + a^(D-1) tokens (perf.accept_length). 0.86: docs/simulator-speed.md §1.
     decode_base_ms        decode step time at batch 0; None: weights/HBM bandwidth + launch
                           overhead (perf.py).
     decode_per_request_ms decode step time added per running request; None: derived (perf.py).
@@ -63,13 +64,13 @@ class SimSettings:
     output_mean_tokens: float = 2640.0
     output_shape: float = 4.0
     think_share: float = 0.85
-    accept_length: float = 3.2
+    draft_acceptance: float = 0.86
     decode_base_ms: float | None = None
     decode_per_request_ms: float | None = None
     prefill_tokens_per_s: float | None = None
 
     def __post_init__(self) -> None:
-        positive = ("time_scale", "output_mean_tokens", "output_shape", "accept_length")
+        positive = ("time_scale", "output_mean_tokens", "output_shape", "draft_acceptance")
         for name in positive:
             if not float(getattr(self, name)) > 0:
                 raise ValueError(f"sim.{name} must be > 0, got {getattr(self, name)!r}")
@@ -80,8 +81,8 @@ class SimSettings:
                 raise ValueError(f"sim.{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0.0 <= self.think_share < 1.0:
             raise ValueError(f"sim.think_share must be within [0, 1), got {self.think_share!r}")
-        if self.accept_length < 1:
-            raise ValueError(f"sim.accept_length must be >= 1, got {self.accept_length!r}")
+        if not 0 < self.draft_acceptance <= 1:
+            raise ValueError(f"sim.draft_acceptance must be within (0, 1], got {self.draft_acceptance!r}")
         for name in ("decode_base_ms", "decode_per_request_ms", "prefill_tokens_per_s"):
             value = getattr(self, name)
             if value is not None and float(value) < 0:

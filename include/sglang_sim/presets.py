@@ -4,6 +4,8 @@ Presets live in ``sglang_sim/models/<name>/config.json`` (the seed, Llama-3.1 8B
 DeepSeek-V2-Lite MLA model, Nemotron-H, Falcon-H1 and Qwen3-VL-8B), among them:
   qwen3.6-27b         the seed model: hybrid GatedDeltaNet, one MTP layer; weights 54e9 bytes
                       (the scenario's reported ~54 GB in bf16).
+  qwen3.6-27b-fp8     its FP8 release (block-128 fp8 weights, bf16 embeddings, LM head and MTP layer), the model
+                      the simulator's speed is calibrated on (docs/simulator-speed.md).
   llama3.1-8b         dense GQA (32 layers, 8 KV heads x 128); weights from the parameter estimate.
   qwen3-next-80b-a3b  hybrid MoE (512 experts, 10 active); weights from the parameter estimate.
 
@@ -27,6 +29,9 @@ from sglang_sim.errors import SimConfigError
 from sglang_sim.modelcfg import INDEX_FILE, QUANT_CONFIG_FILE, ModelShape, from_config
 
 PRESET_WEIGHTS_BYTES = {"qwen3.6-27b": 54_000_000_000,
+                        # Qwen/Qwen3.6-27B-FP8 (the seed's shape, fp8 e4m3 in 128x128 blocks): 29 GiB on disk as
+                        # LibertAIDAI/Qwen3.6-27B-W4A16-G128's model card compares it (docs/simulator-speed.md §1)
+                        "qwen3.6-27b-fp8": 29 * 2**30,
                         # the public checkpoints' safetensors files' bytes (gpt-oss-20b: MXFP4 experts)
                         "gpt-oss-20b": 13_761_316_904, "gemma-3-270m": 536_223_056,
                         # the public checkpoints' model.safetensors.index.json metadata.total_size

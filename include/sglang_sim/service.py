@@ -244,8 +244,9 @@ class Service:
         batch = self.plan.max_running_requests
         return {"time_scale": self.settings.time_scale, "speed": self.faults.speed,
                 "max_running_requests": batch, "workers": len(self.engines),
-                "step_ms_at_full_batch": round(self.timing.step_seconds(batch) * 1000, 3),
-                "request_tokens_per_s_at_full_batch": round(engine.rate(batch), 3),
+                "step_ms_at_full_batch": round(self.timing.step_seconds(batch, engine.full_batch_context()) * 1000, 3),
+                "request_tokens_per_s_at_full_batch": round(
+                    self.timing.request_rate(batch, engine.full_batch_context()), 3),
                 "decode_tokens_per_s_at_full_batch": round(engine.full_batch_throughput() * len(self.engines), 3),
                 "prefill_tokens_per_s": round(1 / self.timing.prefill_s_per_token, 1)
                 if self.timing.prefill_s_per_token else None,

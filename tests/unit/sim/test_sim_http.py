@@ -12,6 +12,9 @@ from sglang_sim.http_app import build_app
 
 CHAT = {"messages": [{"role": "user", "content": "Why is the sky blue?"}], "max_tokens": 4096}
 
+# The seed's 4 draft tokens at the default per-position acceptance 0.86 (SimSettings.draft_acceptance)
+SEED_ACCEPT_LENGTH = 1 + 0.86 + 0.86 ** 2 + 0.86 ** 3
+
 
 def _run(service, scenario, *, ready=True):
     async def main():
@@ -96,7 +99,7 @@ def test_server_info_carries_resolved_and_effective_values(tools):
     assert info["max_running_requests"] == 64 and info["mem_fraction_static"] == 0.93
     state = info["internal_states"][0]
     assert state["effective_max_running_requests_per_dp"] == 40 and state["max_mamba_cache_size"] == 200
-    assert state["avg_spec_accept_length"] == 3.2
+    assert state["avg_spec_accept_length"] == pytest.approx(SEED_ACCEPT_LENGTH)
     # managers/scheduler_components/memory_usage.py::build_memory_usage: these keys, 3 decimals, and every
     # graph phase of model_executor/graph_memory_usage.py (EAGLE: target verify and draft graphs, no decode)
     usage = state["memory_usage"]
@@ -186,7 +189,7 @@ def test_streamed_chat_and_metrics(tools):
         (sample,) = families[gauge].samples
         assert sample.labels == {"model_name": "/models/qwen3.6-27b", "engine_type": "unified", "tp_rank": "0",
                                  "pp_rank": "0", "moe_ep_rank": "0"}
-    assert families["sglang:spec_accept_length"].samples[0].value == 3.2
+    assert families["sglang:spec_accept_length"].samples[0].value == pytest.approx(SEED_ACCEPT_LENGTH)
 
 
 def test_v1_loads_has_sglangs_shape(tools):
@@ -209,7 +212,7 @@ def test_v1_loads_has_sglangs_shape(tools):
                                "decode_moments"]
     assert load["max_running_requests"] == 40 and set(load["memory"]) == {"weight_gb", "kv_cache_gb", "graph_gb",
                                                                           "token_capacity"}
-    assert load["speculative"]["accept_length"] == 3.2 and set(load["queues"]) == {
+    assert load["speculative"]["accept_length"] == pytest.approx(SEED_ACCEPT_LENGTH) and set(load["queues"]) == {
         "waiting", "grammar", "paused", "retracted", "prealloc_ready"}
     assert "memory" not in core["loads"][0] and bad.status_code == 400 and other_rank["loads"] == []
     families = {family.name: family for family in text_string_to_metric_families(prometheus)}

@@ -133,9 +133,9 @@ def test_utilization_and_power_follow_the_servers_load(node, tools):
     assert busy.splitlines()[0] == idle.splitlines()[0]  # the other GPU stays idle
 
 
-@pytest.mark.parametrize("gpu, power, speed", [("NVIDIA L4", (16, 72), (0.3e12, 0.121e15)),
-                                               ("NVIDIA L40S", (35, 350), (0.864e12, 0.362e15)),
-                                               ("NVIDIA A10G", (25, 150), (0.6e12, 0.125e15))])
+@pytest.mark.parametrize("gpu, power, speed", [("NVIDIA L4", (16, 72), (0.3e12, 0.121e15, 0.242e15)),
+                                               ("NVIDIA L40S", (35, 350), (0.864e12, 0.362e15, 0.733e15)),
+                                               ("NVIDIA A10G", (25, 150), (0.6e12, 0.125e15, None))])
 def test_small_gpus_draw_and_run_at_their_own_rates(gpu, power, speed):
     """An L4 is neither an L40S nor the H100 that unknown GPUs read as."""
     from sglang_sim.gpu_load import gpu_power
