@@ -77,6 +77,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
 
 def service_for(preset: str, gpu: str, flags: list[str]) -> Service:
+    """The Service a server launched with ``flags`` on one idle ``gpu`` builds (server.py's _start_scheduler:
+    resolution, pools, graphs, timing), without a process or a port."""
     model = load_model_dir(MODELS / preset)[0]
     weights = default_weights_bytes(preset, model)
     settings = SimSettings()
