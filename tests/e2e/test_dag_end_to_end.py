@@ -16,7 +16,8 @@ def _task_states(dag_run):
 def test_every_prompt_gets_exactly_one_completion(dag, sim_env, fleet_file):
     conf = {"fleet_file": str(fleet_file()), "prompts_path": str(sim_env.prompts_path),
             "output_root": str(sim_env.output_root), "shard_size": 50,
-            "max_tokens": 4096, "ready_timeout_s": 120}
+            "max_tokens": 4096, "ready_timeout_s": 120,
+            "gpu_hour_price": {"currency": "USD", "per_gpu_hour": {sim_env.gpu_name: 6.03}}}
     dag_run = dag.test(run_conf=conf)
     states = _task_states(dag_run)
     assert dag_run.state == "success", states
@@ -37,6 +38,21 @@ def test_every_prompt_gets_exactly_one_completion(dag, sim_env, fleet_file):
                for entry in readbacks.values()), readbacks
     shared = json.loads((Path(sim_env.output_root) / "calibration.json").read_text())
     assert {entry["key"] for entry in readbacks.values()} == set(shared)
+    # GPU-hours from each server's launch to the report (release_servers runs after it), priced by GPU name
+    cost = report["gpu_hours"]
+    assert set(cost["per_server"]) == {server["server"] for server in report["tuning"]}, cost
+    for name, server in cost["per_server"].items():
+        seconds = server["seconds"]
+        assert server["gpu_names"] == [sim_env.gpu_name] and server["end_basis"] == "report", (name, server)
+        assert server["start"] < server["ready"] < server["end"] and seconds["loading"] > 0, (name, server)
+        # requests in flight only on a server that answered some: the first server's workers take a shard's prompts
+        # first, and these shards of 50 fit in its in-flight share
+        assert (0 < seconds["generating"] < seconds["held"]) is (server["completion_tokens"] > 0), (name, server)
+        assert seconds["held"] == pytest.approx(seconds["loading"] + seconds["generating"] + seconds["idle"], abs=0.01)
+    assert (cost["unpriced"], cost["not_recorded"], cost["completion_tokens"]) == (
+        {}, [], report["totals"]["completion_tokens"])
+    assert cost["cost"] == pytest.approx(6.03 * cost["gpu_hours"]["held"], rel=1e-3) and cost["currency"] == "USD"
+    assert "## GPU-hours and cost" in (run_dir / "report" / "report.md").read_text()
 
 
 def test_shards_beyond_the_map_limit_grow_to_fit_and_the_report_compares_runs(dag, sim_env, fleet_file, monkeypatch,

@@ -102,6 +102,12 @@ def test_the_trial_keeps_the_measured_winner_and_relaunches_the_losers_on_it(dag
     caps = {row["server"]: row["effective"]["max_running_requests"] for row in report["tuning"]}
     winner_cap = challenger_cap if winner == challenger else incumbent_cap
     assert set(caps.values()) == {winner_cap}, caps
+    # GPU-hours of every server from its first launch, and what the chosen configuration saves per million output
+    # tokens against the incumbent at the candidates' steady rates (nothing when the incumbent is kept)
+    gpu_hours = report["gpu_hours"]
+    assert set(gpu_hours["per_server"]) == set(caps) and gpu_hours["not_recorded"] == [], gpu_hours
+    [saving] = [row for row in gpu_hours["configurations"]["savings"] if row["against"] == "the incumbent (incumbent)"]
+    assert saving["configuration"] == winner and (saving["gpu_hours_per_million_tokens"] > 0) is (winner == challenger)
 
     # exactly once: the trial's shards and the rest are the job's, every prompt once
     ids = _completion_ids(run_dir)

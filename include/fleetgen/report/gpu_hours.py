@@ -164,7 +164,7 @@ def _saving(chosen_name: str, against: str, baseline: dict, chosen: dict) -> dic
     def less(key: str) -> float | None:
         return round(baseline[key] - chosen[key], 6) if None not in (baseline[key], chosen[key]) else None
 
-    return {"configuration": chosen_name, "against": against,
+    return {"configuration": chosen_name, "against": against, "same": chosen is baseline,
             "gpu_hours_per_million_tokens": less("gpu_hours_per_million_tokens"),
             "cost_per_million_tokens": less("cost_per_million_tokens")}
 

@@ -156,7 +156,8 @@ def _cost_section(cost: dict | None) -> list[str]:
     if not cost["per_server"]:
         return lines + ["No server's launch was recorded in server-times/ (a run made before they were): no "
                         "GPU-hours.", ""]
-    lines += [f"From launch (or takeover of a server kept running) to release: **{_hours(hours['held'])} GPU-hours** "
+    lines += [f"From launch (or takeover of a server kept running) to release or the report: "
+              f"**{_hours(hours['held'])} GPU-hours** "
               f"(loading {_hours(hours['loading'])}, generating {_hours(hours['generating'])}, idle "
               f"{_hours(hours['idle'])}); {_hours(cost['gpu_hours_per_million_tokens'])} GPU-hours per million "
               "output tokens.", ""]
@@ -201,7 +202,9 @@ def _cost_section(cost: dict | None) -> list[str]:
 def _savings_lines(cost: dict | None) -> list[str]:
     """What the configuration in use saves per million output tokens (the Tuning payoff's last lines)."""
     currency = (cost or {}).get("currency")
-    return [f"- Saved per million output tokens by {saving['configuration']} against {saving['against']}: "
+    return [f"- The trial kept {saving['configuration']}: nothing saved per million output tokens against it."
+            if saving.get("same") else
+            f"- Saved per million output tokens by {saving['configuration']} against {saving['against']}: "
             f"{_hours(saving['gpu_hours_per_million_tokens'])} GPU-hours"
             + (f", {_amount(saving['cost_per_million_tokens'], currency)}" if saving["cost_per_million_tokens"]
                is not None else "") + "."

@@ -110,11 +110,25 @@ def test_each_configuration_costs_per_million_tokens_at_its_steady_rate_and_the_
     assert rows["no-spec"]["cost_per_million_tokens"] is None and rows["in use (cap-3/4)"]["cost_per_million_tokens"] \
         == 0.8
     assert result["configurations"]["savings"] == [
-        {"configuration": "cap-3/4", "against": "the incumbent (incumbent)", "gpu_hours_per_million_tokens": 0.055556,
-         "cost_per_million_tokens": 0.2},
-        {"configuration": "the configuration in use (cap-3/4)",
+        {"configuration": "cap-3/4", "against": "the incumbent (incumbent)", "same": False,
+         "gpu_hours_per_million_tokens": 0.055556, "cost_per_million_tokens": 0.2},
+        {"configuration": "the configuration in use (cap-3/4)", "same": False,
          "against": "SGLang's automatic sizing (run night3 (tuning mode sglang_defaults))",
          "gpu_hours_per_million_tokens": 0.125, "cost_per_million_tokens": 0.45}]
+
+
+def test_a_trial_that_kept_the_incumbent_saves_nothing_against_it(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    plan = [plan_entry(host, 1, [B200]) for host in "abc"]
+    payoff = trial_payoff()
+    payoff["decision"]["winner"] = "incumbent"
+    for row in payoff["candidates"]:
+        row["winner"] = row["name"] == "incumbent"
+    result = gpu_hours(layout, stats=stats(), plan=plan, server_gpus=where(plan), prices=GpuHourPrice(), now=1.0,
+                       payoff=payoff)
+    assert result["configurations"]["savings"][0] == {
+        "configuration": "incumbent", "against": "the incumbent (incumbent)", "same": True,
+        "gpu_hours_per_million_tokens": 0.0, "cost_per_million_tokens": None}
 
 
 def test_without_a_trial_or_a_price_the_configuration_in_use_still_has_its_gpu_hours_per_million(tmp_path):

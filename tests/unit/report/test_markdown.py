@@ -431,7 +431,8 @@ def test_the_cost_section_with_a_price_gives_the_run_each_server_and_each_config
     section = text[text.index("## GPU-hours and cost"):text.index("## Failures")].split("\n")
     assert section[:11] == [
         "## GPU-hours and cost", "",
-        "From launch (or takeover of a server kept running) to release: **4.5000 GPU-hours** (loading 0.1667, "
+        "From launch (or takeover of a server kept running) to release or the report: **4.5000 GPU-hours** (loading "
+        "0.1667, "
         "generating 1.9444, idle 2.3889); 0.4091 GPU-hours per million output tokens.", "",
         "Servers still up when the report was written (keep_servers_up, or release_servers, which runs after the "
         "report) are counted to the report's time.", "",
@@ -449,6 +450,10 @@ def test_the_cost_section_with_a_price_gives_the_run_each_server_and_each_config
     payoff = render_markdown(base_report(gpu_hours=cost, tuning_payoff=_a_payoff()))
     assert ("- Saved per million output tokens by cap-3/4 against the incumbent (incumbent): 0.0556 GPU-hours, "
             "0.2000 USD.") in payoff.split("## Tuning payoff")[1].split("\n")
+    kept = copy.deepcopy(cost)
+    kept["configurations"]["savings"][0].update(configuration="incumbent", same=True, gpu_hours_per_million_tokens=0.0)
+    assert "- The trial kept incumbent: nothing saved per million output tokens against it." in render_markdown(
+        base_report(gpu_hours=kept, tuning_payoff=_a_payoff())).split("\n")
 
 
 def test_without_a_price_the_cost_section_keeps_the_gpu_hours_and_says_why_there_is_no_money(tmp_path):
