@@ -244,6 +244,15 @@ def test_the_cap_cut_limit_is_factor_times_the_median_request_and_only_tighter()
     assert cap_cut_limit(None, 5000, 90_000, 4) is None and cap_cut_limit(limit, None, None, 4) is None
 
 
+def test_the_cap_cut_limit_is_none_when_the_factor_reaches_the_context_exactly_or_a_request_figure_is_missing():
+    from fleetgen.prompts.length import cap_cut_limit
+
+    limit = LengthLimit(context_tokens=100_000, max_tokens=4096, source="the model's context length")
+    assert cap_cut_limit(limit, 25_000, 100_001, 4) is None  # 4 × 25,000 is the context: no tighter
+    assert cap_cut_limit(limit, 24_999, 100_001, 4).context_tokens == 99_996
+    assert cap_cut_limit(limit, None, 90_000, 4) is None and cap_cut_limit(limit, 5000, None, 4) is None
+
+
 def test_a_cap_cut_factor_without_a_length_limit_is_refused(tmp_path):
     import pytest
 
