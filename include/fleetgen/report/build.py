@@ -237,7 +237,8 @@ def _delta(previous: float | int | None, current: float | int | None) -> dict:
 
 
 def compare_reports(current: dict, previous: dict, previous_path: str | None = None) -> dict:
-    """Deltas of throughput, caps (per server and fleet total) and token statistics."""
+    """Deltas of throughput, caps (per server and fleet total), token statistics and GPU-hours per million tokens."""
+    old_hours, new_hours = previous.get("gpu_hours") or {}, current.get("gpu_hours") or {}
     metrics = {
         "tokens_per_s": (previous["throughput"]["tokens_per_s"], current["throughput"]["tokens_per_s"]),
         "tokens_per_s_generation": (previous["throughput"].get("tokens_per_s_generation"),
@@ -246,6 +247,12 @@ def compare_reports(current: dict, previous: dict, previous_path: str | None = N
         "completion_tokens": (previous["totals"]["completion_tokens"], current["totals"]["completion_tokens"]),
         "generation_seconds": (previous["timing"]["generation_seconds"], current["timing"]["generation_seconds"]),
         "length_share": (previous.get("length_share"), current.get("length_share")),
+        # what a million output tokens took and cost, night to night (report/gpu_hours.py): money only in one currency
+        "gpu_hours_per_million_tokens": (old_hours.get("gpu_hours_per_million_tokens"),
+                                         new_hours.get("gpu_hours_per_million_tokens")),
+        "cost_per_million_tokens": (old_hours.get("cost_per_million_tokens")
+                                    if old_hours.get("currency") == new_hours.get("currency") else None,
+                                    new_hours.get("cost_per_million_tokens")),
     }
     for stat in ("mean", "p50", "p90", "p99"):
         metrics[f"completion_tokens_{stat}"] = (previous["completion_tokens"].get(stat),

@@ -439,7 +439,8 @@ def test_the_comparison_covers_servers_of_either_run_and_a_fleet_total_only_when
     assert set(comparison["metrics"]) == {"tokens_per_s", "tokens_per_s_generation", "completions",
                                           "completion_tokens", "generation_seconds", "length_share",
                                           "completion_tokens_mean", "completion_tokens_p50", "completion_tokens_p90",
-                                          "completion_tokens_p99"}
+                                          "completion_tokens_p99", "gpu_hours_per_million_tokens",
+                                          "cost_per_million_tokens"}
     assert comparison["metrics"]["completion_tokens_p90"]["delta"] == 0
     assert comparison["fleet_caps"]["max_running_requests"] == {"previous": 30, "current": None, "delta": None,
                                                                 "delta_pct": None}
@@ -452,6 +453,21 @@ def test_the_comparison_covers_servers_of_either_run_and_a_fleet_total_only_when
         "b": {"previous": 40.0, "current": None, "delta": None, "delta_pct": None}}
     empty = compare_reports(small_report(1.0, {}, {}), small_report(1.0, {}, {}))
     assert empty["fleet_caps"]["max_running_requests"]["previous"] is None
+
+
+def test_the_comparison_gives_gpu_hours_per_million_tokens_and_their_cost_only_in_one_currency():
+    previous, current = small_report(100.0, {}, {}), small_report(100.0, {}, {})
+    previous["gpu_hours"] = {"gpu_hours_per_million_tokens": 0.5, "cost_per_million_tokens": 3.0, "currency": "USD"}
+    current["gpu_hours"] = {"gpu_hours_per_million_tokens": 0.4, "cost_per_million_tokens": 2.4, "currency": "USD"}
+    metrics = compare_reports(current, previous)["metrics"]
+    assert metrics["gpu_hours_per_million_tokens"] == {"previous": 0.5, "current": 0.4, "delta": -0.1,
+                                                       "delta_pct": -20.0}
+    assert metrics["cost_per_million_tokens"]["delta"] == -0.6
+    current["gpu_hours"]["currency"] = "EUR"
+    assert compare_reports(current, previous)["metrics"]["cost_per_million_tokens"] == {
+        "previous": None, "current": 2.4, "delta": None, "delta_pct": None}
+    del previous["gpu_hours"]  # a report from before GPU-hours were counted
+    assert compare_reports(current, previous)["metrics"]["gpu_hours_per_million_tokens"]["previous"] is None
 
 
 def test_the_comparison_of_the_length_share_and_of_reports_without_tuning():
