@@ -17,7 +17,8 @@ checkpoint each (``sglang_sim/models/<preset>``: its config.json, its weight byt
   scheduling on. With the context length as its only token pool a pure Mamba server holds one request at a time;
   --max-total-tokens (free: no KV cell) lets the plan run more.
 
-None of these checkpoints has an MTP head, so none is planned with speculative decoding.
+None of these checkpoints has an MTP head, so none is planned with speculative decoding. Two launches their servers
+refuse close the list: an explicit extra_buffer for LFM2 (no extra buffers) and for Falcon-Mamba (no radix strategy).
 """
 
 from fleetgen.tuning import TunerBounds
@@ -58,4 +59,12 @@ STATE_FAMILY_CASES: list[MatrixCase] = [
     MatrixCase("codestral-mamba-tp2-a100-80g", "mamba-codestral-7b", "A100-80G", tp=2),
     MatrixCase("codestral-mamba-b200-max-total-tokens", "mamba-codestral-7b", "B200",
                extra_args=("--max-total-tokens", "65536")),
+    # the radix strategies these families' servers refuse (mamba_hook.py::validate_mamba_extra_buffer,
+    # model_hook.py::handle_mamba_radix_cache)
+    MatrixCase("lfm2.5-2.6b-extra-buffer-refused", "lfm2.5-2.6b", "H100",
+               extra_args=("--mamba-radix-cache-strategy", "extra_buffer"),
+               refused="extra_buffer is not supported for Lfm2ForCausalLM; use no_buffer."),
+    MatrixCase("falcon-mamba-7b-extra-buffer-refused", "falcon-mamba-7b", "H100",
+               extra_args=("--mamba-radix-cache-strategy", "extra_buffer"),
+               refused="--mamba-radix-cache-strategy extra_buffer needs mamba state, got FalconMambaForCausalLM."),
 ]
