@@ -166,8 +166,12 @@ class Dispatcher(ServerHealthKeeping):
         await self._check_launches()  # before anything is sent: a shard of an old run refuses another run's servers
         if self.fatal is not None:
             raise self.fatal
-        tasks = [self._spawn(self._worker(server, slot)) for server in self.servers
-                 for slot in range(server.endpoint.max_in_flight)]
+        # Each server's first slots before any server's later ones (by the share of its own limit): the workers
+        # started first take the prompts first, so a shard smaller than the fleet's limit (a small job, the end of
+        # one) spreads over every server in proportion to its limit instead of filling the first and idling the rest.
+        slots = sorted(((slot, server) for server in self.servers for slot in range(server.endpoint.max_in_flight)),
+                       key=lambda pair: pair[0] / pair[1].endpoint.max_in_flight)
+        tasks = [self._spawn(self._worker(server, slot)) for slot, server in slots]
         tasks.append(self._spawn(self._monitor()))
         tasks.append(self._spawn(self._watch_launches()))
         if self.scraper is not None:

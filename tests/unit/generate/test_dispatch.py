@@ -9,7 +9,7 @@ import httpx
 import pytest
 from generate_fakes import FakeFleet, fast_settings, shard_output, write_prompts
 from fleetgen.errors import AllServersDown, GenerationError, PromptsError
-from fleetgen.generate import run_shard_async
+from fleetgen.generate import ServerEndpoint, run_shard_async
 from fleetgen.generate.queue import WorkQueue
 from fleetgen.prompts.scan import Prompt, plan_shards
 import re
@@ -68,7 +68,8 @@ async def test_bare_prompts_are_sent_as_one_user_turn(tmp_path):
 
 async def test_in_flight_limits_hold_and_faster_servers_take_more(tmp_path):
     shard = write_prompts(tmp_path / "p.jsonl", 200)
-    fleet = FakeFleet(2, delay_s={"s0:1": 0.002, "s1:1": 0.03}, limit=5)  # 15x apart: robust to a loaded machine
+    # 150x apart: on a loaded machine each request costs the fast server milliseconds of CPU besides its delay
+    fleet = FakeFleet(2, delay_s={"s0:1": 0.002, "s1:1": 0.3}, limit=5)
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
                                     options=fleet.options())
     assert fleet.max_in_flight == Counter({"s0:1": 5, "s1:1": 5})
@@ -237,6 +238,7 @@ async def test_the_low_water_mark_follows_the_first_unfinished_prompt():
     assert queue.low_water() == (5, 500) and queue.finished.is_set()
 
 
+@pytest.mark.timeout(60)  # a thousand prompts before the cut: seconds of CPU on a loaded machine, not a hang
 async def test_a_prompts_file_cut_short_mid_run_stops_the_shard_with_progress_saved(tmp_path):
     path = tmp_path / "p.jsonl"
     shard = write_prompts(path, 2000)  # far more than the reader's buffer holds
@@ -266,6 +268,22 @@ async def test_a_prompts_file_cut_short_after_planning_is_refused_before_the_fir
     assert "the file is now 1,475 bytes" in caught.value.message
     assert "put the prompts_path file back" in caught.value.hint
     assert sum(fleet.requests.values()) == 0 and shard_output(tmp_path / "out")["completions"] == []
+
+
+async def test_a_shard_smaller_than_the_fleets_limit_spreads_over_every_server_by_its_limit(tmp_path):
+    # 8 prompts in flight at once on two servers of 8 slots: filling the first server's slots first would leave
+    # the second idle (a small job, the end of one); each takes half.
+    fleet = FakeFleet(2, limit=8, delay_s=0.05)
+    await run_shard_async(write_prompts(tmp_path / "p.jsonl", 8), fleet.endpoints(), tmp_path / "out",
+                          fast_settings(), options=fleet.options())
+    assert fleet.requests == {"s0:1": 4, "s1:1": 4}, fleet.requests
+    # Limits of 2 and 6: 4 prompts go 1 and 3, in proportion to each server's limit.
+    fleet = FakeFleet(2, delay_s=0.05)
+    endpoints = [ServerEndpoint(name="s0:1", url="http://s0:1", max_in_flight=2),
+                 ServerEndpoint(name="s1:1", url="http://s1:1", max_in_flight=6)]
+    await run_shard_async(write_prompts(tmp_path / "q.jsonl", 4), endpoints, tmp_path / "out-q", fast_settings(),
+                          options=fleet.options())
+    assert fleet.requests == {"s0:1": 1, "s1:1": 3}, fleet.requests
 
 
 async def test_concurrent_shards_split_each_servers_limit_and_a_lone_shard_takes_it_all(tmp_path):

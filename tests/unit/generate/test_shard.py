@@ -83,6 +83,7 @@ async def test_two_servers_with_one_name_are_refused(tmp_path):
     # two servers sharing a port number on different hosts are two servers
     other_host = type(second)(name="t0:1", url="http://t0:1", max_in_flight=2)
     fleet.names.append("t0:1")
+    fleet.delay_s["t0:1"] = fleet.delay_s["s0:1"]
     summary = await run_shard_async(shard, [first, other_host], tmp_path / "out", fast_settings(),
                                     options=fleet.options())
     assert summary["done"] == 3 and set(summary["servers"]) == {"s0:1", "t0:1"}
