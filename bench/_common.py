@@ -6,7 +6,8 @@ bench in `make test` and a refactor that breaks one fails the suite. An argument
 ``--smoke`` wins. The figures of a smoke run say that the code works, not how fast: quote full runs only.
 
 Last line: every bench ends with one machine-readable line, ``<bench name> key=value key=value ...``, each value
-a number or numbers joined by ``/`` (one per night, say); ``read_last_line`` parses it.
+a number or numbers joined by ``/`` (one per night, say), or one word for a key the bench declares as such (a
+chosen configuration's name, yes or no); ``read_last_line`` parses it.
 
 Imported as ``from _common import ...``: Python puts a script's own folder first on ``sys.path``.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 SMOKE_FLAG = "--smoke"
@@ -36,8 +37,9 @@ def parse_args(parser: argparse.ArgumentParser, smoke: Mapping[str, Any],
     return parser.parse_args(argv)
 
 
-def read_last_line(output: str) -> tuple[str, dict[str, list[float]]]:
-    """(bench name, figures) of the last line of a bench's output; each figure a list of its ``/`` parts."""
+def read_last_line(output: str, words: Collection[str] = ()) -> tuple[str, dict[str, list[float] | str]]:
+    """(bench name, figures) of the last line of a bench's output; each figure a list of its ``/`` parts, or its
+    text for a key in ``words``."""
     lines = output.strip().splitlines()
     if not lines:
         raise ValueError("the bench printed nothing")
@@ -47,5 +49,5 @@ def read_last_line(output: str) -> tuple[str, dict[str, list[float]]]:
         key, sep, value = pair.partition("=")
         if not sep or not key or not value:
             raise ValueError(f"{pair!r} of the last line {lines[-1]!r} is not key=value")
-        figures[key] = [float(part) for part in value.split("/")]
+        figures[key] = value if key in words else [float(part) for part in value.split("/")]
     return name, figures

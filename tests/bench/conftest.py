@@ -43,11 +43,12 @@ def bench_environment() -> dict[str, str]:
 
 @pytest.fixture
 def run_bench(tmp_path, bench_common):
-    """``run_bench(name, *args)``: bench/<name>.py --smoke *args in a scratch folder; its figures, each a list of
-    finite numbers (one per ``/`` part), after checking it exited 0 and its last line names it."""
+    """``run_bench(name, *args, words=())``: bench/<name>.py --smoke *args in a scratch folder; its figures, each a
+    list of finite numbers (one per ``/`` part) or, for a key in ``words``, its text, after checking it exited 0 and
+    its last line names it."""
     common = bench_common
 
-    def run(name: str, *args: str) -> dict[str, list[float]]:
+    def run(name: str, *args: str, words: tuple[str, ...] = ()) -> dict[str, list[float] | str]:
         command = [sys.executable, str(BENCH / f"{name}.py"), common.SMOKE_FLAG, *args]
         try:
             result = subprocess.run(command, cwd=tmp_path, env=bench_environment(), capture_output=True, text=True,
@@ -60,11 +61,12 @@ def run_bench(tmp_path, bench_common):
         seen = f"stdout ...{result.stdout[-3000:]}\nstderr ...{result.stderr[-3000:]}"
         assert result.returncode == 0, f"{name} --smoke exited {result.returncode}\n{seen}"
         try:
-            bench_name, figures = common.read_last_line(result.stdout)
+            bench_name, figures = common.read_last_line(result.stdout, words)
         except ValueError as error:
             pytest.fail(f"{name}: the last line is not machine-readable ({error})\n{seen}")
         assert bench_name == name, seen
-        assert figures and all(math.isfinite(part) for parts in figures.values() for part in parts), seen
+        assert figures and set(words) <= set(figures), seen
+        assert all(math.isfinite(part) for key, parts in figures.items() if key not in words for part in parts), seen
         return figures
 
     return run

@@ -40,6 +40,14 @@ def test_the_last_line_is_read_into_numbers_per_part(bench_common):
         "nightly", {"relaunched": [1, 0, 0], "generated": [100, 0, 3], "plan/hand": [1.25]})
 
 
+def test_a_value_is_read_as_a_word_only_for_the_keys_the_bench_names(bench_common):
+    line = "tuning_trial chosen=no_speculation gain_vs_incumbent=1.227 tie_kept_incumbent=yes"
+    assert bench_common.read_last_line(line, ("chosen", "tie_kept_incumbent")) == (
+        "tuning_trial", {"chosen": "no_speculation", "gain_vs_incumbent": [1.227], "tie_kept_incumbent": "yes"})
+    with pytest.raises(ValueError):  # a word where a number belongs is still refused
+        bench_common.read_last_line(line, ("chosen",))
+
+
 @pytest.mark.parametrize("line", ["utilization fleetgen=0.988 seed_client", "utilization fleetgen=",
                                   "utilization fleetgen=fast", ""])
 def test_a_last_line_that_is_not_key_equals_number_is_refused(bench_common, line):
