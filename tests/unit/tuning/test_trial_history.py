@@ -61,6 +61,25 @@ def test_each_record_names_its_key_run_and_the_whole_decision(tmp_path):
     assert TrialHistory(path).decisions(KEY) == [chosen]
 
 
+def test_records_read_oldest_first_whatever_their_order_in_the_file(tmp_path):
+    path = tmp_path / "trials.jsonl"
+    history = TrialHistory(path)
+    history.record(KEY, decision("mtp", {"mtp": [100.0] * 3}), run_id="night1")
+    history.record(KEY, decision("mtp", {"mtp": [100.0] * 3, "no-spec": [200.0] * 3}), run_id="night2")
+    first, second = path.read_text().splitlines()
+    undated = {**json.loads(first), "run_id": "by-hand"}
+    del undated["recorded_at"]
+    path.write_text("\n".join([second, first, json.dumps(undated)]) + "\n")  # two files merged by hand
+    assert [record["run_id"] for record in history.records(KEY)] == ["by-hand", "night1", "night2"]
+    assert history.latest_winner(KEY) == "no-spec"
+
+
+def test_the_first_record_makes_the_folders_of_its_file(tmp_path):
+    history = TrialHistory(tmp_path / "out" / "trials" / "history.jsonl")
+    history.record(KEY, decision("mtp", {"mtp": [100.0] * 3}), run_id="night1")
+    assert history.latest_winner(KEY) == "mtp"
+
+
 def test_a_line_that_is_not_a_record_is_skipped_and_the_records_around_it_stand(tmp_path):
     path = tmp_path / "trials.jsonl"
     history = TrialHistory(path)
@@ -76,13 +95,15 @@ def test_a_line_that_is_not_a_record_is_skipped_and_the_records_around_it_stand(
 
 @pytest.mark.parametrize(("prompt", "output", "bucket"), [
     (300.0, 1000.0, "out1024-short"), (4096.0, 1024.0, "out1024-long"), (1024.0, 1024.0, "out1024-short"),
-    (200.0, 700.0, "out512-short"), (200.0, 760.0, "out1024-short"), (10.0, 0.4, "out1-long")])
+    (200.0, 700.0, "out512-short"), (200.0, 760.0, "out1024-short"), (10.0, 0.4, "out1-long"),
+    (10.0, 0.0, "out1-long")])
 def test_the_workload_bucket_is_the_mean_output_to_a_power_of_two_and_the_prompts_against_it(prompt, output, bucket):
     assert workload_bucket(prompt, output) == bucket
 
 
 def test_nearest_power_of_two_rounds_in_log_scale():
-    assert [nearest_power_of_two(value) for value in (1, 2, 3, 5.5, 6, 1400, 1500, 0.2)] == [1, 2, 4, 4, 8, 1024, 2048, 1]
+    assert [nearest_power_of_two(value) for value in (1, 1.4, 1.5, 2, 3, 5.5, 6, 1400, 1500, 0.2, 0)] == [
+        1, 1, 2, 2, 4, 4, 8, 1024, 2048, 1, 1]
 
 
 def test_the_model_key_follows_what_changes_speed_not_the_tokenizer_or_the_template():
@@ -94,3 +115,10 @@ def test_the_model_key_follows_what_changes_speed_not_the_tokenizer_or_the_templ
     assert model_identity_key(same) == key
     for part in ("weights", "config", "launch_args"):
         assert model_identity_key({**identity, "parts": {**identity["parts"], part: "other"}}) != key
+
+
+def test_the_model_key_of_an_identity_is_the_same_in_every_release():
+    # a key already in last night's history file must read the same after an upgrade, or the history is lost
+    identity = {"path": "/models/qwen3.6-27b/", "parts": {"weights": "w1", "config": "c1", "launch_args": "a1"}}
+    assert model_identity_key(identity) == "qwen3.6-27b@b3b2280714c4"
+    assert model_identity_key({"parts": {"weights": "w1"}}) == "@e536d3929ad4"  # no path: its parts alone
