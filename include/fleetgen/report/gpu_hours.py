@@ -13,6 +13,9 @@ That time is split three ways:
   completions' start, ``finished_at - latency_s``, to finish), so two shards on one server count once;
 - idle: the rest (readiness checks, the trial's decision and relaunch, the shards starting, validation, the report).
 
+The trial's relaunch round is counted once: a second ``kept``/``ready`` neither restarts a server's time nor loads;
+a loser's stop-to-launch gap is idle, since its slot's GPUs stay the fleet's (docs/output-formats.md §6).
+
 GPU-hours are those seconds times the server's GPUs over 3600. Per configuration (the tuning trial's candidates and
 the one in use), GPU-hours per million output tokens come from the steady output tokens/s per GPU the Tuning payoff
 measured (``report.payoff``): 10^6 / (rate x 3600), and the cost from them times the price per GPU-hour.

@@ -145,3 +145,43 @@ def test_without_a_trial_or_a_price_the_configuration_in_use_still_has_its_gpu_h
          "incumbent": None}], "savings": []}
     assert gpu_hours(layout, stats=stats(), plan=plan, server_gpus=where(plan), prices=GpuHourPrice(),
                      now=1.0)["configurations"] == {"rows": [], "savings": []}
+
+
+def test_a_server_kept_again_in_the_trials_relaunch_round_counts_once_from_its_first_launch(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    # launched tonight, kept by relaunch.stop_servers / launch_servers and read again by relaunch.wait_ready
+    record(layout, "a:1", ("launched", 1000.0), ("ready", 1100.0), ("kept", 2000.0), ("ready", 2010.0))
+    # taken over from an earlier run in the first round, kept again in the relaunch round
+    record(layout, "b:1", ("kept", 1000.0), ("ready", 1005.0), ("kept", 2000.0), ("ready", 2005.0))
+    plan = [plan_entry("a", 1, [B200]), plan_entry("b", 1, [B200])]
+    rows = stats(("a:1", 1900.0, 700.0, 100), ("a:1", 4000.0, 1900.0, 100), ("b:1", 4000.0, 2900.0, 100))
+    result = gpu_hours(layout, stats=rows, plan=plan, server_gpus=where(plan), prices=USD_6, now=5000.0)
+    launched, kept = result["per_server"]["a:1"], result["per_server"]["b:1"]
+    assert launched["seconds"] == {"held": 4000.0, "loading": 100.0, "generating": 2600.0, "idle": 1300.0}
+    assert (launched["start"], launched["ready"], launched["kept"], launched["end_basis"]) == (
+        1000.0, 1100.0, False, "report")
+    assert kept["seconds"] == {"held": 4000.0, "loading": 0.0, "generating": 2900.0, "idle": 1100.0}
+    assert (kept["start"], kept["ready"], kept["kept"]) == (1000.0, 1005.0, True)
+    assert result["gpu_hours"]["held"] == round(8000.0 / 3600, 6)  # each server once
+
+
+def test_a_loser_relaunched_on_the_winner_loads_twice_and_its_gap_between_stop_and_launch_is_idle(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    # the trial on a challenger, stopped by relaunch.stop_servers once its memory is back, launched on the winner
+    record(layout, "c:1", ("launched", 1000.0), ("ready", 1100.0), ("stopped", 2000.0), ("launched", 2030.0),
+           ("ready", 2200.0), ("stopped", 4500.0))
+    record(layout, "d:1", ("launched", 1000.0), ("ready", 1100.0), ("stopped", 2000.0), ("launched", 2030.0),
+           ("ready", 2200.0))  # still up at the report (the DAG's release_servers runs after it)
+    plan = [plan_entry("c", 1, [B200, B200]), plan_entry("d", 1, [B200])]
+    # the trial shard 1200-1900 on the challenger, the job's shards 2300-4000 on the winner
+    rows = stats(("c:1", 1900.0, 700.0, 100), ("c:1", 4000.0, 1700.0, 500))
+    result = gpu_hours(layout, stats=rows, plan=plan, server_gpus=where(plan), prices=USD_6, now=5000.0)
+    server = result["per_server"]["c:1"]
+    # loading 100 + 170; the 30 s between the stop and the launch stay the slot's GPUs: idle, not left out
+    assert server["seconds"] == {"held": 3500.0, "loading": 270.0, "generating": 2400.0, "idle": 830.0}
+    assert (server["start"], server["ready"], server["end"], server["end_basis"], server["kept"]) == (
+        1000.0, 1100.0, 4500.0, "released", False)
+    assert server["cost"] == round(12.0 * 3500.0 / 3600, 4) and server["completion_tokens"] == 600
+    still_up = result["per_server"]["d:1"]
+    assert still_up["seconds"] == {"held": 4000.0, "loading": 270.0, "generating": 0.0, "idle": 3730.0}
+    assert (still_up["end"], still_up["end_basis"]) == (5000.0, "report")
