@@ -30,6 +30,14 @@ def test_a_steady_server_measures_its_counters_slope_per_gpu_after_one_turnover_
     assert one_server(rows(), tp=2) == [50.0] * 5  # seconds 5..55, 10 s each, per GPU of a tp-2 server
 
 
+def test_the_warm_up_turnover_is_the_caps_worth_of_completions_however_fast_the_first_ones_finish():
+    samples = rows(seconds=60)
+    for row in samples:  # the first 5 s (10 completions, one cap) count tokens at 40/s: the counter lags the work
+        i = row["t"] - 1000.0
+        row["generation_tokens"] = 40.0 * i if i <= 5 else 200.0 + 100.0 * (i - 5)
+    assert one_server(samples) == [100.0] * 5  # windows from second 5, none over the warm-up
+
+
 def test_the_warm_up_is_the_first_caps_worth_of_completions_not_the_first_rows():
     # nothing finishes for 20 s while the batch that was admitted together decodes (the counter lags the work)
     samples = rows(seconds=80)
@@ -46,6 +54,17 @@ def test_the_queues_drain_and_a_server_below_its_cap_give_no_window():
     assert one_server(drain) == [100.0, 100.0]  # seconds 5..25 only
     assert one_server(rows(running=lambda i: 8)) == []  # 80 % of the cap is not the batch it was sized for
     assert one_server(rows(running=lambda i: 9)) == [100.0] * 5  # 90 % is
+
+
+def test_a_server_of_one_request_at_its_batch_is_steady_and_one_with_no_cap_is_not():
+    assert one_server(rows(cap=1, running=lambda i: 1, per_request=100.0)) == [100.0] * 5  # warm-up: 1 completion
+    assert one_server(rows(cap=0, running=lambda i: 0)) == []
+
+
+def test_a_server_sampled_once_a_window_still_gives_windows_even_of_one_second():
+    every_window = [row for row in rows(seconds=60) if (row["t"] - 1000.0) % 10 == 0]
+    assert one_server(every_window) == [100.0] * 5  # a gap of exactly one window is not a gap nobody saw
+    assert one_server(rows(seconds=10), window_s=1.0) == [100.0] * 5  # each second from 5 to 10
 
 
 def test_a_lower_steady_share_admits_a_server_that_runs_under_its_cap():
@@ -74,6 +93,8 @@ def test_no_window_spans_a_restart_and_the_restarted_server_warms_up_again():
     rates = one_server(before + after)
     assert rates == [100.0] * 4  # 2 before (5..25), 2 after its warm-up (36..56); none across the drop
     assert len([rate for rate in rates if rate < 0]) == 0
+    early_sample = rows(seconds=30) + rows(seconds=30, start=1031.0, tokens0=1200.0)  # first count 40 % of the old
+    assert one_server(early_sample) == [100.0] * 4
 
 
 def test_no_window_spans_a_relaunch_on_another_cap_or_a_gap_nobody_sampled():
@@ -95,6 +116,8 @@ def test_a_server_without_a_gpu_count_is_an_error_naming_it():
     with pytest.raises(ConfigError) as caught:
         steady_window_rates(rows(server="gpu7:30001"), window_s=10.0, gpus_per_server={"n:1": 1})
     assert "gpu7:30001" in str(caught.value) and caught.value.server == "gpu7:30001"
+    assert "no GPU count" in caught.value.message
+    assert caught.value.hint == "pass every sampled server's tensor-parallel size"
     with pytest.raises(ConfigError, match="positive"):
         steady_window_rates(rows(), window_s=0, gpus_per_server={"n:1": 1})
 
@@ -144,6 +167,8 @@ def test_a_noisy_challenger_cannot_win_and_a_noisy_incumbent_is_kept_and_both_ar
                              min_gain=0.03)
     assert noisy_incumbent.winner == "incumbent" and "too noisy" in noisy_incumbent.reason
     assert "tuning_trial_window_s" in noisy_incumbent.reason
+    with_unscored = decide({"incumbent": [100.0, 50.0, 150.0], "x": [400.0]}, incumbent="incumbent", min_gain=0.03)
+    assert (with_unscored.incumbent, with_unscored.min_gain, with_unscored.unscored) == ("incumbent", 0.03, {"x": 1})
 
 
 def test_an_incumbent_with_too_few_windows_is_kept_and_the_reason_says_how_many():
@@ -151,12 +176,39 @@ def test_an_incumbent_with_too_few_windows_is_kept_and_the_reason_says_how_many(
     assert decision.winner == "incumbent" and "2 steady-state window(s)" in decision.reason
     assert "tuning_trial_share" in decision.reason
     assert decision.unscored == {"incumbent": 2} and decision.gain is None
+    assert (decision.incumbent, decision.min_gain) == ("incumbent", 0.03)
 
 
 def test_challengers_that_gave_too_few_windows_are_named_but_not_judged():
-    decision = decide({"incumbent": [100.0] * 3, "x": [900.0, 900.0]}, incumbent="incumbent", min_gain=0.03)
-    assert decision.winner == "incumbent" and "x (2)" in decision.reason
-    assert decision.candidates == {"incumbent", "x"}
+    decision = decide({"incumbent": [100.0] * 3, "x": [900.0, 900.0], "y": [900.0]}, incumbent="incumbent",
+                      min_gain=0.03)
+    assert decision.winner == "incumbent" and "(windows: x (2), y (1))" in decision.reason
+    assert decision.candidates == {"incumbent", "x", "y"} and decision.min_gain == 0.03
+    alone = decide({"incumbent": [100.0] * 3}, incumbent="incumbent", min_gain=0.03)
+    assert alone.reason == "kept incumbent (100 tokens/s per GPU): no challenger gave 3 steady-state windows"
+
+
+def test_a_challenger_exactly_the_minimum_gain_faster_or_whose_lower_bound_meets_the_upper_bound_loses():
+    exactly_the_gain = decide({"incumbent": [100.0] * 3, "x": [125.0] * 3}, incumbent="incumbent", min_gain=0.25)
+    assert exactly_the_gain.winner == "incumbent" and "+25.0%, not more than the 25%" in exactly_the_gain.reason
+    touching = {"incumbent": [100.0] * 3, "x": [104.826, 114.826, 124.826]}
+    assert score("x", touching["x"]).lower == score("incumbent", touching["incumbent"]).upper  # the case itself
+    assert decide(touching, incumbent="incumbent", min_gain=0.03).winner == "incumbent"
+
+
+def test_a_challenger_as_fast_as_the_incumbent_is_kept_for_its_median_not_its_bounds():
+    same = decide({"incumbent": [100.0] * 3, "x": [100.0] * 3}, incumbent="incumbent", min_gain=0.0)
+    assert "its median is +0.0%, not more than the 0% a change needs" in same.reason
+
+
+def test_the_shortfall_is_relative_at_any_scale_and_a_stalled_incumbent_is_kept_saying_so():
+    slow = decide({"incumbent": [0.5] * 3, "x": [0.51] * 3}, incumbent="incumbent", min_gain=0.03)
+    assert "+2.0%" in slow.reason
+    stalled = decide({"incumbent": [0.0] * 3, "x": [0.0] * 3}, incumbent="incumbent", min_gain=0.03)
+    assert stalled.winner == "incumbent" and "its median is +0.0%" in stalled.reason
+    stalled_and_noisy = decide({"incumbent": [0.0] * 3, "x": [0.0, 50.0, 100.0]}, incumbent="incumbent",
+                               min_gain=0.03)
+    assert "too noisy" in stalled_and_noisy.reason
 
 
 def test_among_several_winners_the_highest_lower_bound_wins():
@@ -176,19 +228,24 @@ def test_a_decision_survives_its_json_and_a_malformed_one_is_a_config_error():
     again = TrialDecision.from_dict(decision.to_dict())
     assert again == decision and again.min_gain == 0.05 and again.unscored == {"y": 1}
     assert isinstance(again.scores["x"], RateScore)
-    with pytest.raises(ConfigError, match="not a tuning trial decision"):
+    with pytest.raises(ConfigError, match="not a tuning trial decision: KeyError") as caught:
         TrialDecision.from_dict({"incumbent": "a", "scores": {}})
+    assert caught.value.hint == "the decide task writes it; re-run the run's decide task"
+    without_gain = {key: value for key, value in decision.to_dict().items() if key != "min_gain"}
+    assert TrialDecision.from_dict(without_gain).min_gain == 0.0  # a record written before it was kept
 
 
 def test_the_decision_record_charges_each_server_its_trial_seconds():
     decision = decide({"incumbent": [100.0] * 3}, incumbent="incumbent", min_gain=0.03)
-    samples = rows("a:1", seconds=40) + rows("b:1", seconds=25, start=1010.0)
+    samples = rows("a:1", seconds=40) + rows("b:1", seconds=25, start=1010.0) + [{"server": "a:1", "t": None}]
+    samples += [{**rows("b:1", seconds=0)[0], "t": 1035.12345}]
     record = decision_record(decision, servers={"a:1": {"candidate": "incumbent", "cap": 10, "gpus": 2},
                                                 "b:1": {"candidate": "x", "cap": 5, "gpus": 1},
                                                 "c:1": {"candidate": "x", "cap": 5}}, samples=samples,
                              decided_at=1041.5, auto_sizing="x", window_s=10.0)
     assert record["servers"]["a:1"] == {"candidate": "incumbent", "cap": 10, "gpus": 2, "trial_seconds": 40.0}
-    assert record["servers"]["b:1"]["trial_seconds"] == 25.0 and record["servers"]["c:1"]["trial_seconds"] == 0.0
+    assert record["servers"]["b:1"]["trial_seconds"] == 25.123  # to the millisecond
+    assert record["servers"]["c:1"] == {"candidate": "x", "cap": 5, "gpus": 1, "trial_seconds": 0.0}
     assert (record["decided_at"], record["auto_sizing"], record["window_s"]) == (1041.5, "x", 10.0)
     assert TrialDecision.from_dict(record) == decision
     assert skipped_record("the trial is off") == {"skipped": "the trial is off"}
