@@ -95,6 +95,9 @@ def _payoff_section(payoff: dict | None, savings: list[str] = ()) -> list[str]:
     in_use = payoff["in_use"]
     if payoff["trial"] != "ran":
         lines += [f"No tuning trial in this run: {payoff['why']}.", ""]
+        notes = [note for note in payoff.get("plan_notes") or [] if note != payoff["why"]]
+        if notes:
+            lines += ["The plan's notes on the trial (derive_plan):", ""] + [f"- {note}" for note in notes] + [""]
     else:
         decision = payoff["decision"]
         lines += [f"Decision: {decision['reason']}.", "",

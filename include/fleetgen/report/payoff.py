@@ -15,6 +15,7 @@ from fleetgen.errors import ConfigError
 from fleetgen.outputs import RunLayout
 from fleetgen.report.occupancy import read_rows
 from fleetgen.tuning.plan import INCUMBENT
+from fleetgen.tuning.plan_notes import read_plan_notes
 from fleetgen.tuning.trial import TrialDecision, score, steady_window_rates
 
 # The measuring window when the run's decision does not name the trial's own: six samples at the shards' 5 s
@@ -189,7 +190,9 @@ def tuning_payoff(layout: RunLayout, *, plan: list[dict] | None, gpus_per_server
         in_use = _in_use(rows, gpus, window_s, since=None)
         in_use["candidate"] = candidate.pop() if len(candidate) == 1 else None
         in_use["source"] = "the whole run"
-        payoff.update(candidates=[], decision=None, cost=None, in_use=in_use)
+        # derive_plan's own reasons (plan_notes.py): the decide task's "skipped" may only say that none was planned
+        notes = [str(note) for note in read_plan_notes(layout).get("tuning_trial") or []]
+        payoff.update(candidates=[], decision=None, cost=None, in_use=in_use, plan_notes=notes)
     else:
         candidates = _candidates(record, decision)
         in_use = _in_use(rows, gpus, window_s, since=record.get("decided_at"))
@@ -202,7 +205,7 @@ def tuning_payoff(layout: RunLayout, *, plan: list[dict] | None, gpus_per_server
         servers = record.get("servers") or {}
         job_gpu_seconds = (sum(gpus.get(server, 1) for server in servers) * generation_seconds
                            if generation_seconds else None)
-        payoff.update(trial="ran", why=None, candidates=candidates, in_use=in_use,
+        payoff.update(trial="ran", why=None, plan_notes=[], candidates=candidates, in_use=in_use,
                       decision={"incumbent": decision.incumbent, "winner": decision.winner,
                                 "changed": decision.changed, "reason": decision.reason, "min_gain": decision.min_gain,
                                 "gain": round(decision.gain, 4) if decision.gain is not None else None},

@@ -12,6 +12,7 @@ from fleetgen.report import build as build_module
 from fleetgen.report.build import build_report
 from fleetgen.report.markdown import _payoff_section
 from fleetgen.report.payoff import tuning_payoff
+from fleetgen.tuning.plan_notes import write_plan_notes
 from fleetgen.tuning.trial import decide, decision_record, pooled_rates, skipped_record, steady_window_rates
 from validate_fixtures import good_row, write_jsonl, write_run
 
@@ -155,6 +156,27 @@ def test_a_skipped_or_unusable_decision_file_says_why(tmp_path):
     layout.trial_decision.write_text('{"incumbent": "incumbent"}')
     broken = payoff_of(layout)
     assert broken["trial"] == "unusable" and "trial-decision.json is not usable" in broken["why"]
+
+
+def test_without_a_trial_the_section_gives_the_plans_own_reasons_and_with_one_none(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    layout.root.mkdir()
+    too_few = ("no tuning trial: 2 server(s), and a trial needs at least 3 (the incumbent on most, each challenger "
+               "on one)")
+    write_plan_notes(layout, nodes_left_out={}, long_prompt=None, tuning_trial=[too_few])
+    # what trial.decide writes when derive_plan planned no trial: it does not know why
+    layout.trial_decision.write_text(json.dumps(skipped_record(
+        "no tuning trial: derive_plan planned none (see its log for why)")))
+    payoff = payoff_of(layout)
+    assert payoff["plan_notes"] == [too_few]
+    lines = _payoff_section(payoff)
+    assert lines[lines.index("The plan's notes on the trial (derive_plan):") + 2] == f"- {too_few}"
+    # a note that is the decision file's reason itself is not said twice
+    layout.trial_decision.write_text(json.dumps(skipped_record(too_few)))
+    assert "The plan's notes on the trial (derive_plan):" not in _payoff_section(payoff_of(layout))
+    ran = trial_run(tmp_path / "ran")
+    write_plan_notes(ran, nodes_left_out={}, long_prompt=None, tuning_trial=["candidate cap_1_2: the cap at 1/2"])
+    assert payoff_of(ran)["plan_notes"] == [] and "derive_plan" not in "\n".join(_payoff_section(payoff_of(ran)))
 
 
 def test_simulated_figures_are_marked_in_the_section(tmp_path):
