@@ -8,8 +8,9 @@ the decision (``RunLayout.trial_decision``); docs/tuning-trial.md states the rul
   the same server interleave; the counter is absolute, so the rows are taken in time order. A counter that falls
   below half is a restart, a change of cap a relaunch, a gap longer than a window a time nobody saw: no window
   spans one.
-- **Steady state.** Only stretches where every row has the server's running requests at
-  ``min_running_share`` of its cap or more (the queue's drain at the end falls below it). SGLang adds a request's
+- **Steady state.** Only stretches where every row has the server at its batch: its running requests at
+  ``min_running_share`` of its cap or more, or requests waiting in its queue (SGLang reads its running gauge after
+  an admission without the requests just admitted; the queue's drain at the end has neither). SGLang adds a request's
   output tokens to the counter when the request finishes, so for a request's lifetime after the batch fills the
   counter lags the work: the first ``cap`` completions of each stretch (one turnover of the batch) are warm-up.
 - **Score.** median - 1.4826 x MAD over at least ``MIN_WINDOWS`` windows pooled over a candidate's servers, the
@@ -70,7 +71,13 @@ class RateScore:
 
 
 def _is_steady(row: dict, share: float) -> bool:
-    return row["cap"] > 0 and row["running"] >= share * row["cap"]
+    """At its batch: running at ``share`` of the cap, or requests left waiting in the server's queue. After an
+    admission SGLang sets its running gauge to the batch without the requests just admitted
+    (sglang/srt/managers/scheduler.py passes the batch before they join to ``PrefillStats.from_adder``,
+    scheduler_components/metrics_reporter.py ``report_prefill_stats`` publishes it): a server at its cap that just
+    admitted k requests reads cap - k, so a cap of 8 turning over two at a time reads 6 and a cap of 1 reads 0.
+    Requests still waiting after that admission mean the batch (or the memory) is full."""
+    return row["cap"] > 0 and (row["running"] >= share * row["cap"] or (row.get("queue") or 0) > 0)
 
 
 def _breaks(previous: dict, row: dict, window_s: float) -> bool:

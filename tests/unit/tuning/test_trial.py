@@ -300,3 +300,20 @@ def test_adding_noise_never_makes_a_loser_win(rates, min_gain, noisy, factor):
 def test_identical_candidates_keep_the_incumbent(rates, challengers, min_gain):
     candidates = {"inc": rates, **{f"c{index}": list(rates) for index in range(challengers)}}
     assert decide(candidates, incumbent="inc", min_gain=min_gain).winner == "inc"
+
+
+def test_a_server_whose_running_gauge_leaves_out_the_requests_it_just_admitted_is_steady_while_some_wait():
+    # SGLang reads num_running_reqs after an admission without the admitted ones: a cap of 8 turning over two at a
+    # time reads 6 at every other scrape, a cap of 1 reads 0; the requests waiting in its queue say it is full
+    turning_over = rows(cap=8, running=lambda i: 6 if i % 2 else 8, per_request=25.0)
+    for row in turning_over:
+        row["queue"] = 2
+    assert one_server(turning_over) == [100.0] * 5
+    one_at_a_time = rows(cap=1, running=lambda i: i % 2, per_request=100.0)
+    for row in one_at_a_time:
+        row["queue"] = 1
+    assert one_server(one_at_a_time) == [100.0] * 5
+    # the drain: the queue empty and the running requests falling, whatever the gauge read before
+    for row in turning_over[30:]:
+        row["queue"], row["running"] = 0, 5
+    assert one_server(turning_over) == [100.0, 100.0]  # seconds 5..25 only
