@@ -196,7 +196,8 @@ def test_the_trigger_form_is_valid_with_its_defaults_and_explains_an_invalid_val
     shot(page, "02-trigger-form-defaults-valid")
     # A value out of range, as a REST caller or the JSON editor would send it: refused, with the reason.
     dialog.get_by_text("Advanced Options", exact=True).click()
-    dialog.locator("[data-mode-id=json]").click()
+    # the run's conf editor: the last JSON editor of the form (list and mapping params have editors of their own)
+    dialog.locator("[data-mode-id=json]").last.click()
     page.keyboard.press("Control+A")
     page.keyboard.press("Delete")
     page.keyboard.insert_text(json.dumps({"max_tokens": 999999999}))

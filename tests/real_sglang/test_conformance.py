@@ -56,7 +56,8 @@ CHAT_READ = {"choices", "message", "content", "reasoning_content", "finish_reaso
 ERROR_READ = {"error", "message", "detail"}
 # /metrics names the product reads (generate/server_metrics.py).
 METRICS_READ = {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
-                "sglang:spec_accept_length", "sglang:mamba_usage"}
+                "sglang:spec_accept_length", "sglang:mamba_usage", "sglang:generation_tokens_total",
+                "sglang:num_requests_total"}
 # Log needles: module-level constants of the log-reading modules, by module and name.
 LOG_NEEDLES = {("tuning/calibration.py", "LOAD_BEGIN_MARK"), ("tuning/calibration.py", "_LOAD_BEGIN"),
                ("nodes/remote.py", "_FULL_TOKEN"), ("nodes/remote.py", "_TOKEN"), ("nodes/remote.py", "_RETRACTED")}
@@ -559,7 +560,8 @@ def test_the_suite_covers_every_launch_flag_the_product_compares(pair):
     flag the product knows must name a field both servers report (else every run would relaunch)."""
     from fleetgen.tuning.options import REJECTED_FLAGS
 
-    flags = {text for _, text in _string_constants() if re.fullmatch(r"--[a-z0-9][a-z0-9-]*", text)}
+    # a flag, not a prefix of flags (candidates.py's "--speculative-")
+    flags = {text for _, text in _string_constants() if re.fullmatch(r"--[a-z0-9][a-z0-9-]*[a-z0-9]", text)}
     flags -= set(REJECTED_FLAGS) | UNCOMPARED_FLAGS
     assert flags
     real_info, sim_info = (reply.json for reply in _both(pair, "/server_info after"))
