@@ -64,7 +64,7 @@ class TrialPlan:
                        key_parts=dict(data["key_parts"]),
                        plans={name: {server: ServerPlan.from_dict(plan) for server, plan in by_server.items()}
                               for name, by_server in data["plans"].items()})
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ConfigError(f"not a tuning trial's candidate plans: {type(error).__name__} {error}",
                               hint="derive_plan writes them; clear the run's derive_plan") from None
 

@@ -70,11 +70,11 @@ def run(tmp_path, monkeypatch):
     return state
 
 
-def _tonight(run, *, gpus=3, identity=IDENTITY, **params):
+def _tonight(run, *, gpus=3, identity=IDENTITY, args=SEED_ARGS, **params):
     """tonights_plans as derive_plan calls it, inside the run's context."""
     def plan():
         _, config, layout = task_context_module.run_context()
-        spec = fleet_from_json(_fleet(gpus))
+        spec = fleet_from_json(_fleet(gpus, args))
         return trial_tasks.tonights_plans(spec, _inventories(gpus), MODEL, WORKLOAD, config, layout,
                                           FleetPlanRun(config.inputs.output_root, layout,
                                                        run_on_node=lambda node, command: ""), identity)
@@ -159,10 +159,59 @@ def test_the_next_night_starts_from_the_recorded_winner_and_tries_the_next_chall
 
 
 def test_without_a_model_identity_the_trial_runs_but_cannot_be_recorded(run):
+    from fleetgen.tuning.trial import decide
+
+    other = TrialKey(gpu="NVIDIA B200", model="other@0123456789ab", sglang_version="0.5.23", workload="out1024-short")
+    won = decide({"incumbent": [100.0] * 5, "cap_1_2": [130.0] * 5}, incumbent="incumbent", min_gain=0.03)
+    TrialHistory(trial_history_file(run.tmp / "out")).record(other, won, run_id="last-night")  # another model's
     plans, notes = _tonight(run, identity=None)
     assert {p.candidate for p in plans} == {"incumbent", "no_speculation"}
     assert notes[-1] == "the trial is not recorded for later nights: derive_plan was given no model identity"
     assert read_trial_plan(run.layout).key_parts == {}
+
+
+def test_a_fleet_without_speculation_is_offered_only_the_caps(run):
+    plans, notes = _tonight(run, args=["--reasoning-parser", "qwen3"])
+    assert set(read_trial_plan(run.layout).plans) == {"incumbent", "cap_3_4", "cap_1_2"}
+    assert [p.candidate for p in plans] == ["incumbent", "incumbent", "cap_3_4"]
+
+
+def test_the_candidate_plans_survive_their_file_and_a_broken_one_says_what_to_clear(run):
+    from fleetgen.errors import ConfigError
+    from fleetgen.tuning.trial_plan import TrialPlan
+
+    _tonight(run)
+    trial = read_trial_plan(run.layout)
+    assert TrialPlan.from_dict(trial.to_dict()) == trial and trial.skipped == {} and trial.described
+    with pytest.raises(ConfigError) as missing:
+        trial.plan_for("cap_1_2", "n9:30000")
+    assert missing.value.message == "the run's candidate plans hold no plan of cap_1_2 for n9:30000"
+    assert missing.value.server == "n9:30000"
+    assert missing.value.hint == "the plans were derived for another fleet: clear the run's derive_plan"
+    with pytest.raises(ConfigError, match="not a tuning trial's candidate plans: AttributeError"):
+        TrialPlan.from_dict({**trial.to_dict(), "plans": None})  # a hand edit: null where the plans stand
+    with pytest.raises(ConfigError) as keyless:
+        TrialPlan.from_dict({key: value for key, value in trial.to_dict().items() if key != "skipped"})
+    assert keyless.value.message == "not a tuning trial's candidate plans: KeyError 'skipped'"
+    assert keyless.value.hint == "derive_plan writes them; clear the run's derive_plan"
+    run.layout.candidate_plans.write_text("{not json")
+    with pytest.raises(ConfigError) as broken:
+        read_trial_plan(run.layout)
+    assert broken.value.message.startswith(f"{run.layout.candidate_plans} is not JSON: ")
+    assert broken.value.path == str(run.layout.candidate_plans)
+    assert broken.value.hint == "derive_plan writes it; clear the run's derive_plan"
+
+
+def test_a_split_without_its_trial_keeps_its_incumbent_and_every_note_but_the_trials():
+    from fleetgen.tuning.candidates import TrialSplit
+    from fleetgen.tuning.trial_plan import without_trial
+
+    split = TrialSplit("no_speculation", {"n0:30000": "no_speculation", "n0:30001": "cap_1_2"}, ("cap_1_2",),
+                       ("incumbent no_speculation: the winner", "candidate note", "tuning trial: ..."))
+    off = without_trial(split, "no tuning trial: too few prompts")
+    assert off == TrialSplit("no_speculation", {"n0:30000": "no_speculation", "n0:30001": "no_speculation"}, (),
+                             ("incumbent no_speculation: the winner", "candidate note",
+                              "no tuning trial: too few prompts"))
 
 
 # --- the shards ---------------------------------------------------------------------------------------------------
