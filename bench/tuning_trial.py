@@ -38,7 +38,7 @@ holds as many completions as on GPUs. On the seed workload (requests of ~2,600 o
 server) a trial needs about 5,000 prompts for its challengers to give 3 windows each, hence a ``--trial-share``
 above the DAG's 3 % on a job this size.
 
-Usage: python bench/tuning_trial.py [--prompts 50000] [--trial-share 0.1] [--tries 3] [--time-scale 10] [--smoke]
+Usage: python bench/tuning_trial.py [--prompts 40000] [--trial-share 0.125] [--tries 3] [--time-scale 10] [--smoke]
 Last line: ``tuning_trial chosen=<name> gain_vs_incumbent=<x> gain_vs_auto=<x> trial_share=<x> whole_job_ratio=<x>
 tie_kept_incumbent=<yes|no>``
 """
@@ -193,10 +193,10 @@ def score_lines(figures: dict) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=50000)
+    parser.add_argument("--prompts", type=int, default=40000)
     parser.add_argument("--gpus", type=int, default=7)
     parser.add_argument("--tries", type=int, default=3, help="runs of the trial arm, to compare their decisions")
-    parser.add_argument("--trial-share", type=float, default=0.1, help="tuning_trial_share")
+    parser.add_argument("--trial-share", type=float, default=0.125, help="tuning_trial_share")
     parser.add_argument("--window-sim-s", type=float, default=60.0, help="tuning_trial_window_s, simulated seconds")
     parser.add_argument("--sample-sim-s", type=float, default=5.0, help="sample_interval_s, simulated seconds")
     parser.add_argument("--shard-size", type=int, default=0, help="0: the trial in one shard, the rest in four")

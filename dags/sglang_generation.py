@@ -36,7 +36,8 @@ DOC_MD = f"""
    step fewer, the cap at 3/4 and 1/2 of what memory holds, **tuning_candidates**): the incumbent runs on most
    servers, each challenger on one.
 3. **trial**: `generate.trial_shard` generates the first **tuning_trial_share** of the prompts on that split fleet
-   (its completions are the job's); `decide` measures each server's steady output tokens/s per GPU from its
+   (its completions are the job's), starting none past **tuning_trial_max_s** (what it leaves goes to
+   `generate_shard`); `decide` measures each server's steady output tokens/s per GPU from its
    `/metrics`, keeps a challenger only when clearly faster (**tuning_trial_min_gain**), and the `relaunch` group
    stops the servers on losing configurations and starts them on the winner (the others are kept).
 4. **generate**: one mapped task per shard; each first copies the completions of the last successful run whose
@@ -141,7 +142,7 @@ with DAG(
         # The trial's shards: none without a trial, and the mapped task is then skipped.
         trial_shards = _task(generate_tasks.plan_trial_shards, task_id="plan_trial_shards")(
             prompt_scan, plans)
-        trial_results = _task(generate_tasks.generate_shard, task_id="trial_shard", **shard_task).partial(
+        trial_results = _task(generate_tasks.trial_shard, task_id="trial_shard", **shard_task).partial(
             readiness=readiness.output, fleet=FLEET, model_identity=identity).expand(shard=trial_shards)
         readiness >> trial_shards
 

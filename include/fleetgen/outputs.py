@@ -26,6 +26,7 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       candidate-plans.json         the tuning trial's candidates: each one's plan per server, tonight's split
       calibration.json             each server's readback: the memory it really had vs the plan
       trial-decision.json          the tuning trial's decision, its candidates' scores and each server's candidate
+      trial-began.json             when the trial's first shard started (the time cap counts from it)
       batch/output.jsonl, errors.jsonl  the results as OpenAI Batch API output and error files (once validated)
       server-times/<host>_<port>.jsonl  when each server was launched, kept, ready and stopped (GPU-hours)
 
@@ -163,6 +164,11 @@ class RunLayout:
     def trial_decision(self) -> Path:
         """The tuning trial's decision (fleetgen.tuning.trial.decision_record), or why no trial ran."""
         return self.root / "trial-decision.json"
+
+    @property
+    def trial_began(self) -> Path:
+        """When the tuning trial's first shard started, written once (fleetgen.tuning.trial_clock)."""
+        return self.root / "trial-began.json"
 
     @property
     def batch_output(self) -> Path:

@@ -200,8 +200,13 @@ def test_the_trial_round_reuses_the_first_rounds_callables_and_runs_when_there_w
 
     dag = dagbag.dags["sglang_generation"]
     task = dag.get_task
-    for first, again in (("generate.generate_shard", "generate.trial_shard"),
-                         ("servers.stop_servers", "relaunch.stop_servers"),
+    # the trial's shard task is generate_shard's own, with the trial's time cap (generate_tasks.trial_shard)
+    assert task("generate.trial_shard").python_callable.__wrapped__.__name__ == "trial_shard"
+    assert task("generate.generate_shard").python_callable.__wrapped__.__name__ == "generate_shard"
+    assert {key: value for key, value in vars(task("generate.trial_shard")).items() if key in (
+        "retries", "pool", "max_active_tis_per_dagrun")} == {key: value for key, value in vars(
+            task("generate.generate_shard")).items() if key in ("retries", "pool", "max_active_tis_per_dagrun")}
+    for first, again in (("servers.stop_servers", "relaunch.stop_servers"),
                          ("servers.launch_servers", "relaunch.launch_servers"),
                          ("servers.servers_to_wait", "relaunch.servers_to_wait")):
         assert task(first).python_callable.__wrapped__ is task(again).python_callable.__wrapped__, again

@@ -45,14 +45,15 @@ def _fleet_file(env, cap: int) -> Path:
     return path
 
 
-def _run(dag, env, *, incumbent_cap: int, challenger_cap: int, output_root: Path):
+def _run(dag, env, *, incumbent_cap: int, challenger_cap: int, output_root: Path, **extra):
     conf = {"fleet_file": str(_fleet_file(env, incumbent_cap)), "prompts_path": str(env.prompts_path),
             "output_root": str(output_root), "shard_size": PROMPTS // 2, "max_tokens": 512, "ready_timeout_s": 120,
             "sample_interval_s": 0.5, "tuning_trial": True, "tuning_trial_share": 0.5, "tuning_trial_window_s": 3.0,
             "tuning_trial_min_gain": 0.03, "pin_full_context_plan": True, "relaunch_servers": False,
             "reuse_completions": "never",
             "tuning_candidates": [{"name": f"cap_{challenger_cap}",
-                                   "flags": {"--max-running-requests": challenger_cap}}]}
+                                   "flags": {"--max-running-requests": challenger_cap}}],
+            "tuning_trial_max_s": 0, **extra}
     dag_run = dag.test(run_conf=conf)
     states = {(ti.task_id, ti.map_index): ti.state for ti in dag_run.get_task_instances()}
     assert dag_run.state == "success", states
@@ -119,3 +120,28 @@ def test_the_trial_keeps_the_measured_winner_and_relaunches_the_losers_on_it(dag
     # recorded for the next night under the key of this fleet, model and workload
     history = [json.loads(line) for line in (output_root / "tuning-trials.jsonl").read_text().splitlines()]
     assert [record["decision"]["winner"] for record in history] == [winner]
+
+
+def test_a_trial_cut_by_its_time_cap_leaves_the_rest_of_its_shard_to_the_winner_and_every_prompt_ends_once(
+        dag, trial_env):
+    """tuning_trial_max_s of 12 s (a warm-up and 3 windows of 3 s), for a trial shard of 750 prompts that takes 25 to
+    35 s uncut: it stops taking prompts 12 s after it began and finishes those in flight; generate_shard is given it
+    again and generates what it left on the servers in use after the decision, each prompt once."""
+    output_root = trial_env.output_root / "time-cap"
+    states, run_dir = _run(dag, trial_env, incumbent_cap=FAST_CAP, challenger_cap=SLOW_CAP, output_root=output_root,
+                           tuning_trial_max_s=12)
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    by_shard: dict[int, list[dict]] = {}
+    for item in report["shards"]["items"]:
+        by_shard.setdefault(item["shard_id"], []).append(item)
+    # the trial's shard 0 ran twice (trial_shard, then generate_shard); the cap left part of it to the second
+    assert sorted(by_shard) == [0, 1] and len(by_shard[0]) == 2 and len(by_shard[1]) == 1, by_shard
+    trial, finish = by_shard[0]
+    assert 0 < trial["done"] < PROMPTS // 2 and trial["left"] == PROMPTS // 2 - trial["done"], by_shard
+    assert finish["done"] == trial["left"] and not finish["left"], by_shard
+    assert report["shards"]["count"] == 2 and report["shards"]["done"] == PROMPTS
+    ids = _completion_ids(run_dir)
+    expected = [json.loads(line)["id"] for line in trial_env.prompts_path.read_text().splitlines()]
+    assert sorted(ids) == sorted(expected) and len(ids) == len(set(ids)) == PROMPTS
+    assert report["validation"]["success"]
+    assert all(state == "success" for (task, _), state in states.items() if task.startswith("generate."))

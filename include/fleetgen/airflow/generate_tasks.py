@@ -33,9 +33,13 @@ def generation_material(identity: dict, settings) -> dict:
 def plan_shards(prompt_scan: dict, plans: list[dict] | None = None) -> list[dict]:
     """Cuts the valid prompts into byte-range shards of `shard_size` prompts. With a tuning trial tonight (`plans`
     put a challenger on some server), the first `tuning_trial_share` of the prompts are the trial's shards
-    (`plan_trial_shards`) and these are the rest, generated once every server runs the winner.
+    (`plan_trial_shards`) and these are the rest, generated once every server runs the winner; with a time cap
+    (`tuning_trial_max_s`) the trial's shards come first again, so that what the cap left of them is generated too
+    (a trial shard it did not cut is already done: its task only checks that).
     """
-    return _cut(prompt_scan, plans)[1]
+    trial, rest = _cut(prompt_scan, plans)
+    _, config, _ = run_context()
+    return trial + rest if config.tuning.trial_max_s > 0 else rest
 
 
 def plan_trial_shards(prompt_scan: dict, plans: list[dict] | None = None) -> list[dict]:
@@ -76,11 +80,34 @@ def _cut(prompt_scan: dict, plans: list[dict] | None, *, log_it: bool = True) ->
 
 def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identity: dict) -> dict:
     """**Generates one shard** (labelled with its prompt range) through every ready server, keeping each at its
-    effective limit × `headroom`; resumes from its checkpoint when retried.
+    effective limit × `headroom`; resumes from its checkpoint when retried, and finishes a trial shard that the
+    trial's time cap (`tuning_trial_max_s`) cut short.
 
     *When it fails*: every server went down (the progress is saved; a retry resumes), or the servers refuse requests
     (the log shows SGLang's answer).
     """
+    return _generate(shard, readiness, fleet, model_identity, stop_taking_at=None)
+
+
+def trial_shard(shard: dict, readiness: list[dict], fleet: dict, model_identity: dict) -> dict:
+    """**Generates one shard of the tuning trial** on tonight's split fleet (the incumbent on most servers, a
+    challenger on each of the others) while `trial.decide` measures them; starts no prompt once
+    `tuning_trial_max_s` has passed since the trial's first shard started, and leaves the rest of the shard to
+    `generate_shard`, on the winner.
+
+    *When it fails*: as `generate_shard`: every server went down (a retry resumes), or the servers refuse requests.
+    """
+    import time
+
+    from fleetgen.tuning.trial_clock import stop_taking_at
+
+    _, config, layout = run_context()
+    return _generate(shard, readiness, fleet, model_identity,
+                     stop_taking_at=stop_taking_at(layout, config.tuning.trial_max_s, time.time()))
+
+
+def _generate(shard: dict, readiness: list[dict], fleet: dict, model_identity: dict, *,
+              stop_taking_at: float | None) -> dict:
     from fleetgen.airflow.sharing import running_shards_counter
     from fleetgen.generate import ShardRunOptions, run_shard, shard_endpoints
     from fleetgen.generate.reuse import look_up_reuse
@@ -119,7 +146,7 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identi
     with sampling:
         result = run_shard(shard, endpoints, layout.root, settings, options=ShardRunOptions(
             api_key=lifecycle.api_key(spec), try_number=context["ti"].try_number, reuse=source, sharing=sharing,
-            log=log))
+            log=log, stop_taking_at=stop_taking_at))
     if lookup is not None:  # the report's reuse section: where from, what was passed over, what changed
         result["reuse"] = lookup.summary()
     if result["lost_try"]:
@@ -127,4 +154,7 @@ def generate_shard(shard: dict, readiness: list[dict], fleet: dict, model_identi
     log.info("Shard %d done: %d completed, %d failed, %d already done before; %d output tokens in %.1f s",
              shard["shard_id"], result["done"], result["failed"], result.get("skipped_already_done", 0),
              result["completion_tokens"], result["seconds"])
+    if result.get("left"):
+        log.info("The trial's time cap (tuning_trial_max_s %g s) left %d prompt(s) of shard %d: generate_shard "
+                 "generates them on the trial's winner", config.tuning.trial_max_s, result["left"], shard["shard_id"])
     return result

@@ -236,6 +236,12 @@ class Tuning(_Group):
         float, 60.0, "Trial window (s)", TUNING,
         "The trial measures each server's output tokens/s over windows this long (steady state only; at least 3 "
         "per candidate); sample_interval_s must be shorter.", name="tuning_trial_window_s", low=1, high=3600)
+    trial_max_s: float = setting(
+        float, 1800.0, "Trial time cap (s)", TUNING,
+        "The trial's servers start no more of its prompts this long after its first shard started; the prompts it "
+        "left are generated on the winner with the rest of the job. Must hold a warm-up and 3 windows of "
+        "tuning_trial_window_s. 0: only tuning_trial_share bounds the trial.", name="tuning_trial_max_s", low=0,
+        high=86400)
 
     def __post_init__(self) -> None:
         self.listed_candidates()  # a bad entry stops the run at its first task, naming the entry

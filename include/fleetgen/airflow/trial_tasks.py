@@ -22,6 +22,7 @@ from fleetgen.airflow.run_config import RunConfig
 from fleetgen.nodes.fleet import FleetSpec
 from fleetgen.outputs import RunLayout
 from fleetgen.tuning.candidates import MIN_TRIAL_SERVERS
+from fleetgen.tuning.trial import MIN_WINDOWS
 
 log = logging.getLogger("fleetgen")
 
@@ -43,6 +44,11 @@ def why_no_trial(config: RunConfig, spec: FleetSpec) -> str | None:
     if config.generation.sample_interval_s >= config.tuning.trial_window_s:
         return (f"no tuning trial: sample_interval_s {config.generation.sample_interval_s:g} is not shorter than "
                 f"tuning_trial_window_s {config.tuning.trial_window_s:g}, so no window holds two samples")
+    least = (MIN_WINDOWS + 1) * config.tuning.trial_window_s  # the windows a decision needs, and a warm-up as long
+    if 0 < config.tuning.trial_max_s < least:
+        return (f"no tuning trial: tuning_trial_max_s {config.tuning.trial_max_s:g} cannot hold a warm-up and "
+                f"{MIN_WINDOWS} windows of tuning_trial_window_s {config.tuning.trial_window_s:g} (at least "
+                f"{least:g} s; 0 lifts the cap)")
     return None
 
 

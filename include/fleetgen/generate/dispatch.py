@@ -94,6 +94,9 @@ class ShardWork:
     store: ShardStore
     progress: Progress
     finished_before: int = 0  # completed by earlier tries: the client-error breaker is armed only at 0
+    # time.time() after which no fresh prompt is started (the tuning trial's time cap); the shard then ends once
+    # its prompts in flight are done and leaves the others to a later try (None: every prompt)
+    stop_taking_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class Dispatcher(ServerHealthKeeping):
         self.queue = work.queue
         self.store = work.store
         self.progress = work.progress
+        self.stop_taking_at = work.stop_taking_at
         self.settings = settings
         self.transport = links.transport
         self.headers = httpx.Headers(links.headers)
@@ -166,16 +170,19 @@ class Dispatcher(ServerHealthKeeping):
         await self._check_launches()  # before anything is sent: a shard of an old run refuses another run's servers
         if self.fatal is not None:
             raise self.fatal
+        self._close_if_due()  # a later trial shard may start past the cap: it sends nothing
         # Each server's first slots before any server's later ones (by the share of its own limit): the workers
         # started first take the prompts first, so a shard smaller than the fleet's limit (a small job, the end of
         # one) spreads over every server in proportion to its limit instead of filling the first and idling the rest.
         slots = sorted(((slot, server) for server in self.servers for slot in range(server.endpoint.max_in_flight)),
                        key=lambda pair: pair[0] / pair[1].endpoint.max_in_flight)
-        tasks = [self._spawn(self._worker(server, slot)) for slot, server in slots]
-        tasks.append(self._spawn(self._monitor()))
-        tasks.append(self._spawn(self._watch_launches()))
-        if self.scraper is not None:
-            tasks.append(self._spawn(self.scraper.run()))
+        tasks = []
+        if not self.queue.finished.is_set():  # closed at once by its time cap: nothing to send or watch
+            tasks = [self._spawn(self._worker(server, slot)) for slot, server in slots]
+            tasks.append(self._spawn(self._monitor()))
+            tasks.append(self._spawn(self._watch_launches()))
+            if self.scraper is not None:
+                tasks.append(self._spawn(self.scraper.run()))
         try:
             await self.queue.finished.wait()
         finally:
@@ -407,10 +414,19 @@ class Dispatcher(ServerHealthKeeping):
             for timer in periodic:
                 timer.run_if_due(now)
             self._probe_silent_servers(now)
+            self._close_if_due()
             if all(server.health.is_down for server in self.servers):
                 since = max(server.health.down.since for server in self.servers)
                 if now - since >= self.settings.all_down_timeout_s:
                     return self._stop(self._all_down_error(now - since))
+
+    def _close_if_due(self) -> None:
+        """Past ``stop_taking_at``: no more fresh prompts (those in flight finish; a later try takes the rest)."""
+        if self.stop_taking_at is None or self.queue.fresh_exhausted or time.time() < self.stop_taking_at:
+            return
+        self.queue.close_fresh()
+        self.log.info("shard %d: its time cap is reached: no more prompts are started, the %d in flight finish and "
+                      "the rest of the shard is left for a later try", self.shard_id, self.queue.in_flight)
 
     def _log_progress(self) -> None:
         self.log.info("shard %d: %s", self.shard_id, self.progress_line())

@@ -37,6 +37,7 @@ class WorkQueue:
         self._taken: deque[tuple[int, int]] = deque()  # (index, line start) in the order read
         self._finished_indexes: set[int] = set()
         self._after_taken = start  # (index, offset) just past the last prompt read
+        self.closed_early = False  # fresh prompts left untaken on purpose (close_fresh): a later try takes them
 
     def take(self) -> QueuedPrompt | None:
         if self._retry:
@@ -63,6 +64,17 @@ class WorkQueue:
         while self._taken and self._taken[0][0] in self._finished_indexes:
             self._finished_indexes.discard(self._taken.popleft()[0])
         self._check_finished()
+
+    def close_fresh(self) -> None:
+        """Take no more fresh prompts: those taken are finished (retried if they must be), the others are left for a
+        later try, which resumes from the low-water mark. The shard then ends once nothing is in flight."""
+        if self._fresh is None:
+            return
+        self._fresh = None
+        self.closed_early = True
+        self._check_finished()
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     @property
     def fresh_exhausted(self) -> bool:

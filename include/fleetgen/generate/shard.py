@@ -47,6 +47,9 @@ class ShardRunOptions:
     sharing_interval_s: float = SHARING_INTERVAL_S
     log: logging.Logger | None = None
     progress_interval_s: float = 5.0
+    # time.time() after which the try starts no more prompts (the tuning trial's time cap, docs/tuning-trial.md):
+    # it finishes those in flight and leaves the rest of the shard, counted in the summary's "left", to a later try
+    stop_taking_at: float | None = None
 
     def __post_init__(self) -> None:
         if not self.progress_interval_s > 0:
@@ -98,7 +101,8 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         events = EventJournal(layout.shard_file("events", shard_id), shard_id)
         dispatcher = Dispatcher(
             servers=servers, settings=settings,
-            work=ShardWork(shard_id, queue, store, progress, finished_before=resume.finished),
+            work=ShardWork(shard_id, queue, store, progress, finished_before=resume.finished,
+                           stop_taking_at=options.stop_taking_at),
             links=FleetLinks(pooled, headers,
                              sharing=_shared_by_heartbeats(options.sharing, layout, heartbeat, log),
                              sharing_interval_s=options.sharing_interval_s, health=health),
@@ -117,20 +121,24 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
             beating.cancel()
         heartbeat.stop()
         store.close()
+    left = int(shard["count"]) - already - progress.done - progress.failed if queue.closed_early else 0
     summary = {"shard_id": shard_id, "lost_try": lost, "done": progress.done, "failed": progress.failed,
-               "skipped_already_done": already, "reused": reused, "prompt_tokens": progress.prompt_tokens,
-               "completion_tokens": progress.completion_tokens, "seconds": round(progress.seconds, 3),
+               "skipped_already_done": already, "reused": reused, "left": left,
+               "prompt_tokens": progress.prompt_tokens, "completion_tokens": progress.completion_tokens,
+               "seconds": round(progress.seconds, 3),
                "servers": {s.endpoint.name: s.summary() for s in dispatcher.servers}}
-    log.info("shard %d finished: %d done, %d failed, %d from earlier tries, %d completion tokens in %.1f s",
-             shard_id, progress.done, progress.failed, already, progress.completion_tokens, progress.seconds)
+    log.info("shard %d finished: %d done, %d failed, %d from earlier tries, %d completion tokens in %.1f s%s",
+             shard_id, progress.done, progress.failed, already, progress.completion_tokens, progress.seconds,
+             f"; {left} left for a later try (time cap)" if left else "")
     _check_some_completed(shard, resume.finished + reused + progress.done, resume.failed + progress.failed,
-                          store.errors_path)
+                          store.errors_path, tried=int(shard["count"]) - left)
     return summary
 
 
-def _check_some_completed(shard: dict, completed: int, failed: int, errors_path: Path) -> None:
-    """A shard none of whose prompts completed has not succeeded, whatever wrote its errors off."""
-    if completed or not int(shard["count"]):
+def _check_some_completed(shard: dict, completed: int, failed: int, errors_path: Path, *, tried: int) -> None:
+    """A shard none of whose prompts completed has not succeeded, whatever wrote its errors off; ``tried`` counts
+    its prompts this try or an earlier one took (a time cap leaves the others untried, for a later try)."""
+    if completed or not tried:
         return
     raise GenerationError(
         f"none of the shard's {shard['count']} prompts completed: {failed} failed ({errors_path} lists each one)",
@@ -144,7 +152,7 @@ def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.Path
               settings: GenerationSettings, *, options: ShardRunOptions = ShardRunOptions()) -> dict:
     """Generate one shard to ``out_dir``/{completions,stats,errors}/shard-NNNNN.jsonl; resumable.
 
-    Returns ``{"shard_id", "lost_try", "done", "failed", "skipped_already_done", "prompt_tokens",
+    Returns ``{"shard_id", "lost_try", "done", "failed", "skipped_already_done", "reused", "left", "prompt_tokens",
     "completion_tokens", "seconds", "servers": {name: {"completed", "failed", "retried",
     "marked_down": [{"at", "reason"}], "recovered": [{"at", "down_s"}]}}}`` (JSON-safe).
     Raises ``AllServersDown`` (after saving progress) when every server stays down, and

@@ -29,7 +29,8 @@ import pandas as pd
 from fleetgen.generate.liveness import dead_seconds, lost_tries
 from fleetgen.report.markdown import render_markdown
 from fleetgen.report.gpu_hours import gpu_hours
-from fleetgen.report.occupancy import failures, gpu_usage, occupancy
+from fleetgen.report.drain import drain_report
+from fleetgen.report.occupancy import failures, gpu_usage, occupancy, read_rows
 from fleetgen.report.plots import write_plots
 from fleetgen.nodes.readiness import ServerInfo
 from fleetgen.outputs import RunLayout, read_marker_stops
@@ -222,10 +223,12 @@ def _shards(shard_results: list[dict] | None) -> dict | None:
     if shard_results is None:
         return None
     seconds = [float(item.get("seconds") or 0.0) for item in shard_results]
-    return {"count": len(shard_results), "done": sum(int(item.get("done") or 0) for item in shard_results),
+    # a trial shard that its time cap cut short is finished by a generate_shard task: one shard, two results
+    return {"count": len({item.get("shard_id") for item in shard_results}),
+            "done": sum(int(item.get("done") or 0) for item in shard_results),
             "failed": sum(int(item.get("failed") or 0) for item in shard_results),
             "seconds_max": max(seconds, default=0.0), "seconds_total": round(sum(seconds), 3),
-            "items": [{key: item.get(key) for key in ("shard_id", "done", "failed", "prompt_tokens",
+            "items": [{key: item.get(key) for key in ("shard_id", "done", "failed", "left", "prompt_tokens",
                                                       "completion_tokens", "seconds")}
                       for item in shard_results[:500]]}
 
@@ -355,11 +358,14 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
     report["simulated"] = any(bool(item.get("simulated")) for item in readiness or [])
     report["shards"] = _shards(shard_results)
     previous, unusable = _load_previous(previous_report)
+    gpus = {server: len(where["gpu_ids"]) for server, where in _server_gpus(plan, readiness).items()
+            if where["gpu_ids"]}
     report["tuning_payoff"] = tuning_payoff(
-        RunLayout(out), plan=plan, gpus_per_server={server: len(where["gpu_ids"]) for server, where in
-                                                    _server_gpus(plan, readiness).items() if where["gpu_ids"]},
-        simulated=report["simulated"], generation_seconds=timing["generation_seconds"], previous=previous,
-        auto_report=_auto_sizing_report(out))
+        RunLayout(out), plan=plan, gpus_per_server=gpus, simulated=report["simulated"],
+        generation_seconds=timing["generation_seconds"], previous=previous, auto_report=_auto_sizing_report(out))
+    # The job's tail apart from steady state, where speculation regains its value (report/drain.py).
+    report["drain"] = drain_report(read_rows(RunLayout(out).shard_files("metrics")).to_dict("records"),
+                                   gpus_per_server=gpus)
     # From launch to release, split into loading, generating and idle, and what it cost (report/gpu_hours.py).
     report["gpu_hours"] = gpu_hours(RunLayout(out), stats=stats[~reused], plan=plan,
                                     server_gpus=_server_gpus(plan, readiness), prices=gpu_hour_price or GpuHourPrice(),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fleetgen.report.drain import drain_lines
+
 
 def _number(value, digits: int = 1) -> str:
     if value is None:
@@ -320,6 +322,7 @@ def render_markdown(report: dict) -> str:
             lines += ["Readback of the memory the plan assumed:", "", *readbacks, ""]
         lines += _workload_path(report["tuning"])
     lines += _payoff_section(report.get("tuning_payoff"), _savings_lines(report.get("gpu_hours")))
+    lines += drain_lines(report.get("drain"))
     lines += _plan_notes_section(report.get("plan_notes"))
     lines += _marker_stops_section(report.get("marker_stops"))
     if report.get("shards"):

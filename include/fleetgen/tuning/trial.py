@@ -88,6 +88,12 @@ def _breaks(previous: dict, row: dict, window_s: float) -> bool:
             or row["t"] - previous["t"] > window_s)
 
 
+# The same two rules under public names for the report's end of the job (fleetgen.report.drain). The private
+# names stay: mutation/reasons.toml keys its accepted mutants by them.
+is_at_batch = _is_steady
+breaks_window = _breaks
+
+
 def server_window_rates(rows: list[dict], *, window_s: float,
                         min_running_share: float = STEADY_RUNNING_SHARE) -> list[float]:
     """One server's output tokens/s in each steady-state window (its rows in any order)."""

@@ -151,7 +151,7 @@ class Recorder:
             recorder.run_shard.append(SimpleNamespace(shard=shard, endpoints=endpoints, out_dir=out_dir,
                                                       settings=settings, api_key=options.api_key,
                                                       sharing=options.sharing, try_number=options.try_number,
-                                                      reuse=options.reuse))
+                                                      reuse=options.reuse, stop_taking_at=options.stop_taking_at))
             return dict(recorder.result)
 
         def look_up_reuse(output_root, current_run_folder, material, log=None):
@@ -340,3 +340,35 @@ def test_a_shard_whose_output_was_written_for_another_plan_fails_at_once_saying_
     assert error.hint.startswith("trigger a new run for the edited prompts file")
     for path in earlier.output_files():
         assert str(path) in error.hint
+
+
+# --- the tuning trial's shards and their time cap -----------------------------------------------------------------
+
+def test_a_trial_shard_stops_taking_prompts_the_time_cap_after_the_first_trial_shard_began(run, recorder):
+    import time
+
+    before = time.time()
+    run.call(generate_tasks.trial_shard, SHARD_0, READINESS, FLEET, IDENTITY, tuning_trial_max_s=600)
+    after = time.time()
+    time.sleep(0.01)
+    run.call(generate_tasks.trial_shard, {**SHARD_0, "shard_id": 1}, READINESS, FLEET, IDENTITY,
+             tuning_trial_max_s=600)
+    first, second = (call.stop_taking_at for call in recorder.run_shard)
+    began = json.loads(run.layout().trial_began.read_text())["began_at"]
+    assert before <= began <= after and first == second == began + 600
+
+
+def test_a_trial_shard_without_a_time_cap_and_every_generate_shard_take_every_prompt(run, recorder):
+    run.call(generate_tasks.trial_shard, SHARD_0, READINESS, FLEET, IDENTITY, tuning_trial_max_s=0)
+    run.call(generate_tasks.generate_shard, SHARD_0, READINESS, FLEET, IDENTITY, tuning_trial_max_s=600)
+    assert [call.stop_taking_at for call in recorder.run_shard] == [None, None]
+    assert not run.layout().trial_began.exists()
+
+
+def test_what_the_time_cap_left_is_said_to_go_to_generate_shard(run, recorder, caplog):
+    recorder.result["left"] = 7
+    with caplog.at_level("INFO", logger="fleetgen"):
+        result = run.call(generate_tasks.trial_shard, SHARD_0, READINESS, FLEET, IDENTITY, tuning_trial_max_s=900)
+    assert result["left"] == 7
+    assert ("The trial's time cap (tuning_trial_max_s 900 s) left 7 prompt(s) of shard 0: generate_shard generates "
+            "them on the trial's winner") in _messages(caplog)

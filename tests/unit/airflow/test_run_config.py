@@ -78,7 +78,7 @@ def test_the_form_and_the_run_accept_and_refuse_the_same_values_at_every_bound()
             with pytest.raises(ConfigError, match=f"DAG parameter {spec.name} "):
                 RunConfig.from_params({**PARAMS, spec.name: value})
         checked += 1
-    assert checked == 19
+    assert checked == 20
 
 
 def test_a_choice_the_form_offers_is_one_the_run_accepts():
@@ -120,6 +120,7 @@ NUMERIC_DECLARATIONS = {
     "max_cap_cut_factor": (0.0, 0, 1000, False),
     "tuning_trial_share": (0.03, 0, 0.5, True), "tuning_trial_min_gain": (0.03, 0, 1, False),
     "tuning_trial_window_s": (60.0, 1, 3600, False),
+    "tuning_trial_max_s": (1800.0, 0, 86400, False),
     "max_tokens": (4096, 1, 262144, False), "temperature": (0.6, 0, 2, False), "top_p": (0.95, 0, 1, True),
     "shard_size": (5000, 1, 10_000_000, False), "parallel_shards": (0, 0, 16, False),
     "headroom": (1.25, 1, 4, False), "sample_interval_s": (5.0, 0, 300, False),
@@ -287,7 +288,7 @@ def test_missing_parameters_are_named_in_order():
     with pytest.raises(ConfigError) as caught:
         RunConfig.from_params(params)
     assert caught.value.message == "DAG parameter(s) missing: dry_run, max_tokens, top_p"
-    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 35
+    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 36
 
 
 def test_unknown_parameters_are_refused_before_missing_ones_with_how_to_fix():
@@ -310,7 +311,7 @@ def test_the_form_reads_top_to_bottom_in_sections():
     assert list(_specs())[:7] == ["prompts_path", "output_root", "dry_run", "fleet_file", "relaunch_servers",
                                "keep_servers_up", "skip_unreachable_nodes"]
     assert [spec.section for spec in _specs().values()] == (
-        ["Inputs"] * 7 + ["Tuning"] * 14 + ["Generation"] * 9 + ["Validation thresholds"] * 4 + ["Report"])
+        ["Inputs"] * 7 + ["Tuning"] * 15 + ["Generation"] * 9 + ["Validation thresholds"] * 4 + ["Report"])
 
 
 def test_the_configuration_as_a_dict_holds_every_group_with_paths_as_text():

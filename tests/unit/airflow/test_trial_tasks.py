@@ -108,12 +108,21 @@ def test_three_servers_run_the_incumbent_on_two_and_the_first_challenger_on_the_
     (3, {"tuning": "sglang_defaults"}, "no tuning trial: the tuning mode is sglang_defaults"),
     (3, {"sample_interval_s": 0}, "no tuning trial: the DAG parameter sample_interval_s is 0"),
     (3, {"sample_interval_s": 60, "tuning_trial_window_s": 60}, "no tuning trial: sample_interval_s 60 is not shorter"),
+    (3, {"tuning_trial_window_s": 60, "tuning_trial_max_s": 239},
+     "no tuning trial: tuning_trial_max_s 239 cannot hold a warm-up and 3 windows of tuning_trial_window_s 60 (at "
+     "least 240 s; 0 lifts the cap)"),
 ])
 def test_without_a_trial_every_server_runs_the_fleets_own_plan_and_the_notes_say_why(run, gpus, params, why):
     plans, notes = _tonight(run, gpus=gpus, **params)
     assert {p.candidate for p in plans} == {"incumbent"} and len(plans) == gpus
     assert len(notes) == 1 and notes[0].startswith(why)
     assert not run.layout.candidate_plans.exists()
+
+
+@pytest.mark.parametrize("max_s", [0, 240])
+def test_a_time_cap_that_holds_a_warm_up_and_three_windows_or_no_cap_runs_the_trial(run, max_s):
+    plans, _ = _tonight(run, tuning_trial_window_s=60, tuning_trial_max_s=max_s)
+    assert {p.candidate for p in plans} == {"incumbent", "no_speculation"}
 
 
 def test_a_trial_share_too_small_to_measure_the_servers_runs_no_trial_and_says_what_to_raise(run):
@@ -172,8 +181,11 @@ def test_without_a_model_identity_the_trial_runs_but_cannot_be_recorded(run):
 
 def test_a_fleet_without_speculation_is_offered_only_the_caps(run):
     plans, notes = _tonight(run, args=["--reasoning-parser", "qwen3"])
-    assert set(read_trial_plan(run.layout).plans) == {"incumbent", "cap_3_4", "cap_1_2"}
+    trial = read_trial_plan(run.layout)
+    assert set(trial.plans) == {"incumbent", "cap_3_4", "cap_1_2"}
     assert [p.candidate for p in plans] == ["incumbent", "incumbent", "cap_3_4"]
+    # speculation off is no candidate at all there, not one planned and left out for launching the incumbent
+    assert trial.skipped == {} and not any("no_speculation" in note for note in notes), (trial.skipped, notes)
 
 
 def test_the_candidate_plans_survive_their_file_and_a_broken_one_says_what_to_clear(run):
@@ -238,10 +250,15 @@ def test_the_trial_shards_come_first_and_the_rest_follows_with_the_next_ids(run,
     scan = scan_prompts(run.prompts).to_dict()
     plans = [{"candidate": "incumbent"}, {"candidate": "incumbent"}, {"candidate": "no_speculation"}]
     trial = run.call(generate_tasks.plan_trial_shards, scan, plans, shard_size=4, tuning_trial_share=0.1)
-    rest = run.call(generate_tasks.plan_shards, scan, plans, shard_size=4, tuning_trial_share=0.1)
+    rest = run.call(generate_tasks.plan_shards, scan, plans, shard_size=4, tuning_trial_share=0.1,
+                    tuning_trial_max_s=0)
     assert [(s["shard_id"], s["first"], s["count"]) for s in trial] == [(0, 0, 4), (1, 4, 4), (2, 8, 2)]
     assert [s["shard_id"] for s in rest] == list(range(3, 3 + 23)) and rest[0]["first"] == 10
     assert sum(s["count"] for s in trial + rest) == 100
+    # with a time cap, generate_shard is also given the trial's shards, to finish what the cap left of them
+    capped = run.call(generate_tasks.plan_shards, scan, plans, shard_size=4, tuning_trial_share=0.1,
+                      tuning_trial_max_s=600)
+    assert capped == trial + rest
     # no challenger: no trial shards, the shards of today
     assert run.call(generate_tasks.plan_trial_shards, scan, plans[:1] * 3, shard_size=4) == []
     assert [s["shard_id"] for s in run.call(generate_tasks.plan_shards, scan, None, shard_size=4)] == list(range(25))

@@ -172,3 +172,48 @@ def test_a_queued_prompt_starts_with_no_attempts():
     assert item.attempts == 0 and item.index == 0
     with pytest.raises(AttributeError):
         item.extra = 1  # slots: a typo in a field name fails loudly
+
+
+# --- closed early (the tuning trial's time cap) ----------------------------------------------------------------
+
+def test_a_queue_closed_early_takes_no_fresh_prompt_but_still_offers_its_retries():
+    async def scenario():
+        queue = WorkQueue(positions(10, line_bytes=10), (0, 0))
+        a, b, c = queue.take(), queue.take(), queue.take()
+        queue.finish(a)
+        queue.retry_later(b, 0.0)
+        await asyncio.wait_for(queue.wait_for_change(), 1)
+        assert not queue.closed_early
+        queue.close_fresh()
+        assert queue.closed_early and queue.fresh_exhausted
+        again = queue.take()
+        assert again is b and queue.take() is None  # the retry, then nothing fresh
+        assert not queue.finished.is_set()  # two in flight
+        queue.finish(again)
+        queue.finish(c)
+        assert queue.finished.is_set()
+        # a later try starts at the first prompt never taken: 3 (byte 30)
+        assert queue.low_water() == (3, 30)
+
+    asyncio.run(scenario())
+
+
+def test_closing_a_queue_with_nothing_in_flight_finishes_it_and_wakes_its_waiters():
+    async def scenario():
+        queue = WorkQueue(positions(5), (0, 0))
+        queue.finish(queue.take())
+        waiter = asyncio.ensure_future(queue.wait_for_change())
+        await asyncio.sleep(0)
+        queue.close_fresh()
+        await asyncio.wait_for(waiter, 1)
+        assert queue.finished.is_set() and queue.low_water() == (1, 10)
+
+    asyncio.run(scenario())
+
+
+def test_closing_a_queue_whose_prompts_were_all_taken_is_not_closing_early():
+    queue = WorkQueue(positions(1), (0, 0))
+    queue.finish(queue.take())
+    assert queue.take() is None and queue.finished.is_set()
+    queue.close_fresh()
+    assert not queue.closed_early

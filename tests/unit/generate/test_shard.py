@@ -120,11 +120,11 @@ async def test_the_summary_of_the_first_shard_counts_every_server_and_token(tmp_
     summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
                                     options=fleet.options())
     wall_s = time.monotonic() - started
-    assert set(summary) == {"shard_id", "lost_try", "done", "failed", "skipped_already_done", "reused",
+    assert set(summary) == {"shard_id", "lost_try", "done", "failed", "skipped_already_done", "reused", "left",
                             "prompt_tokens", "completion_tokens", "seconds", "servers"}
     assert summary["shard_id"] == 0 and type(summary["shard_id"]) is int
     assert (summary["lost_try"], summary["done"], summary["failed"]) == (None, 12, 0)
-    assert (summary["skipped_already_done"], summary["reused"]) == (0, 0)
+    assert (summary["skipped_already_done"], summary["reused"], summary["left"]) == (0, 0, 0)
     assert (summary["prompt_tokens"], summary["completion_tokens"]) == (12 * 7, 12 * 10)
     assert set(summary["servers"]) == set(fleet.names)
     assert sum(server["completed"] for server in summary["servers"].values()) == 12
@@ -629,3 +629,58 @@ async def test_a_shard_none_of_whose_prompts_completed_fails_saying_what_to_clea
                                     options=fixed.options())
     assert (summary["done"], summary["failed"]) == (3, 0)
     assert shard_output(tmp_path / "out")["errors"] == []
+
+
+# --- a time cap (the tuning trial's tuning_trial_max_s) -------------------------------------------------------
+
+async def test_a_try_started_past_its_time_cap_sends_nothing_and_leaves_every_prompt_to_a_later_try(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 12)
+    fleet = FakeFleet(2)
+    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                                    options=fleet.options(stop_taking_at=time.time() - 1))
+    assert (summary["done"], summary["failed"], summary["left"]) == (0, 0, 12)
+    assert sum(fleet.requests.values()) == 0
+    later = FakeFleet(2)
+    summary = await run_shard_async(shard, later.endpoints(), tmp_path / "out", fast_settings(),
+                                    options=later.options())
+    assert (summary["done"], summary["skipped_already_done"], summary["left"]) == (12, 0, 0)
+
+
+async def test_a_time_cap_reached_mid_shard_finishes_what_is_in_flight_and_a_later_try_does_the_rest_once(
+        tmp_path, monkeypatch):
+    from fleetgen.generate import dispatch
+
+    shard = write_prompts(tmp_path / "p.jsonl", 200)
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(dispatch, "time", type("Clock", (), {"time": staticmethod(lambda: clock["now"]),
+                                                             "monotonic": staticmethod(time.monotonic)}))
+    fleet = FakeFleet(2, delay_s=0.02, limit=2)
+
+    def the_fifth_request_passes_the_cap(prompt_id, number):
+        if number == 5:
+            clock["now"] = 2000.0
+        return None
+
+    fleet.behaviour["s0:1"] = the_fifth_request_passes_the_cap
+    summary = await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", fast_settings(),
+                                    options=fleet.options(stop_taking_at=1500.0))
+    sent = sum(fleet.requests.values())
+    # every prompt sent was finished, none written off; the others were never sent
+    assert summary["done"] == sent and summary["failed"] == 0 and summary["left"] == 200 - sent
+    assert 5 <= sent < 200, sent
+    later = FakeFleet(2)
+    again = await run_shard_async(shard, later.endpoints(), tmp_path / "out", fast_settings(),
+                                  options=later.options())
+    assert (again["done"], again["skipped_already_done"], again["left"]) == (200 - sent, sent, 0)
+    assert not set(later.by_prompt) & set(fleet.by_prompt)  # nothing sent twice
+    ids = [row["id"] for row in shard_output(tmp_path / "out")["completions"]]
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 200
+
+
+async def test_a_capped_try_whose_every_sent_prompt_failed_still_fails(tmp_path):
+    shard = write_prompts(tmp_path / "p.jsonl", 50)
+    busy = FakeFleet(1, limit=1, delay_s=0.05)
+    busy.behaviour["s0:1"] = lambda prompt_id, n: _error(429, "busy")
+    with pytest.raises(GenerationError, match="none of the shard's 50 prompts completed"):
+        await run_shard_async(shard, busy.endpoints(), tmp_path / "out", fast_settings(max_attempts=1),
+                              options=busy.options(stop_taking_at=time.time() + 0.2))

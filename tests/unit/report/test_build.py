@@ -405,7 +405,7 @@ def test_shard_results_of_a_run_with_shard_zero_and_missing_figures():
     shards = _shards(results)
     assert {key: shards[key] for key in ("count", "done", "failed", "seconds_max", "seconds_total")} == {
         "count": 3, "done": 8, "failed": 1, "seconds_max": 4.0, "seconds_total": 6.5}
-    assert shards["items"][0] == {"shard_id": 0, "done": 5, "failed": 1, "prompt_tokens": None,
+    assert shards["items"][0] == {"shard_id": 0, "done": 5, "failed": 1, "left": None, "prompt_tokens": None,
                                   "completion_tokens": None, "seconds": 2.5}
     assert _shards(None) is None and _shards([])["seconds_max"] == 0.0
     assert _shards([{"seconds": 1.23456}, {"seconds": 2.0}])["seconds_total"] == 3.235
@@ -791,3 +791,39 @@ def test_a_built_report_prices_the_gpu_hours_each_server_held_from_its_recorded_
     assert build_report(out, run_id="night2", plan=plan, readiness=readiness, shard_results=None, validation=None,
                         previous_report=None) and json.loads((out / "report" / "report.json").read_text())[
         "gpu_hours"]["cost"] is None  # no price given: GPU-hours only
+
+
+def test_a_trial_shard_finished_by_a_generate_shard_task_is_one_shard_whose_prompts_count_once_each():
+    # the trial's time cap left 40 of shard 0's 100 prompts; generate_shard did those, skipping the 60 done
+    results = [{"shard_id": 0, "done": 60, "failed": 0, "left": 40, "seconds": 30.0},
+               {"shard_id": 0, "done": 40, "failed": 0, "skipped_already_done": 60, "seconds": 9.0},
+               {"shard_id": 1, "done": 100, "failed": 2, "seconds": 20.0}]
+    shards = _shards(results)
+    assert (shards["count"], shards["done"], shards["failed"]) == (2, 200, 2)
+    assert [item["left"] for item in shards["items"]] == [40, None, None]
+
+
+def test_a_built_report_gives_the_end_of_the_job_per_gpu_of_each_server_where_the_plan_places_it(tmp_path, no_plots):
+    plan, _ = plan_and_readiness(8)
+    out = write_run(tmp_path / "run", [good_row(index) for index in range(ROWS)])
+    # node-b:30000 runs on 2 GPUs: at its batch of 8 to T0 + 30, empty at T0 + 60 (test_drain.py's server), its
+    # rows over two shards; node-a:30000 never reached its batch; a row of node-a:30001 has no counters
+    table = [(0, 8, 4, 0, 0), (10, 8, 4, 700, 8), (20, 8, 2, 1700, 18), (30, 8, 0, 2700, 28), (40, 5, 0, 3000, 31),
+             (50, 2, 0, 3300, 34), (60, 0, 0, 3600, 36)]
+    rows = [{"t": T0 + t, "server": "node-b:30000", "cap": 8, "running": running, "queue": queue,
+             "generation_tokens": tokens, "requests": requests} for t, running, queue, tokens, requests in table]
+    rows += [{"t": T0 + 5.0, "server": "node-a:30000", "cap": 8, "running": 3, "queue": 0, "generation_tokens": 10,
+              "requests": 1}, {"t": T0 + 5.0, "server": "node-a:30001", "cap": 8, "running": 8}]
+    write_jsonl(RunLayout(out).shard_file("metrics", 0), rows[0::2])
+    write_jsonl(RunLayout(out).shard_file("metrics", 1), rows[1::2])
+    build_report(out, run_id="r", plan=plan, readiness=None, shard_results=None, validation=None,
+                 previous_report=None)
+    drain = json.loads((out / "report" / "report.json").read_text())["drain"]
+    server = drain["per_server"]["node-b:30000"]
+    # 900 tokens in 30 s on 2 GPUs; steady 2,000 tokens in 20 s on 2 GPUs
+    assert (server["gpus"], server["tokens_per_s_per_gpu"], server["steady_tokens_per_s_per_gpu"]) == (2, 15.0, 50.0)
+    assert list(drain["per_server"]) == ["node-b:30000"] and list(drain["unmeasured"]) == ["node-a:30000"]
+    assert drain["fleet"]["gpu_time_share"] == 0.5
+    markdown = (out / "report" / "report.md").read_text()
+    assert "## End of the job" in markdown and "| node-b:30000 | 2 | 30.0 | 50.0% | 900 | 15 / 50 | 5.0 / 8 (62.5%) |" \
+        in markdown

@@ -491,3 +491,14 @@ def _a_payoff() -> dict:
     return {"simulated": False, "trial": "skipped", "why": "the trial was off", "candidates": [], "decision": None,
             "in_use": {"candidate": None, "score": None, "windows": 0, "source": "the whole run", "cap": None},
             "vs_auto_sizing": None, "vs_previous": None, "cost": None}
+
+
+def test_the_end_of_the_job_follows_the_tuning_payoff_and_a_report_without_it_has_no_such_section():
+    drain = {"per_server": {}, "unmeasured": {"n1:30000": "never at its batch"}, "fleet": None}
+    text = render_markdown(base_report(tuning_payoff=_a_payoff(), drain=drain,
+                                       shards={"count": 1, "done": 1, "failed": 0, "seconds_max": 1.0}))
+    assert ("the whole run).\n- Against SGLang's automatic sizing: no measurement to compare with.\n- Against the "
+            "previous night: no measurement to compare with.\n\n## End of the job\n\nNo drain measured: no server was "
+            "at its batch on its last stretch.\n\n- **n1:30000**: never at its batch.\n\n## Shards\n\n") in text
+    assert "End of the job" not in render_markdown(base_report())
+    assert "End of the job" not in render_markdown(base_report(drain=None))

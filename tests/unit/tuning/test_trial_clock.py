@@ -1,0 +1,59 @@
+"""The tuning trial's time cap (fleetgen.tuning.trial_clock): the first trial shard's start is the trial's, for every
+shard and every retry after it."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from fleetgen.errors import ConfigError
+from fleetgen.outputs import RunLayout
+from fleetgen.tuning.trial_clock import stop_taking_at, trial_began
+
+
+def test_the_first_shard_to_start_sets_the_trials_start_and_later_ones_read_it(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    assert trial_began(layout, 1000.0) == 1000.0
+    assert trial_began(layout, 1500.0) == 1000.0  # a later shard, or a retry of the first
+    assert json.loads(layout.trial_began.read_text()) == {"began_at": 1000.0}
+    assert [path.name for path in layout.root.iterdir()] == ["trial-began.json"]  # no partial file left behind
+
+
+def test_a_trial_shard_stops_taking_prompts_the_time_cap_after_the_trial_began(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    assert stop_taking_at(layout, 600.0, 1000.0) == 1600.0
+    assert stop_taking_at(layout, 600.0, 1900.0) == 1600.0  # past it: the shard sends nothing
+    assert stop_taking_at(layout, 0.0, 1900.0) is None  # no cap
+
+
+def test_without_a_time_cap_nothing_is_written(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    assert stop_taking_at(layout, 0.0, 1000.0) is None
+    assert not layout.trial_began.exists()
+
+
+def test_shards_starting_together_agree_on_one_start(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    seen, barrier = [], threading.Barrier(8)
+
+    def start(now):
+        barrier.wait()
+        seen.append(trial_began(layout, now))
+
+    threads = [threading.Thread(target=start, args=(1000.0 + n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(seen)) == 1 and seen[0] in {1000.0 + n for n in range(8)}
+
+
+def test_an_unreadable_start_time_names_the_file_and_what_to_do(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    layout.root.mkdir()
+    layout.trial_began.write_text("{torn")
+    with pytest.raises(ConfigError, match="the tuning trial's start time cannot be read") as caught:
+        trial_began(layout, 1000.0)
+    assert caught.value.path == str(layout.trial_began) and "delete the file" in caught.value.hint
