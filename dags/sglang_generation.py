@@ -33,8 +33,8 @@ DOC_MD = f"""
    (deferred) until each is ready and read back the *effective* limits from `/server_info`. A memory error re-plans
    that server one step smaller ({MAX_BACKOFF_ATTEMPTS} times at most).
    With 3 servers or more and **tuning_trial** on, the plan names challengers (speculative decoding off, one draft
-   step fewer, the cap at 3/4 and 1/2 of what memory holds, **tuning_candidates**): the incumbent runs on most
-   servers, each challenger on one.
+   step fewer, the cap at 3/4 and 1/2 of what memory holds, SGLang's own sizing, **tuning_candidates**): the
+   incumbent runs on most servers, each challenger on one.
 3. **trial**: `generate.trial_shard` generates the first **tuning_trial_share** of the prompts on that split fleet
    (its completions are the job's), starting none past **tuning_trial_max_s** (what it leaves goes to
    `generate_shard`); `decide` measures each server's steady output tokens/s per GPU from its

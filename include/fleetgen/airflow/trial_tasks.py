@@ -21,7 +21,7 @@ from fleetgen.airflow.context import mapped_values, run_context
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.nodes.fleet import FleetSpec
 from fleetgen.outputs import RunLayout
-from fleetgen.tuning.candidates import MIN_TRIAL_SERVERS
+from fleetgen.tuning.candidates import MIN_TRIAL_SERVERS, SGLANG_AUTO
 from fleetgen.tuning.trial import MIN_WINDOWS
 
 log = logging.getLogger("fleetgen")
@@ -243,8 +243,9 @@ def decide(plans: list[dict], readiness: list[dict], trial_shards: list[dict]) -
     decision = trial.decide(pooled, incumbent=trial_plan.split.incumbent, min_gain=config.tuning.trial_min_gain)
     log.info("Tuning trial over shard(s) %s, %d metrics row(s), windows of %g s; output tokens/s per GPU:\n%s\n%s",
              shard_ids, len(samples), config.tuning.trial_window_s, _score_table(decision, servers), decision.reason)
+    auto = SGLANG_AUTO if SGLANG_AUTO in decision.candidates else None  # SGLang's own sizing, measured beside
     _write_json(layout.trial_decision, trial.decision_record(decision, servers=servers, samples=samples,
-                                                             decided_at=time.time(),
+                                                             decided_at=time.time(), auto_sizing=auto,
                                                              window_s=config.tuning.trial_window_s))
     key = _key(trial_plan, layout, shard_ids)
     if not decision.scores:  # nothing measured (reused prompts, a trial too short): the next night tries again

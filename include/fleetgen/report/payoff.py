@@ -14,14 +14,14 @@ import math
 from fleetgen.errors import ConfigError
 from fleetgen.outputs import RunLayout
 from fleetgen.report.occupancy import read_rows
-from fleetgen.tuning.plan import INCUMBENT
+from fleetgen.tuning.plan import INCUMBENT, SGLANG_DEFAULTS
 from fleetgen.tuning.plan_notes import read_plan_notes
 from fleetgen.tuning.trial import TrialDecision, score, steady_window_rates
 
 # The measuring window when the run's decision does not name the trial's own: six samples at the shards' 5 s
 # sampling interval (docs/output-formats.md §3.6), about 30 completions at a cap of 64 with 60 s requests.
 REPORT_WINDOW_S = 30.0
-AUTO_SIZING_MODE = "sglang_defaults"  # fleetgen.tuning.plan.MODES: SGLang's automatic sizing
+AUTO_SIZING_MODE = SGLANG_DEFAULTS  # SGLang's automatic sizing
 IN_USE = "in use"
 
 

@@ -9,6 +9,9 @@ tuner's bounds) that ``fleetgen.tuning.fleet_plan.plan_fleet_candidates`` plans 
 - ``draft_minus_1``: one draft step (and token) fewer, when speculating with an EAGLE-family algorithm and >= 2 steps;
 - ``cap_3_4`` / ``cap_1_2``: the request cap at 3/4 and 1/2 of what memory holds (the knee: a batch past the point
   where decode stops getting faster only queues);
+- ``sglang_auto``: the fleet's own args sized by SGLang itself (no ``--mem-fraction-static`` or
+  ``--max-running-requests`` of the tuner's): the baseline the tuner's sizing is measured against, and a
+  configuration like any other should it be the fastest;
 - whatever the user lists in the DAG parameter ``tuning_candidates``: ``{"name", "flags": {"--flag": value, or
   null to remove it}}``.
 
@@ -28,9 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleetgen.errors import ConfigError
-from fleetgen.tuning.plan import INCUMBENT, format_flag_value
+from fleetgen.tuning.plan import INCUMBENT, MODES, SGLANG_DEFAULTS, format_flag_value
 
-__all__ = ["INCUMBENT", "NO_SPECULATION", "DRAFT_MINUS_1", "CAP_3_4", "CAP_1_2", "DEFAULT_ORDER", "NUMERICS_FLAGS",
+__all__ = ["INCUMBENT", "NO_SPECULATION", "DRAFT_MINUS_1", "CAP_3_4", "CAP_1_2", "SGLANG_AUTO", "DEFAULT_ORDER",
+           "NUMERICS_FLAGS",
            "LOSSLESS_FLAGS", "MIN_TRIAL_SERVERS", "Candidate", "TrialSplit", "edit_args", "default_candidates",
            "user_candidates", "candidate_set", "choose_split", "CANDIDATES_PARAMETER"]
 
@@ -38,10 +42,11 @@ NO_SPECULATION = "no_speculation"
 DRAFT_MINUS_1 = "draft_minus_1"
 CAP_3_4 = "cap_3_4"
 CAP_1_2 = "cap_1_2"
+SGLANG_AUTO = "sglang_auto"
 # The default challengers in the order they are tried (one server each, the first untried first): speculation's
 # gain falls with the batch and turns into a loss on some models above 20-32 (docs/tuning-trial.md), so turning it
-# off is asked first; then a shallower draft; then the knee.
-DEFAULT_ORDER = (NO_SPECULATION, DRAFT_MINUS_1, CAP_3_4, CAP_1_2)
+# off is asked first; then a shallower draft; then the knee; then SGLang's own sizing, the baseline.
+DEFAULT_ORDER = (NO_SPECULATION, DRAFT_MINUS_1, CAP_3_4, CAP_1_2, SGLANG_AUTO)
 CAP_SHARES = {CAP_3_4: 0.75, CAP_1_2: 0.5}
 SPECULATIVE_PREFIX = "--speculative-"
 # Flags whose value changes the numbers the model computes (bf16 SSM state, a narrower KV cache, another weight
@@ -63,12 +68,18 @@ _NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 @dataclass(frozen=True)
 class Candidate:
     """One configuration: ``changes`` to the fleet's extra args (flag -> value; True: a bare switch; None: removed),
-    or, with ``cap_share``, the incumbent's request cap scaled by it. ``listed``: named in ``tuning_candidates``."""
+    or, with ``cap_share``, the incumbent's request cap scaled by it, or, with ``mode``, the fleet's args planned in
+    that tuning mode (``sglang_defaults``: SGLang sizes the server). ``listed``: named in ``tuning_candidates``."""
 
     name: str
     changes: tuple[tuple[str, object], ...] = ()
     cap_share: float | None = None
     listed: bool = False
+    mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode is not None and self.mode not in MODES:
+            raise ConfigError(f"candidate {self.name}: mode must be one of {MODES}, got {self.mode!r}")
 
     @property
     def flags(self) -> dict[str, object]:
@@ -86,6 +97,9 @@ class Candidate:
         """The change in words, for the log and the plan notes."""
         if self.cap_share is not None:
             return f"the request cap at {self.cap_share:g} of what memory holds"
+        if self.mode == SGLANG_DEFAULTS:
+            return ("the fleet file's own server.extra_args sized by SGLang itself (no --mem-fraction-static or "
+                    "--max-running-requests of the tuner's)")
         if not self.changes:
             return "the fleet file's own server.extra_args"
         words = [f"{flag} removed" if value is None else flag if value is True else
@@ -93,7 +107,8 @@ class Candidate:
         return ", ".join(words) + (" (changes numerics)" if self.changes_numerics else "")
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "flags": self.flags, "cap_share": self.cap_share, "listed": self.listed}
+        return {"name": self.name, "flags": self.flags, "cap_share": self.cap_share, "listed": self.listed,
+                "mode": self.mode}
 
 
 def _items(args: Sequence[str]) -> list[tuple[str | None, list[str]]]:
@@ -166,6 +181,7 @@ def default_candidates(base_args: Sequence[str], speculative: tuple[int, int, in
                 ("--speculative-num-draft-tokens", steps if topk == 1 else max(2, draft - 1))))
     for name, share in CAP_SHARES.items():
         found[name] = Candidate(name, cap_share=share)
+    found[SGLANG_AUTO] = Candidate(SGLANG_AUTO, mode=SGLANG_DEFAULTS)
     candidates = [found[name] for name in DEFAULT_ORDER if name in found]
     for candidate in candidates:  # by construction; kept as a check, the promise the docs make
         if any(flag not in LOSSLESS_FLAGS for flag, _ in candidate.changes):

@@ -73,6 +73,9 @@ def plan_fleet_candidates(spec: FleetSpec, inventories: dict[str, dict], model: 
         try:
             if candidate.cap_share is not None:
                 planned = [_capped(plan, candidate, base_args) for plan in incumbent]
+            elif candidate.mode is not None:
+                planned = planning.plans(options, log=quiet, candidate=candidate.name, extra_args=base_args,
+                                         mode=candidate.mode)
             else:
                 args = candidate.launch_args(base_args)
                 planned = planning.plans(options_for(spec, args), log=quiet, candidate=candidate.name,
@@ -161,13 +164,16 @@ class _FleetPlanning:
                    learned, run.pin_full_context)
 
     def plans(self, options: LaunchOptions, *, log: logging.Logger, candidate: str = INCUMBENT,
-              extra_args: Sequence[str] | None = None) -> list[ServerPlan]:
-        """Every server's plan for ``options`` (read from ``extra_args``; None: the fleet's own)."""
+              extra_args: Sequence[str] | None = None, mode: str | None = None) -> list[ServerPlan]:
+        """Every server's plan for ``options`` (read from ``extra_args``; None: the fleet's own), in the tuning
+        ``mode`` (None: the run's)."""
         profile = model_profile(self.spec, self.model, options)
         plan_for = {slot.name: _server_planner(slot, probe.select_gpus(self.inventories[slot.node], slot.gpu_ids),
                                                self.spec, profile, options, self.workload, self.calibrations, log,
                                                candidate=candidate, extra_args=extra_args)
                     for slot in self.spec.servers()}
+        if mode is not None and mode != self.bounds.mode:  # what was learnt sizes the tuned mode's servers only
+            return [plan_with(dataclasses.replace(self.bounds, mode=mode)) for plan_with in plan_for.values()]
         if self.learned is None:
             return [plan_with(self.bounds) for plan_with in plan_for.values()]
         return workload_history.plan_workload_fleet(plan_for, self.bounds, demand=self.learned.demand,

@@ -8,7 +8,10 @@ from dataclasses import asdict, dataclass, field
 from fleetgen.errors import ConfigError, PlanError
 from fleetgen.json_types import is_json_int
 
-MODES = ("tuned", "sglang_defaults")
+# The tuning modes: the tuner sizes the servers (``tuned``), or SGLang sizes them itself from the fleet's own launch
+# options, the tuner only predicting what it will reach (``sglang_defaults``).
+SGLANG_DEFAULTS = "sglang_defaults"
+MODES = ("tuned", SGLANG_DEFAULTS)
 # The candidate configuration that is the fleet file's own: its ``server.extra_args`` as written, planned as
 # before the tuning trial existed (fleetgen.tuning.candidates names the others).
 INCUMBENT = "incumbent"

@@ -91,10 +91,10 @@ def test_three_servers_run_the_incumbent_on_two_and_the_first_challenger_on_the_
     trial = read_trial_plan(run.layout)
     assert trial.split.challengers == ("no_speculation",) and trial.key is None  # no earlier run measured the workload
     assert trial.key_parts == {"gpu": "NVIDIA B200", "model": trial.key_parts["model"], "sglang_version": "0.5.23"}
-    assert set(trial.plans) == {"incumbent", "no_speculation", "draft_minus_1", "cap_3_4", "cap_1_2"}
+    assert set(trial.plans) == {"incumbent", "no_speculation", "draft_minus_1", "cap_3_4", "cap_1_2", "sglang_auto"}
     assert all(set(by_server) == {"n0:30000", "n0:30001", "n0:30002"} for by_server in trial.plans.values())
     assert notes[0] == ("tuning trial: incumbent on 2 server(s), no_speculation on n0:30002; not tried tonight: "
-                        "draft_minus_1, cap_3_4, cap_1_2")
+                        "draft_minus_1, cap_3_4, cap_1_2, sglang_auto")
     assert "candidate cap_1_2: the request cap at 0.5 of what memory holds" in notes
     assert notes[-1] == ("the trial's history key waits for its own completions (no earlier run measured the "
                          "workload)")
@@ -182,7 +182,7 @@ def test_without_a_model_identity_the_trial_runs_but_cannot_be_recorded(run):
 def test_a_fleet_without_speculation_is_offered_only_the_caps(run):
     plans, notes = _tonight(run, args=["--reasoning-parser", "qwen3"])
     trial = read_trial_plan(run.layout)
-    assert set(trial.plans) == {"incumbent", "cap_3_4", "cap_1_2"}
+    assert set(trial.plans) == {"incumbent", "cap_3_4", "cap_1_2", "sglang_auto"}
     assert [p.candidate for p in plans] == ["incumbent", "incumbent", "cap_3_4"]
     # speculation off is no candidate at all there, not one planned and left out for launching the incumbent
     assert trial.skipped == {} and not any("no_speculation" in note for note in notes), (trial.skipped, notes)
@@ -300,7 +300,7 @@ def test_a_clearly_faster_challenger_wins_and_every_server_moves_to_it(run, capl
     assert final[2] == plans[2]  # the challenger's own server keeps its plan: the relaunch round keeps it running
     decision = json.loads(run.layout.trial_decision.read_text())
     assert decision["winner"] == "no_speculation" and decision["incumbent"] == "incumbent"
-    assert decision["window_s"] == 4
+    assert decision["window_s"] == 4 and decision["auto_sizing"] is None  # SGLang's own sizing did not run
     assert decision["servers"]["n0:30002"] == {"candidate": "no_speculation", "cap": 20, "gpus": 1,
                                                "trial_seconds": 39.5}
     assert decision["scores"]["no_speculation"]["median"] == pytest.approx(1500, rel=0.02)
@@ -382,3 +382,16 @@ def test_the_rest_of_the_job_runs_on_the_relaunch_rounds_servers_when_it_ran(cap
         assert trial_tasks.servers_in_use(first, again) == again
         assert trial_tasks.servers_in_use(first, []) == first
     assert "(relaunch round)" in caplog.text and "(first round)" in caplog.text
+
+
+def test_sglang_own_sizing_runs_as_the_last_default_challenger_and_the_decision_names_it(run):
+    plans = [plan.to_dict() for plan in _tonight(run, gpus=11)[0]]
+    assert [p["candidate"] for p in plans[6:]] == ["no_speculation", "draft_minus_1", "cap_3_4", "cap_1_2",
+                                                   "sglang_auto"]
+    auto = plans[10]
+    assert auto["mode"] == "sglang_defaults" and auto["extra_args"] == SEED_ARGS and plans[0]["mode"] == "tuned"
+    rates = {f"n0:{30000 + n}": 1000.0 for n in range(11)}
+    _decide(run, plans, rates)
+    decision = json.loads(run.layout.trial_decision.read_text())
+    assert decision["auto_sizing"] == "sglang_auto" and decision["servers"]["n0:30010"]["candidate"] == "sglang_auto"
+    assert decision["winner"] == "incumbent"

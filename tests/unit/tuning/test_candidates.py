@@ -6,7 +6,7 @@ from fleetgen.errors import ConfigError
 from fleetgen.tuning import candidates as candidates_module
 from fleetgen.nodes.fleet import RESERVED_FLAGS
 from fleetgen.tuning.candidates import (CAP_1_2, CAP_3_4, DEFAULT_ORDER, DRAFT_MINUS_1, INCUMBENT, LOSSLESS_FLAGS,
-                                        NO_SPECULATION, NUMERICS_FLAGS, Candidate, TrialSplit, candidate_set,
+                                        NO_SPECULATION, NUMERICS_FLAGS, SGLANG_AUTO, Candidate, TrialSplit, candidate_set,
                                         choose_split, default_candidates, edit_args, flags_of, user_candidates)
 
 SEED_ARGS = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
@@ -80,13 +80,13 @@ def test_one_draft_step_fewer_keeps_top_k_and_sglangs_draft_rule():
 
 
 @pytest.mark.parametrize("args, speculative, eagle, expected", [
-    ((), None, False, [CAP_3_4, CAP_1_2]),
+    ((), None, False, [CAP_3_4, CAP_1_2, SGLANG_AUTO]),
     (("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "1"), (1, 1, 2), True,
-     [NO_SPECULATION, CAP_3_4, CAP_1_2]),
+     [NO_SPECULATION, CAP_3_4, CAP_1_2, SGLANG_AUTO]),
     (("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"), (1, 1, 8), False,
-     [NO_SPECULATION, CAP_3_4, CAP_1_2]),
+     [NO_SPECULATION, CAP_3_4, CAP_1_2, SGLANG_AUTO]),
     (("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2"), (2, 1, 3), True,
-     [NO_SPECULATION, DRAFT_MINUS_1, CAP_3_4, CAP_1_2]),
+     [NO_SPECULATION, DRAFT_MINUS_1, CAP_3_4, CAP_1_2, SGLANG_AUTO]),
 ])
 def test_a_candidate_is_offered_only_where_it_applies(args, speculative, eagle, expected):
     assert [c.name for c in default_candidates(args, speculative, eagle_family=eagle)] == expected
@@ -115,6 +115,18 @@ def test_a_candidate_describes_its_change_in_words():
     numerics = Candidate("y", (("--kv-cache-dtype", "fp8_e4m3"),))
     assert numerics.describe() == "--kv-cache-dtype fp8_e4m3 (changes numerics)"
     assert Candidate(CAP_3_4, cap_share=0.75).describe() == "the request cap at 0.75 of what memory holds"
+    assert Candidate(SGLANG_AUTO, mode="sglang_defaults").describe() == (
+        "the fleet file's own server.extra_args sized by SGLang itself (no --mem-fraction-static or "
+        "--max-running-requests of the tuner's)")
+
+
+def test_sglang_own_sizing_is_the_fleets_args_unchanged_in_the_sglang_defaults_mode():
+    [auto] = [c for c in default_candidates(SEED_ARGS, (3, 1, 4), eagle_family=True) if c.name == SGLANG_AUTO]
+    assert (auto.mode, auto.changes, auto.cap_share) == ("sglang_defaults", (), None)
+    assert auto.launch_args(SEED_ARGS) == SEED_ARGS and auto.to_dict()["mode"] == "sglang_defaults"
+    with pytest.raises(ConfigError, match=r"candidate odd: mode must be one of \('tuned', 'sglang_defaults'\), "
+                                          r"got 'fastest'"):
+        Candidate("odd", mode="fastest")
 
 
 def test_the_caps_scale_the_memory_maximum():
@@ -148,6 +160,7 @@ def test_the_users_candidates_come_after_the_incumbent_and_before_the_defaults()
      r"\[1\] name a is taken", "a"),
     ([{"name": "cap_1_2", "flags": {"--page-size": 1}}], r"\[0\] name cap_1_2 is taken", "cap_1_2"),
     ([{"name": "incumbent", "flags": {"--page-size": 1}}], r"\[0\] name incumbent is taken", "incumbent"),
+    ([{"name": "sglang_auto", "flags": {"--page-size": 1}}], r"\[0\] name sglang_auto is taken", "sglang_auto"),
     ([{"name": "a", "flags": {}}], r"\[0\] \(a\) flags must be a non-empty object", {}),
     ([{"name": "a", "flags": {"page-size": 1}}], r"\[0\] \(a\) a flag must be a long SGLang flag", "page-size"),
     ([{"name": "a", "flags": {"--port": 1}}], r"\[0\] \(a\) sets --port, which the launch decides itself",
@@ -206,7 +219,7 @@ def test_the_incumbent_keeps_most_servers_and_each_challenger_gets_one(count, ch
 def test_the_trial_note_says_who_runs_where_and_what_waits_for_another_night():
     split = choose_split(SERVERS, NAMES, last_winner=None, tried=set())
     assert split.notes == ("tuning trial: incumbent on 4 server(s), mine on n0:30004, no_speculation on n0:30005, "
-                           "draft_minus_1 on n0:30006; not tried tonight: cap_3_4, cap_1_2",)
+                           "draft_minus_1 on n0:30006; not tried tonight: cap_3_4, cap_1_2, sglang_auto",)
     everything = choose_split(SERVERS[:5], [INCUMBENT, "mine", CAP_1_2], last_winner=INCUMBENT, tried=set())
     assert everything.notes == ("tuning trial: incumbent on 3 server(s), mine on n0:30003, cap_1_2 on n0:30004",)
 
@@ -244,4 +257,4 @@ def test_the_split_round_trips_through_a_dict():
     bare = TrialSplit.from_dict({"incumbent": INCUMBENT, "assignment": {"n0:30000": INCUMBENT}})
     assert (bare.challengers, bare.notes, bare.trial) == ((), (), False)
     assert Candidate("x", (("--a", None),)).to_dict() == {"name": "x", "flags": {"--a": None}, "cap_share": None,
-                                                          "listed": False}
+                                                          "listed": False, "mode": None}

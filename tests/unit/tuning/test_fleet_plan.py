@@ -244,7 +244,7 @@ def test_every_candidate_is_a_whole_plan_for_its_own_options_on_every_server(tmp
     from fleetgen.tuning import LaunchOptions, backoff
 
     result = _candidate_plans(tmp_path, None)
-    assert list(result.plans) == ["incumbent", "no_speculation", "draft_minus_1", "cap_3_4", "cap_1_2"]
+    assert list(result.plans) == ["incumbent", "no_speculation", "draft_minus_1", "cap_3_4", "cap_1_2", "sglang_auto"]
     assert result.skipped == {}
     incumbent = result.plans["incumbent"]
     cap = incumbent[0].expected["max_running_requests"]
@@ -286,3 +286,30 @@ def test_a_candidate_that_cannot_be_planned_or_changes_nothing_is_left_out_sayin
     assert result.skipped["same"] == "plans the incumbent's very launch on every server"
     assert result.plans["bf16"][0].expected["max_running_requests"] > \
         result.plans["incumbent"][0].expected["max_running_requests"]
+
+
+def test_sglang_auto_is_the_fleets_own_launch_as_sglang_sizes_it_beside_the_tuned_incumbent(tmp_path):
+    import dataclasses
+
+    from fleetgen.tuning.fleet_plan import options_for
+
+    result = _candidate_plans(tmp_path, None)
+    auto, incumbent = result.plans["sglang_auto"], result.plans["incumbent"]
+    fleet = parse_fleet({"model": {"path": "/models/seed", "served_name": "seed"},
+                         "server": {"python": "/venv/bin/python", "extra_args": list(SEED_ARGS)},
+                         "nodes": [{"name": "a", "ssh_conn_id": "ssh_a", "address": "10.0.0.1", "gpus": [0, 1, 2]}]})
+    model = ModelFiles(config=json.loads(SEED_CONFIG.read_text()), weights_bytes=54 * 10**9, hf_quant_config=None,
+                       weights_source="index")
+    # exactly the plans of a run in the sglang_defaults mode, under the candidate's name
+    defaults = plan_fleet(fleet, {"a": _b200s("a", 3)}, model, options_for(fleet, SEED_ARGS), WORKLOAD,
+                          TunerBounds(mode="sglang_defaults"),
+                          FleetPlanRun(tmp_path, RunLayout(tmp_path / "other"), run_on_node=lambda n, c: ""), LOG)
+    def without_name(plan):  # the candidate's name and launch args, which a plan records twice
+        data = dataclasses.replace(plan, candidate="incumbent", extra_args=None).to_dict()
+        data["inputs"].pop("launch", None)
+        return data
+
+    assert [without_name(plan) for plan in auto] == [without_name(plan) for plan in defaults]
+    assert {plan.mode for plan in auto} == {"sglang_defaults"} and {plan.mode for plan in incumbent} == {"tuned"}
+    assert all(plan.extra_args == SEED_ARGS for plan in auto)
+    assert auto[0].flags != incumbent[0].flags  # the tuner's own sizing flags are the difference
