@@ -32,8 +32,8 @@ boundaries, the tail and, with a trial, the relaunch round included) over its GP
   length and the round's wall seconds beside the ratio. A night of hours against a round of minutes comes nearer 1;
 - ``tie_kept_incumbent`` = yes when arm 5 kept the incumbent.
 
-The trial's windows and sampling interval are given in simulated seconds (``--window-sim-s``, ``--sample-sim-s``:
-the DAG's defaults, 60 s and 5 s) and passed to the DAG in wall seconds (divided by ``--time-scale``), so a window
+The trial's windows, time cap and sampling interval are given in simulated seconds (``--window-sim-s``,
+``--trial-max-sim-s``, ``--sample-sim-s``: the DAG's defaults, 60 s, 1,800 s and 5 s) and passed to the DAG in wall seconds (divided by ``--time-scale``), so a window
 holds as many completions as on GPUs. On the seed workload (requests of ~2,600 output tokens at 71 running per
 server) a trial needs about 5,000 prompts for its challengers to give 3 windows each, hence a ``--trial-share``
 above the DAG's 3 % on a job this size.
@@ -143,11 +143,14 @@ def candidate_plan(run_dir: Path, candidate: str) -> dict:
 
 def fixed_fleet(fleet: dict, plan: dict, incumbent_plan: dict) -> tuple[dict, dict]:
     """(the fleet, the DAG parameters) that launch ``plan``'s configuration from the start: its args as the fleet's
-    own, and its cap as max_running_requests when the tuner's bound is where it differs from the incumbent's."""
+    own, its cap as max_running_requests when the tuner's bound is where it differs from the incumbent's, and its
+    tuning mode when it is SGLang's own sizing (``sglang_auto``)."""
     fixed = json.loads(json.dumps(fleet))
     if plan.get("extra_args") is not None:
         fixed["server"]["extra_args"] = list(plan["extra_args"])
     params = {}
+    if plan.get("mode") and plan["mode"] != incumbent_plan.get("mode"):
+        params["tuning"] = plan["mode"]
     cap = plan["inputs"]["bounds"].get("max_running_requests")
     if cap != incumbent_plan["inputs"]["bounds"].get("max_running_requests"):
         params["max_running_requests"] = int(cap)
@@ -199,6 +202,8 @@ def main() -> int:
     parser.add_argument("--trial-share", type=float, default=0.125, help="tuning_trial_share")
     parser.add_argument("--window-sim-s", type=float, default=60.0, help="tuning_trial_window_s, simulated seconds")
     parser.add_argument("--sample-sim-s", type=float, default=5.0, help="sample_interval_s, simulated seconds")
+    parser.add_argument("--trial-max-sim-s", type=float, default=1800.0,
+                        help="tuning_trial_max_s, simulated seconds (0: no time cap)")
     parser.add_argument("--shard-size", type=int, default=0, help="0: the trial in one shard, the rest in four")
     parser.add_argument("--max-running-requests", type=int, default=0, help="the DAG parameter (0: the tuner decides)")
     parser.add_argument("--time-scale", type=float, default=10.0, help="simulated seconds per wall second")
@@ -221,6 +226,7 @@ def main() -> int:
               "ready_timeout_s": 300, "reuse_completions": "never", "tuning_trial_share": args.trial_share,
               "max_running_requests": args.max_running_requests,
               "tuning_trial_window_s": args.window_sim_s / args.time_scale,
+              "tuning_trial_max_s": args.trial_max_sim_s / args.time_scale,
               "sample_interval_s": args.sample_sim_s / args.time_scale}
     fleet = environment.fleet()
     try:
