@@ -101,11 +101,12 @@ class MetricsScraper:
         await asyncio.gather(*(self.scrape(server) for server in self.servers if not self.is_down(server.name)))
 
     async def finish(self) -> None:
-        """After ``run`` was cancelled: a shard that ended before any scrape answered (a short one on a busy
-        host) samples once now, so every shard leaves the report at least one row per server that answers."""
+        """After ``run`` was cancelled: one last sample of every server that answers, the servers as the shard
+        leaves them. SGLang counts a request's output tokens when it finishes, so only a row after the shard's last
+        requests returned holds their tokens (the report's end of the job, fleetgen.report.drain); and a shard that
+        ended before any scrape answered (a short one on a busy host) still leaves a row per server."""
         try:
-            if self.samples == 0:
-                await self.scrape_all()
+            await self.scrape_all()
         finally:
             self._out.close()
 

@@ -11,8 +11,9 @@ counters, or without ``t``, ``server``, ``cap`` or ``running``, are skipped, as 
 - **Drain.** From the stretch's last row at its batch (``trial.is_at_batch`` at ``STEADY_RUNNING_SHARE``) to the
   first row after its last row with requests on it (running or queued), the first that reads the server empty; the
   stretch's last row when none does. SGLang adds a request's output tokens to its counter when the request
-  finishes, so the last requests' tokens show only in that empty reading; without one (a shard stops sampling when
-  its last request returns) the requests still running at the last row are left out, with the seconds they took.
+  finishes, so the last requests' tokens show only in that empty reading (each shard samples the servers once
+  more as it ends); without one the requests still running at the last row are left out, with the seconds they
+  took.
   The requests in flight at the drain's start bring along the tokens they made before it: the drain's tokens are
   the counter's rise over it, not all made in it.
 - **Steady.** The counter's rise from the end of the warm-up (``WARMUP_TURNOVERS`` caps of completions after the

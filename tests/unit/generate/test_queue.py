@@ -183,7 +183,7 @@ def test_a_queue_closed_early_takes_no_fresh_prompt_but_still_offers_its_retries
         queue.finish(a)
         queue.retry_later(b, 0.0)
         await asyncio.wait_for(queue.wait_for_change(), 1)
-        assert not queue.closed_early
+        assert queue.closed_early is False
         queue.close_fresh()
         assert queue.closed_early and queue.fresh_exhausted
         again = queue.take()
@@ -207,6 +207,10 @@ def test_closing_a_queue_with_nothing_in_flight_finishes_it_and_wakes_its_waiter
         queue.close_fresh()
         await asyncio.wait_for(waiter, 1)
         assert queue.finished.is_set() and queue.low_water() == (1, 10)
+        later = asyncio.ensure_future(queue.wait_for_change())  # a wait after the close waits for the next change
+        await asyncio.sleep(0.01)
+        assert not later.done()
+        later.cancel()
 
     asyncio.run(scenario())
 
@@ -217,3 +221,24 @@ def test_closing_a_queue_whose_prompts_were_all_taken_is_not_closing_early():
     assert queue.take() is None and queue.finished.is_set()
     queue.close_fresh()
     assert not queue.closed_early
+
+
+def test_only_held_means_nothing_fresh_retried_delayed_or_in_flight_beyond_the_held():
+    async def scenario():
+        queue = WorkQueue(positions(3), (0, 0))
+        a, b = queue.take(), queue.take()
+        assert not queue.only_held(2)  # a fresh prompt is left
+        c = queue.take()
+        assert queue.take() is None
+        assert queue.only_held(3) and not queue.only_held(2) and not queue.only_held(4)
+        queue.retry_later(c, 0.0)  # delayed
+        assert not queue.only_held(2)
+        await asyncio.wait_for(queue.wait_for_change(), 1)
+        assert not queue.only_held(2)  # waiting to be retried
+        queue.finish(queue.take())
+        assert queue.only_held(2)
+        queue.finish(a)
+        queue.finish(b)
+        assert queue.only_held(0)
+
+    asyncio.run(scenario())

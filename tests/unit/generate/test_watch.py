@@ -208,12 +208,16 @@ def test_a_shard_that_never_sampled_samples_once_as_it_finishes_and_closes_its_f
     assert len(read_jsonl(watcher._out.path)) == 1 and watcher._out._fd == -1
 
 
-def test_a_shard_that_sampled_does_not_sample_again_as_it_finishes(tmp_path):
-    pages = Pages(**{"a:1": metrics_page(2)})
-    watcher = scraper(tmp_path, [endpoint("a:1")], pages)
+def test_a_shard_samples_every_server_once_more_as_it_finishes_the_servers_as_it_leaves_them(tmp_path):
+    pages = Pages(**{"a:1": metrics_page(2), "b:1": metrics_page(0)})
+    watcher = scraper(tmp_path, [endpoint("a:1"), endpoint("b:1")], pages)
     asyncio.run(watcher.scrape_all())
+    pages.answers["a:1"] = metrics_page(0)  # its last requests returned: the last row counts their tokens
     asyncio.run(watcher.finish())
-    assert len(pages.requests) == 1 and watcher._out._fd == -1
+    assert len(pages.requests) == 4 and watcher._out._fd == -1
+    rows = read_jsonl(tmp_path / "metrics" / "shard-00002.jsonl")
+    assert [(row["server"], row["running"]) for row in rows][-2:] in ([("a:1", 0), ("b:1", 0)],
+                                                                      [("b:1", 0), ("a:1", 0)])
 
 
 def test_the_file_is_closed_even_when_the_last_sample_fails(tmp_path):

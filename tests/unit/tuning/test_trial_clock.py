@@ -26,6 +26,7 @@ def test_a_trial_shard_stops_taking_prompts_the_time_cap_after_the_trial_began(t
     assert stop_taking_at(layout, 600.0, 1000.0) == 1600.0
     assert stop_taking_at(layout, 600.0, 1900.0) == 1600.0  # past it: the shard sends nothing
     assert stop_taking_at(layout, 0.0, 1900.0) is None  # no cap
+    assert stop_taking_at(layout, 0.5, 1900.0) == 1000.5  # a cap under a second is a cap too
 
 
 def test_without_a_time_cap_nothing_is_written(tmp_path):
@@ -54,6 +55,7 @@ def test_an_unreadable_start_time_names_the_file_and_what_to_do(tmp_path):
     layout = RunLayout(tmp_path / "run")
     layout.root.mkdir()
     layout.trial_began.write_text("{torn")
-    with pytest.raises(ConfigError, match="the tuning trial's start time cannot be read") as caught:
+    with pytest.raises(ConfigError, match="the tuning trial's start time cannot be read: JSONDecodeError ") as caught:
         trial_began(layout, 1000.0)
-    assert caught.value.path == str(layout.trial_began) and "delete the file" in caught.value.hint
+    assert caught.value.path == str(layout.trial_began)
+    assert caught.value.hint == "delete the file; the next trial shard to start writes it again"
