@@ -51,6 +51,13 @@ def run_context() -> tuple[dict, RunConfig, RunLayout]:
     return context, config, config.layout(context["run_id"])
 
 
+def run_type(context: dict) -> str | None:
+    """The run's type as text (``scheduled``, ``manual``, ...; Airflow gives an enum), or None in a context without
+    its DAG run (a task tested on its own)."""
+    value = getattr(context.get("dag_run"), "run_type", None)
+    return getattr(value, "value", value)
+
+
 def mapped_values(mapped) -> list:
     """All values of a mapped task's output in one request (``list()`` on the lazy sequence asks
     index by index and logs a spurious "XCom not found" at the end)."""

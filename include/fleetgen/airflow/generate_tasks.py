@@ -6,7 +6,7 @@ import contextlib
 import logging
 
 from fleetgen.airflow import failures, lifecycle
-from fleetgen.airflow.context import mapped_values, run_context
+from fleetgen.airflow.context import mapped_values, run_context, run_type
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.nodes.fleet import FleetSpec, fleet_from_json
@@ -126,8 +126,7 @@ def _generate(shard: dict, readiness: list[dict], fleet: dict, model_identity: d
              ", shared with the other running shards" if sharing else f" (1/{parallel} of each server's)")
     settings = generation_settings(config, spec)
     lookup = None
-    run_type = getattr(context.get("dag_run"), "run_type", None)
-    if config.generation.reuses(getattr(run_type, "value", run_type)):
+    if config.generation.reuses(run_type(context)):
         lookup = look_up_reuse(config.inputs.output_root, layout.root.name,
                                generation_material(model_identity, settings), log=log)
         log.info("Reusing unchanged completions from %s", lookup.source.run_folder if lookup.source else

@@ -12,7 +12,7 @@ import logging
 import math
 
 from fleetgen.airflow import lifecycle, trial_tasks
-from fleetgen.airflow.context import mapped_values, run_context
+from fleetgen.airflow.context import mapped_values, run_context, run_type
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import AuthenticationRefused, ConfigError, HostKeyMismatch, HostUnreachable
@@ -205,7 +205,7 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict,
     from fleetgen.tuning.model_files import read_model
     from fleetgen.tuning.plan_notes import write_plan_notes
 
-    _, config, layout = run_context()
+    context, config, layout = run_context()
     spec, inventories = fleet_from_json(fleet), mapped_values(inventories)
     left_out = {inventory["host"]: inventory[UNREACHABLE] for inventory in inventories if UNREACHABLE in inventory}
     if left_out:
@@ -229,7 +229,9 @@ def derive_plan(fleet: dict, inventories: list[dict], prompt_scan: dict,
         FleetPlanRun(config.inputs.output_root, layout, pin_full_context=config.tuning.pin_full_context_plan,
                      run_on_node=lambda node, command: run_on_node(node, command,
                                                                    "read the previous run's scheduler lines")),
-        model_identity)
+        model_identity, reused_in_trial=lambda head: trial_tasks.reused_trial_prompts(
+            config, spec, layout, prompt_scan, model_identity, head) if config.generation.reuses(
+                run_type(context)) else (0, None))
     for note in trial_notes:
         log.info("%s", note)
     long_prompt = _long_prompt_cost(spec, by_node, model, options, workload, prompt_scan, config)

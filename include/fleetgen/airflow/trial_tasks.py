@@ -82,13 +82,45 @@ def previous_workload_bucket(output_root: Path, layout: RunLayout) -> str | None
     return workload_bucket(float(prompt), float(completion)) if prompt and completion else None
 
 
+def reused_trial_prompts(config: RunConfig, spec: FleetSpec, layout: RunLayout, prompt_scan: dict,
+                         identity: dict | None, head: int) -> tuple[int, str | None]:
+    """(how many of the trial's first ``head`` prompts have an unchanged completion in the earlier run this run
+    reuses from, that run's folder): the trial's shards copy those and generate only the others, so only the others
+    measure the split. (0, None) when the caller's run reuses nothing (``reuse_completions``, its run type) or no
+    earlier run holds the same model and sampling."""
+    from fleetgen.airflow.generate_tasks import generation_material, generation_settings
+    from fleetgen.generate.reuse import look_up_reuse, prompt_hash
+    from fleetgen.prompts import scan as prompts
+    from fleetgen.prompts.planned import iter_shard_positions
+
+    if not identity or head <= 0:
+        return 0, None
+    lookup = look_up_reuse(config.inputs.output_root, layout.root.name,
+                           generation_material(identity, generation_settings(config, spec)), log=log)
+    source = lookup.source
+    if source is None:
+        return 0, None
+    try:
+        shard = prompts.plan_shards(config.inputs.prompts_path, shard_size=head,
+                                    scan=prompts.PromptScan.from_dict(prompt_scan), head=head)[0]
+        digests = [prompt_hash(prompt) for _, _, _, prompt in iter_shard_positions(
+            shard["input_path"], shard["start"], int(shard["count"]), length_limit=shard.get("length_limit"),
+            end=shard.get("end"), blocks=shard.get("blocks"), shard=int(shard["shard_id"]))]
+        return sum(found is not None for found in source.find(digests)), source.run_folder
+    finally:
+        source.close()
+
+
 def tonights_plans(spec: FleetSpec, inventories: dict[str, dict], model, workload, config: RunConfig,
-                   layout: RunLayout, run, identity: dict | None) -> tuple[list, list[str]]:
+                   layout: RunLayout, run, identity: dict | None, *,
+                   reused_in_trial=lambda head: (0, None)) -> tuple[list, list[str]]:
     """(tonight's plans, one per server in the fleet's order; the trial's notes for the log and plan notes, none when
     the trial is off).
 
     With a trial: every candidate planned for every server and written to ``RunLayout.candidate_plans``; each server
-    gets its candidate's plan. Without: ``fleet_plan.plan_fleet`` as before, and the note says why."""
+    gets its candidate's plan. Without: ``fleet_plan.plan_fleet`` as before, and the note says why.
+    ``reused_in_trial(head)``: how many of the trial's first ``head`` prompts this run will copy from an earlier run,
+    and from which (``reused_trial_prompts``); only the others measure the split."""
     from fleetgen.tuning import fleet_plan, workload_history
     from fleetgen.tuning.trial_history import TrialHistory, TrialKey
     from fleetgen.tuning.trial_plan import plan_trial, write_trial_plan
@@ -106,14 +138,19 @@ def tonights_plans(spec: FleetSpec, inventories: dict[str, dict], model, workloa
     parts = trial_key_parts(inventories, spec, identity)
     bucket = previous_workload_bucket(config.inputs.output_root, layout)
     key = TrialKey(**parts, workload=bucket) if parts and bucket else None
+    head = trial_share_of(config, workload.prompt_count)
+    reused, source = reused_in_trial(head)
     trial = plan_trial(spec, inventories, model, workload, config.tuning.bounds(), run, log,
                        listed=config.tuning.listed_candidates(),
                        history=TrialHistory(trial_history_file(config.inputs.output_root)), key=key, key_parts=parts,
-                       trial_prompts=trial_share_of(config, workload.prompt_count))
+                       trial_prompts=head - reused)
     write_trial_plan(layout, trial)
     plans = trial.tonight()
     workload_history.write_plan_record(layout, plans)
     notes = list(trial.split.notes)
+    if reused:
+        notes.append(f"{reused} of the trial's {head} prompt(s) have unchanged completions in run {source}, which "
+                     f"this run reuses: the trial generates {head - reused}")
     notes += [f"candidate {name}: {what}" for name, what in trial.described.items()]
     notes += [f"candidate {name} left out: {why}" for name, why in trial.skipped.items()]
     if not parts:

@@ -592,3 +592,43 @@ def test_an_unwritable_output_root_fails_the_scan_once_naming_the_folder_and_the
     assert "output_root" in raised.value.hint
     with pytest.raises(AirflowFailException, match="cannot create or write the run's folder"):  # not retried
         run.call(fail_fast(tasks.scan_prompts), fleet_document(str(run.model)), output_root=str(blocked))
+
+
+@pytest.mark.parametrize("reuse, run_type, reused", [("always", "manual", True), ("scheduled", "scheduled", True),
+                                                     ("scheduled", "manual", False), ("never", "scheduled", False)])
+def test_the_plan_counts_the_trials_prompts_an_earlier_run_fills_only_when_this_run_reuses(
+        run, nodes, planner, monkeypatch, reuse, run_type, reused):
+    from fleetgen.airflow import trial_tasks
+
+    scan = _scan(run, nodes)
+    given = {}
+    real_tonight = trial_tasks.tonights_plans
+
+    def tonights_plans(*args, reused_in_trial):
+        given["answer"] = reused_in_trial(7)
+        return real_tonight(*args)
+
+    def reused_trial_prompts(config, spec, layout, prompt_scan, identity, head):
+        given["asked"] = (config.generation.reuse_completions, len(spec.servers()), layout.root.name, prompt_scan,
+                          identity, head)
+        return 3, "scheduled__night1"
+
+    monkeypatch.setattr(trial_tasks, "tonights_plans", tonights_plans)
+    monkeypatch.setattr(trial_tasks, "reused_trial_prompts", reused_trial_prompts)
+    real_call = run.call
+
+    def call(task, *args, **params):  # the run's type is on its DAG run, as Airflow gives it
+        def with_dag_run():
+            run.context["dag_run"] = SimpleNamespace(run_type=SimpleNamespace(value=run_type))
+            return task(*args)
+        return real_call(with_dag_run, **params)
+
+    identity = {"path": "/models/m", "parts": {"weights": "w"}}
+    call(tasks.derive_plan, fleet_document("/models/m"), [_inventory("n0", [0, 1]), _inventory("n1", [0, 1])],
+         scan, identity, reuse_completions=reuse)
+    if reused:
+        assert given["answer"] == (3, "scheduled__night1")
+        assert given["asked"] == (reuse, 4, RunConfig.from_params(run.context["params"]).layout(RUN_ID).root.name,
+                                  scan, identity, 7)
+    else:
+        assert given == {"answer": (0, None)}

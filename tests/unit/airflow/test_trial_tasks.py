@@ -70,14 +70,15 @@ def run(tmp_path, monkeypatch):
     return state
 
 
-def _tonight(run, *, gpus=3, identity=IDENTITY, args=SEED_ARGS, **params):
+def _tonight(run, *, gpus=3, identity=IDENTITY, args=SEED_ARGS, reused_in_trial=None, **params):
     """tonights_plans as derive_plan calls it, inside the run's context."""
     def plan():
         _, config, layout = task_context_module.run_context()
         spec = fleet_from_json(_fleet(gpus, args))
+        reuse = {"reused_in_trial": reused_in_trial} if reused_in_trial else {}
         return trial_tasks.tonights_plans(spec, _inventories(gpus), MODEL, WORKLOAD, config, layout,
                                           FleetPlanRun(config.inputs.output_root, layout,
-                                                       run_on_node=lambda node, command: ""), identity)
+                                                       run_on_node=lambda node, command: ""), identity, **reuse)
     return run.call(plan, **params)
 
 
@@ -395,3 +396,74 @@ def test_sglang_own_sizing_runs_as_the_last_default_challenger_and_the_decision_
     decision = json.loads(run.layout.trial_decision.read_text())
     assert decision["auto_sizing"] == "sglang_auto" and decision["servers"]["n0:30010"]["candidate"] == "sglang_auto"
     assert decision["winner"] == "incumbent"
+
+
+# --- prompts an earlier run fills -----------------------------------------------------------------------------
+
+def test_a_trial_whose_prompts_an_earlier_run_fills_cannot_measure_the_split_and_runs_none_saying_so(run):
+    from fleetgen.tuning.trial_plan import prompts_needed
+
+    _tonight(run)
+    trial = read_trial_plan(run.layout)
+    needed = prompts_needed(trial.split, trial.plans)
+    head = trial_tasks.trial_share_of(run.config, WORKLOAD.prompt_count)
+    asked = []
+
+    def reused(count):
+        asked.append(count)
+        return head - needed + 1, "scheduled__night1"
+
+    plans, notes = _tonight(run, reused_in_trial=reused)
+    assert asked == [head] and {p.candidate for p in plans} == {"incumbent"}
+    assert notes[0].startswith(f"no tuning trial: its {needed - 1} prompt(s) cannot measure these servers")
+    assert notes[1] == (f"{head - needed + 1} of the trial's {head} prompt(s) have unchanged completions in run "
+                         f"scheduled__night1, which this run reuses: the trial generates {needed - 1}")
+    # as many fresh prompts as the split needs: the trial runs, and the note says how many it generates
+    plans, notes = _tonight(run, reused_in_trial=lambda count: (head - needed, "scheduled__night1"))
+    assert len({p.candidate for p in plans}) == 2
+    assert notes[1].endswith(f"the trial generates {needed}")
+
+
+def _head_hashes(run, count):
+    from fleetgen.generate.reuse import prompt_hash
+    from fleetgen.prompts.planned import iter_shard
+
+    return [prompt_hash(prompt) for prompt in iter_shard(run.prompts, 0, count)]
+
+
+class _Source:
+    def __init__(self, held):
+        self.held, self.run_folder, self.closed, self.asked = set(held), "scheduled__night1", False, []
+
+    def find(self, digests):
+        self.asked.append(len(digests))
+        return [(0, 0, 0, 0) if digest in self.held else None for digest in digests]
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_trials_reused_prompts_are_those_of_its_head_the_earlier_run_holds(run, monkeypatch):
+    from fleetgen.generate import reuse
+    from fleetgen.prompts.scan import scan_prompts
+
+    # the earlier run holds p0..p5 and p50 (not in the head of 10)
+    source = _Source(_head_hashes(run, 6) + _head_hashes(run, 51)[50:])
+    looked = []
+    monkeypatch.setattr(reuse, "look_up_reuse", lambda root, folder, material, log=None: looked.append(
+        (root, folder, material)) or SimpleNamespace(source=source))
+    run.call(lambda: None)
+    spec = fleet_from_json(_fleet())
+    scan = scan_prompts(run.prompts).to_dict()
+    assert trial_tasks.reused_trial_prompts(run.config, spec, run.layout, scan, IDENTITY, 10) == (
+        6, "scheduled__night1")
+    assert source.asked == [10] and source.closed
+    [(root, folder, material)] = looked
+    assert (root, folder) == (run.config.inputs.output_root, run.layout.root.name)
+    assert material["model"] == IDENTITY["parts"]
+    # nothing to reuse from, no identity to key it, or no trial prompts: none reused, nothing looked up
+    monkeypatch.setattr(reuse, "look_up_reuse", lambda *a, **k: SimpleNamespace(source=None))
+    assert trial_tasks.reused_trial_prompts(run.config, spec, run.layout, scan, IDENTITY, 10) == (0, None)
+    monkeypatch.setattr(reuse, "look_up_reuse", lambda *a, **k: pytest.fail("looked up"))
+    assert trial_tasks.reused_trial_prompts(run.config, spec, run.layout, scan, None, 10) == (0, None)
+    assert trial_tasks.reused_trial_prompts(run.config, spec, run.layout, scan, IDENTITY, 0) == (0, None)
