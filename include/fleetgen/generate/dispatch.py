@@ -192,8 +192,9 @@ class Dispatcher(ServerHealthKeeping):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self.store.save_mark(*self.queue.low_water())
-            if self.scraper is not None:
-                await self.scraper.finish()
+            if self.scraper is not None:  # a try that sent nothing (all done before, or past its time cap) leaves
+                # no row: the servers' state is others' doing
+                await self.scraper.finish(last_sample=self.progress.done + self.progress.failed > 0)
         if self.fatal is not None:
             raise self.fatal
 

@@ -100,13 +100,15 @@ class MetricsScraper:
     async def scrape_all(self) -> None:
         await asyncio.gather(*(self.scrape(server) for server in self.servers if not self.is_down(server.name)))
 
-    async def finish(self) -> None:
+    async def finish(self, *, last_sample: bool = True) -> None:
         """After ``run`` was cancelled: one last sample of every server that answers, the servers as the shard
         leaves them. SGLang counts a request's output tokens when it finishes, so only a row after the shard's last
         requests returned holds their tokens (the report's end of the job, fleetgen.report.drain); and a shard that
-        ended before any scrape answered (a short one on a busy host) still leaves a row per server."""
+        ended before any scrape answered (a short one on a busy host) still leaves a row per server. Without
+        ``last_sample`` (a try that found nothing to send) the file is only closed."""
         try:
-            await self.scrape_all()
+            if last_sample:
+                await self.scrape_all()
         finally:
             self._out.close()
 

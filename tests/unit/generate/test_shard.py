@@ -684,3 +684,23 @@ async def test_a_capped_try_whose_every_sent_prompt_failed_still_fails(tmp_path)
     with pytest.raises(GenerationError, match="none of the shard's 50 prompts completed"):
         await run_shard_async(shard, busy.endpoints(), tmp_path / "out", fast_settings(max_attempts=1),
                               options=busy.options(stop_taking_at=time.time() + 0.2))
+
+
+async def test_a_shard_samples_the_servers_as_it_ends_and_a_try_that_sends_nothing_adds_no_last_row(tmp_path):
+    from generate_fakes import read_jsonl
+
+    shard = write_prompts(tmp_path / "p.jsonl", 6)
+    fleet = FakeFleet(2)
+    settings = fast_settings(sample_interval_s=60.0)  # one sample as it starts, one as it ends
+    await run_shard_async(shard, fleet.endpoints(), tmp_path / "out", settings, options=fleet.options())
+    assert dict(fleet.scrapes) == {"s0:1": 2, "s1:1": 2}
+    rows = read_jsonl(tmp_path / "out" / "metrics" / "shard-00000.jsonl")
+    assert [row["running"] for row in rows[-2:]] == [0, 0]  # the servers as the shard left them
+    again = FakeFleet(2)  # every prompt done before: a resume that sends nothing samples nothing
+    await run_shard_async(shard, again.endpoints(), tmp_path / "out", settings, options=again.options())
+    assert sum(again.scrapes.values()) == 0
+    assert read_jsonl(tmp_path / "out" / "metrics" / "shard-00000.jsonl") == rows
+    capped = FakeFleet(2)  # past its time cap from the start: nothing sent, nothing sampled
+    await run_shard_async(write_prompts(tmp_path / "q.jsonl", 6), capped.endpoints(), tmp_path / "out2", settings,
+                          options=capped.options(stop_taking_at=time.time() - 1))
+    assert sum(capped.scrapes.values()) == 0
