@@ -51,6 +51,9 @@ WINDOW_S = 5.0             # 3 windows after a turnover of the cap of 8 within t
 HEADROOM = 3.0
 RUNS = {"fast-incumbent": (FAST_CAP, SLOW_CAP), "slow-incumbent": (SLOW_CAP, FAST_CAP)}  # incumbent's, challenger's
 log = logging.getLogger("fleetgen")
+# The first test of each fixture pays for it: two real servers started (75 to 240 s each beside other load), two
+# trials of 150 to 270 s under load, then two relaunch rounds; pytest's 600 s would cut a busy machine's run short.
+pytestmark = pytest.mark.timeout(1800)
 
 
 @dataclasses.dataclass
