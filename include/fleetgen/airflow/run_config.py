@@ -215,9 +215,10 @@ class Tuning(_Group):
     trial: bool = setting(
         bool, True, "Tuning trial", TUNING,
         "Try candidate configurations side by side on the fleet (speculative decoding off, one draft step fewer, "
-        "the cap at 3/4 and 1/2, SGLang's own sizing, and tuning_candidates) on the first tuning_trial_share of the prompts, keep the "
-        "fastest by measured output tokens/s per GPU and relaunch the other servers on it. Needs 3 servers or more "
-        "and the tuned mode. Off: every server runs the fleet file's own flags.", name="tuning_trial")
+        "the cap at 3/4 and 1/2, SGLang's own sizing, and tuning_candidates) on the first tuning_trial_share of "
+        "the prompts, keep the fastest by measured output tokens/s per GPU and relaunch the other servers on it. "
+        "Needs 3 servers or more and the tuned mode. Off: every server runs the fleet file's own flags.",
+        name="tuning_trial")
     candidates: list = setting(
         list, list, "Trial candidates", TUNING,
         'More candidates for the trial, each {"name": "...", "flags": {"--flag": value, "--other": null}}: the '
