@@ -35,8 +35,8 @@ boundaries, the tail and, with a trial, the relaunch round included) over its GP
 The trial's windows, time cap and sampling interval are given in simulated seconds (``--window-sim-s``,
 ``--trial-max-sim-s``, ``--sample-sim-s``: the DAG's defaults, 60 s, 1,800 s and 5 s) and passed to the DAG in wall
 seconds (divided by ``--time-scale``), so a window holds as many completions as on GPUs. On the seed workload
-(requests of ~2,600 output tokens at 71 running per server) a trial needs about 5,000 prompts for its challengers to give 3 windows each, hence a ``--trial-share``
-above the DAG's 3 % on a job this size.
+(requests of ~2,600 output tokens at 71 running per server) a trial needs about 5,000 prompts for its challengers to
+give 3 windows each, hence a ``--trial-share`` above the DAG's 3 % on a job this size.
 
 Usage: python bench/tuning_trial.py [--prompts 40000] [--trial-share 0.125] [--tries 3] [--time-scale 10] [--smoke]
 Last line: ``tuning_trial chosen=<name> gain_vs_incumbent=<x> gain_vs_auto=<x> trial_share=<x> whole_job_ratio=<x>
