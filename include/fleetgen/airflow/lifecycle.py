@@ -49,12 +49,15 @@ def stop_ports(shell: NodeShell, fleet: FleetSpec, ports: list[int]) -> list[dic
     naming another module today or its pid file being gone."""
     command = remote.stop_command(run_dir=fleet.server.run_dir, module=fleet.server.module, ports=ports,
                                   grace_s=fleet.server.stop_grace_s)
-    _, out, _ = shell.run(command, describe="stop servers", timeout_s=fleet.server.stop_grace_s * len(ports) + 60)
-    return [{"outcome": outcome, "port": int(fields["port"]),
+    # every port at once (remote.stop_command): one grace, not one per port
+    _, out, _ = shell.run(command, describe="stop servers", timeout_s=fleet.server.stop_grace_s + 60)
+    records = [{"outcome": outcome, "port": int(fields["port"]),
              "pid": int(fields["pid"]) if fields.get("pid", "").isdigit() else None, "signal": fields.get("signal"),
              "launched_under_other_module": fields.get("module") == "other",
              "pid_file_missing": fields.get("pid_file") == "missing"}
             for outcome, fields in remote.parse_records(out, ("stopped", "absent", "stale"))]
+    order = {int(port): index for index, port in enumerate(ports)}  # the ports' order, whichever ended first
+    return sorted(records, key=lambda record: order.get(record["port"], len(order)))
 
 
 def wait_memory_released(shell: NodeShell, fleet: FleetSpec, node_name: str, pids: set[int],

@@ -224,7 +224,8 @@ def _find_marked_leader(pid_path_quoted: str, port: int) -> str:
 
 
 def stop_command(*, run_dir: str, module: str, ports: Sequence[int], grace_s: float) -> str:
-    """Stop our servers on the given ports: TERM, wait up to grace_s, KILL. Prints one line per port:
+    """Stop our servers on the given ports: TERM, wait up to grace_s, KILL, every port at once (a server takes
+    seconds to exit; one after another, a node's relaunch round would wait for their sum). Prints one line per port:
 
     ``stopped port=P pid=N signal=TERM|KILL``, ``absent port=P`` (no pid file),
     ``stale port=P pid=N`` (the pid is gone or is not our server: not signalled, pid file removed).
@@ -245,6 +246,7 @@ def stop_command(*, run_dir: str, module: str, ports: Sequence[int], grace_s: fl
             " signal=KILL; fi",
         ]
         lines += [
+            "(",  # each port in a subshell of its own, all waited for below
             # the server's --config holds the API key: it goes whatever the pid file says
             f"rm -f -- {quote_path(config_file(run_dir, port))}",
             f"if [ ! -s {pid_path} ] && {_find_marked_leader(pid_path, port)}; then",
@@ -257,8 +259,9 @@ def stop_command(*, run_dir: str, module: str, ports: Sequence[int], grace_s: fl
             # a stale pid file may hold anything: print only its digits, on this one line
             f"else echo \"stale port={port} pid=$(head -c 32 -- {pid_path} | tr -cd 0-9)\"; rm -f {pid_path};",
             "fi",
+            ") &",
         ]
-    return "\n".join(lines)
+    return "\n".join([*lines, "wait"])
 
 
 def our_pids_command(*, run_dir: str, module: str, ports: Sequence[int]) -> str:

@@ -303,6 +303,46 @@ def test_a_stranger_on_our_port_but_another_module_is_never_signalled(tmp_path, 
     assert stranger.poll() is None and not (tmp_path / "run" / "sglang-31011.pid").exists()
 
 
+# Exits on TERM only once its partner got TERM too (each marks its TERM in a file beside it): stopped one after
+# another, the first would wait out the grace for a partner not yet signalled and be KILLed.
+PARTNER = (
+    "import os, signal, sys, time\n"
+    "port = sys.argv[sys.argv.index('--port') + 1]\n"
+    "mine, partner = f'{os.environ[\"MARKS\"]}/{port}', os.environ['PARTNER']\n"
+    "def on_term(*_):\n"
+    "    open(mine, 'w').close()\n"
+    "    deadline = time.monotonic() + 30\n"
+    "    while not os.path.exists(partner) and time.monotonic() < deadline:\n"
+    "        time.sleep(0.01)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, on_term)\n"
+    "print('up', flush=True)\n"
+    "time.sleep(600)\n")
+
+
+def test_the_servers_of_a_node_are_stopped_at_once_not_one_after_another(tmp_path):
+    (tmp_path / "partnered.py").write_text(PARTNER)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    for port, partner in ((31020, 31021), (31021, 31020)):
+        spec = _spec(tmp_path, "partnered", port, env=(("PYTHONPATH", str(tmp_path)), ("MARKS", str(marks)),
+                                                       ("PARTNER", str(marks / str(partner)))))
+        assert _bash(remote.launch_command(spec)).returncode == 0
+    for port in (31020, 31021):  # both up (their TERM handler set) before the stop
+        _log_json_line(tmp_path / "logs" / f"sglang-{port}.log")
+    out = _bash(remote.stop_command(run_dir=str(tmp_path / "run"), module="partnered", ports=[31020, 31021],
+                                    grace_s=3))
+    lines = sorted(out.stdout.splitlines())
+    assert [line.split(" pid=")[0] for line in lines] == ["stopped port=31020", "stopped port=31021"]
+    assert all(line.endswith("signal=TERM") for line in lines), lines
+
+
+def _log_json_line(path):
+    deadline = time.monotonic() + 60
+    while not (path.exists() and "up" in path.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def test_refused_relaunch_names_port_and_pid(tmp_path):
     pid = _launch_sleeper(tmp_path, 31012)
     try:
@@ -421,7 +461,7 @@ def test_stop_and_our_pids_scripts_run_without_shell_errors(tmp_path):
     run_dir = str(tmp_path / "run")
     stop = _bash(remote.stop_command(run_dir=run_dir, module="fakeserver", ports=[31012, 31013], grace_s=0.1))
     assert (stop.returncode, stop.stderr) == (0, "")
-    assert stop.stdout.split() == ["absent", "port=31012", "absent", "port=31013"]
+    assert sorted(stop.stdout.splitlines()) == ["absent port=31012", "absent port=31013"]
     ours = _bash(remote.our_pids_command(run_dir=run_dir, module="fakeserver", ports=[31012]))
     assert (ours.returncode, ours.stdout, ours.stderr) == (0, "", "")
 
