@@ -39,7 +39,8 @@ DOC_MD = f"""
    (its completions are the job's), starting none past **tuning_trial_max_s** (what it leaves goes to
    `generate_shard`); `decide` measures each server's steady output tokens/s per GPU from its
    `/metrics`, keeps a challenger only when clearly faster (**tuning_trial_min_gain**), and the `relaunch` group
-   stops the servers on losing configurations and starts them on the winner (the others are kept).
+   stops the servers on losing configurations and starts them on the winner (the others are kept), unless the
+   trial measured that the round costs the fleet more than it gains (**tuning_trial_relaunch**).
 4. **generate**: one mapped task per shard; each first copies the completions of the last successful run whose
    prompt, model (`model_identity`: weights, config, tokenizer, chat template, SGLang version…) and sampling are
    unchanged
@@ -149,7 +150,7 @@ with DAG(
     with TaskGroup("trial") as trial:
         # none_failed: it also runs when there were no trial shards (it says why and keeps tonight's plans).
         decided = _task(trial_tasks.decide, task_id="decide", trigger_rule="none_failed")(
-            plans, readiness.output, trial_shards)
+            plans, readiness.output, trial_shards, prompt_scan)
         trial_results >> decided
         # Skips only the relaunch group's first task (the rest follows by its trigger rules).
         needed = _task(trial_tasks.relaunch_needed, kind=task.short_circuit, task_id="relaunch_needed",

@@ -53,7 +53,8 @@ def _run(dag, env, *, incumbent_cap: int, challenger_cap: int, output_root: Path
             "reuse_completions": "never",
             "tuning_candidates": [{"name": f"cap_{challenger_cap}",
                                    "flags": {"--max-running-requests": challenger_cap}}],
-            "tuning_trial_max_s": 0, **extra}
+            # the relaunch round is what these runs check: made whatever it costs (tests/unit cover when_it_pays)
+            "tuning_trial_max_s": 0, "tuning_trial_relaunch": "always", **extra}
     dag_run = dag.test(run_conf=conf)
     states = {(ti.task_id, ti.map_index): ti.state for ti in dag_run.get_task_instances()}
     assert dag_run.state == "success", states

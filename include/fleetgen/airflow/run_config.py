@@ -27,6 +27,7 @@ from fleetgen.report.prices import GpuHourPrice, read_gpu_hour_price
 from fleetgen.tuning import TunerBounds
 from fleetgen.tuning.model_files import WEIGHTS_HASHES
 from fleetgen.tuning.plan import MODES
+from fleetgen.tuning.relaunch_payoff import POLICIES as RELAUNCH_POLICIES
 from fleetgen.validation.thresholds import ValidationThresholds
 
 INPUTS, TUNING, GENERATION, THRESHOLDS, REPORT = "Inputs", "Tuning", "Generation", "Validation thresholds", "Report"
@@ -243,6 +244,11 @@ class Tuning(_Group):
         "left are generated on the winner with the rest of the job. Must hold a warm-up and 3 windows of "
         "tuning_trial_window_s. 0: only tuning_trial_share bounds the trial.", name="tuning_trial_max_s", low=0,
         high=86400)
+    trial_relaunch: str = setting(
+        str, RELAUNCH_POLICIES[0], "Trial relaunch", TUNING,
+        "'when_it_pays': the servers on losing configurations are relaunched on the winner unless the trial measured "
+        "that the round (every server waits for it) costs more than it gains over the rest of the job; 'always': "
+        "relaunched whatever it costs.", name="tuning_trial_relaunch", choices=RELAUNCH_POLICIES)
 
     def __post_init__(self) -> None:
         self.listed_candidates()  # a bad entry stops the run at its first task, naming the entry

@@ -240,19 +240,23 @@ def _score_table(decision, servers: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def decide(plans: list[dict], readiness: list[dict], trial_shards: list[dict]) -> list[dict]:
+def decide(plans: list[dict], readiness: list[dict], trial_shards: list[dict],
+           prompt_scan: dict | None = None) -> list[dict]:
     """**Decides the tuning trial** from the trial shards' `/metrics` samples: each server's output tokens/s per
     GPU in steady-state windows of `tuning_trial_window_s`, pooled per candidate and scored median - 1.4826 x MAD; a
     challenger replaces the incumbent only when its lower bound beats the incumbent's upper bound and its median
     the incumbent's by more than `tuning_trial_min_gain`. Logs the table, writes `trial-decision.json` and the
     record the next night starts from, and returns every server's plan on the winner (without a trial: tonight's).
+    With `tuning_trial_relaunch` at `when_it_pays`, servers on a losing configuration keep it when the measurement
+    says their relaunch round (the first round's launch-to-ready, every server waiting) costs more than it gains
+    over the rest of the job (`prompt_scan`'s prompts at the trial's pace).
 
     *When it fails*: the run's candidate plans or metrics cannot be read; clear `tune.derive_plan` to plan again.
     """
     import time
 
     from fleetgen.outputs import trial_history_file
-    from fleetgen.tuning import ServerPlan, trial, workload_history
+    from fleetgen.tuning import ServerPlan, relaunch_payoff, trial, workload_history
     from fleetgen.tuning.trial_history import TrialHistory
     from fleetgen.tuning.trial_plan import read_trial_plan
 
@@ -280,10 +284,19 @@ def decide(plans: list[dict], readiness: list[dict], trial_shards: list[dict]) -
     decision = trial.decide(pooled, incumbent=trial_plan.split.incumbent, min_gain=config.tuning.trial_min_gain)
     log.info("Tuning trial over shard(s) %s, %d metrics row(s), windows of %g s; output tokens/s per GPU:\n%s\n%s",
              shard_ids, len(samples), config.tuning.trial_window_s, _score_table(decision, servers), decision.reason)
+    final = [_final_plan(plan, ready.get(server), trial_plan, decision.winner) for server, plan in by_server.items()]
+    moved = {server: by_server[server].get("candidate") for server, plan in zip(by_server, final)
+             if plan.get("candidate") != by_server[server].get("candidate")}
+    relaunch = _relaunch_estimate(layout, decision.winner, moved, pooled, samples, len(by_server), prompt_scan)
+    log.info("The relaunch round: %s", relaunch.reason())
+    if config.tuning.trial_relaunch == relaunch_payoff.WHEN_IT_PAYS and not relaunch.pays:
+        final = [_final_plan(plan, ready.get(server), trial_plan, plan.get("candidate")) if server in moved else
+                 final_plan for (server, plan), final_plan in zip(by_server.items(), final)]
     auto = SGLANG_AUTO if SGLANG_AUTO in decision.candidates else None  # SGLang's own sizing, measured beside
-    _write_json(layout.trial_decision, trial.decision_record(decision, servers=servers, samples=samples,
-                                                             decided_at=time.time(), auto_sizing=auto,
-                                                             window_s=config.tuning.trial_window_s))
+    _write_json(layout.trial_decision, {
+        **trial.decision_record(decision, servers=servers, samples=samples, decided_at=time.time(),
+                                auto_sizing=auto, window_s=config.tuning.trial_window_s),
+        "relaunch": {**relaunch.to_dict(), "policy": config.tuning.trial_relaunch}})
     key = _key(trial_plan, layout, shard_ids)
     if not decision.scores:  # nothing measured (reused prompts, a trial too short): the next night tries again
         log.warning("The trial's decision is not recorded for later nights: it scored no candidate; raise "
@@ -294,13 +307,26 @@ def decide(plans: list[dict], readiness: list[dict], trial_shards: list[dict]) -
     else:
         TrialHistory(trial_history_file(config.inputs.output_root)).record(key, decision, run_id=context["run_id"])
         log.info("Recorded for %s: the next night starts from %s", key.text, decision.winner)
-    final = [_final_plan(plan, ready.get(server), trial_plan, decision.winner) for server, plan in by_server.items()]
     workload_history.write_plan_record(layout, [ServerPlan.from_dict(plan) for plan in final])
-    moved = [server for server, plan in zip(by_server, final) if plan.get("candidate") != by_server[server].get(
-        "candidate")]
-    log.info("Every server runs %s for the rest of the job; relaunched: %s", decision.winner,
-             ", ".join(moved) or "none")
+    in_use = {server: plan.get("candidate") for server, plan in zip(by_server, final)}
+    kept = [server for server, ran in moved.items() if in_use[server] == ran]
+    log.info("The rest of the job runs on %s%s; relaunched: %s", decision.winner,
+             "".join(f", {server} stays on {moved[server]}" for server in kept),
+             ", ".join(server for server in moved if server not in kept) or "none")
     return final
+
+
+def _relaunch_estimate(layout, winner: str, moved: dict[str, str], pooled: dict[str, list[float]],
+                       samples: list[dict], servers: int, prompt_scan: dict | None):
+    """What relaunching ``moved`` would cost and gain, from the run's measurements (tuning/relaunch_payoff.py)."""
+    from fleetgen.outputs import read_server_times
+    from fleetgen.tuning import relaunch_payoff
+
+    finished, seconds = relaunch_payoff.trial_completions(samples)
+    total = int(prompt_scan["count"]) if prompt_scan and "count" in prompt_scan else None
+    return relaunch_payoff.estimate(winner=winner, moved=moved, pooled=pooled, servers=servers,
+                                    round_s=relaunch_payoff.first_round_s(read_server_times(layout)),
+                                    rest_s=relaunch_payoff.rest_seconds(total, finished, seconds))
 
 
 def _write_json(path: Path, document: dict) -> None:

@@ -118,6 +118,9 @@ def _payoff_section(payoff: dict | None, savings: list[str] = ()) -> list[str]:
                                       f"fewer than 3; {in_use['source']})."]
     lines.append(_against_line("Against SGLang's automatic sizing", payoff["vs_auto_sizing"]))
     lines.append(_against_line("Against the previous night", payoff["vs_previous"]))
+    relaunch = payoff.get("relaunch")
+    if relaunch and relaunch.get("moved"):
+        lines.append(f"- Relaunch round ({relaunch.get('policy', 'when_it_pays')}): {relaunch['reason']}.")
     cost = payoff.get("cost")
     if cost is not None:
         share = f" ({cost['share_of_job']:.2%} of the job's GPU time)" if cost["share_of_job"] is not None else ""

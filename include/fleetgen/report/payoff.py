@@ -209,7 +209,8 @@ def tuning_payoff(layout: RunLayout, *, plan: list[dict] | None, gpus_per_server
                       decision={"incumbent": decision.incumbent, "winner": decision.winner,
                                 "changed": decision.changed, "reason": decision.reason, "min_gain": decision.min_gain,
                                 "gain": round(decision.gain, 4) if decision.gain is not None else None},
-                      cost=_cost(record, decision, job_gpu_seconds))
+                      cost=_cost(record, decision, job_gpu_seconds),
+                      relaunch=record.get("relaunch"))  # whether the losers' relaunch paid (tuning/relaunch_payoff.py)
     payoff["vs_auto_sizing"] = _auto_sizing(record, decision, payoff["candidates"], payoff["in_use"], mode,
                                             auto_report if (auto_report or {}).get("tuning_payoff", {}).get("fleet")
                                             == payoff["fleet"] else None)

@@ -85,7 +85,7 @@ def test_a_choice_the_form_offers_is_one_the_run_accepts():
     from fleetgen.airflow.params import dag_params
 
     form = dag_params()
-    for name in ("tuning", "reuse_completions"):
+    for name in ("tuning", "reuse_completions", "tuning_trial_relaunch"):
         for choice in form[name].schema["enum"]:
             RunConfig.from_params({**PARAMS, name: choice})
         with pytest.raises(ConfigError, match=f"DAG parameter {name} must be one of"):
@@ -288,7 +288,7 @@ def test_missing_parameters_are_named_in_order():
     with pytest.raises(ConfigError) as caught:
         RunConfig.from_params(params)
     assert caught.value.message == "DAG parameter(s) missing: dry_run, max_tokens, top_p"
-    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 36
+    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 37
 
 
 def test_unknown_parameters_are_refused_before_missing_ones_with_how_to_fix():
@@ -311,7 +311,7 @@ def test_the_form_reads_top_to_bottom_in_sections():
     assert list(_specs())[:7] == ["prompts_path", "output_root", "dry_run", "fleet_file", "relaunch_servers",
                                "keep_servers_up", "skip_unreachable_nodes"]
     assert [spec.section for spec in _specs().values()] == (
-        ["Inputs"] * 7 + ["Tuning"] * 15 + ["Generation"] * 9 + ["Validation thresholds"] * 4 + ["Report"])
+        ["Inputs"] * 7 + ["Tuning"] * 16 + ["Generation"] * 9 + ["Validation thresholds"] * 4 + ["Report"])
 
 
 def test_the_configuration_as_a_dict_holds_every_group_with_paths_as_text():

@@ -16,7 +16,7 @@ from fleetgen.airflow import context as task_context_module
 from fleetgen.airflow import trial_tasks
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.nodes.fleet import fleet_from_json, parse_fleet
-from fleetgen.outputs import RunLayout, trial_history_file
+from fleetgen.outputs import RunLayout, record_server_time, trial_history_file
 from fleetgen.tuning import Workload
 from fleetgen.tuning.fleet_plan import FleetPlanRun
 from fleetgen.tuning.model_files import ModelFiles
@@ -467,3 +467,56 @@ def test_the_trials_reused_prompts_are_those_of_its_head_the_earlier_run_holds(r
     monkeypatch.setattr(reuse, "look_up_reuse", lambda *a, **k: pytest.fail("looked up"))
     assert trial_tasks.reused_trial_prompts(run.config, spec, run.layout, scan, None, 10) == (0, None)
     assert trial_tasks.reused_trial_prompts(run.config, spec, run.layout, scan, IDENTITY, 0) == (0, None)
+
+
+# --- whether the relaunch round pays -------------------------------------------------------------------------------
+
+def _first_round(run, seconds):
+    for port in (30000, 30001, 30002):
+        record_server_time(run.layout, f"n0:{port}", "launched", at=1000.0)
+        record_server_time(run.layout, f"n0:{port}", "ready", at=1000.0 + seconds)
+
+
+def _decide_job(run, plans, rates, prompts, **params):
+    _metrics(run.layout, 0, rates)
+    readiness = [{"server": f"{p['host']}:{p['port']}", "effective_max_running_requests": 20, "relaunches": 0,
+                  "flags": p["flags"], "expected": p["expected"]} for p in plans]
+    return run.call(trial_tasks.decide, plans, readiness, [{"shard_id": 0}], {"count": prompts},
+                    tuning_trial_window_s=4, sample_interval_s=0.5, **params)
+
+
+# 3 servers x a 60 s round = 180 server-s; the challenger's server is 1 - 1400/1500 = 6.7 % short for the rest. The
+# trial finished 3 x 158 requests in 39.5 s: 2,000 prompts leave ~127 s (a gain of ~8 server-s), 100,000 ~8,280 s.
+SLOWER_CHALLENGER = {"n0:30000": 1500.0, "n0:30001": 1500.0, "n0:30002": 1400.0}
+
+
+def test_a_relaunch_that_costs_the_fleet_more_than_it_gains_is_left_out_and_the_loser_keeps_its_plan(run, caplog):
+    plans = [plan.to_dict() for plan in _tonight(run)[0]]
+    _first_round(run, 60.0)
+    with caplog.at_level("INFO", logger="fleetgen"):
+        final = _decide_job(run, plans, SLOWER_CHALLENGER, 2000)
+    assert final == plans and trial_tasks.relaunch_needed(plans, final) is False
+    relaunch = json.loads(run.layout.trial_decision.read_text())["relaunch"]
+    assert relaunch["moved"] == {"n0:30002": "no_speculation"} and relaunch["pays"] is False
+    assert relaunch["round_s"] == 60.0 and relaunch["cost_server_s"] == 180.0 and relaunch["gain_server_s"] < 10
+    assert relaunch["policy"] == "when_it_pays"
+    assert "n0:30002 stays on no_speculation; relaunched: none" in caplog.text
+    assert json.loads(run.layout.trial_decision.read_text())["winner"] == "incumbent"  # the record is the decision
+
+
+def test_a_relaunch_that_pays_over_a_long_rest_and_one_asked_always_move_the_loser(run):
+    plans = [plan.to_dict() for plan in _tonight(run)[0]]
+    _first_round(run, 60.0)
+    moved = read_trial_plan(run.layout).plan_for("incumbent", "n0:30002").to_dict()
+    assert _decide_job(run, plans, SLOWER_CHALLENGER, 100_000)[2] == moved
+    assert json.loads(run.layout.trial_decision.read_text())["relaunch"]["pays"] is True
+    assert _decide_job(run, plans, SLOWER_CHALLENGER, 2000, tuning_trial_relaunch="always")[2] == moved
+    relaunch = json.loads(run.layout.trial_decision.read_text())["relaunch"]
+    assert relaunch["pays"] is False and relaunch["policy"] == "always"
+
+
+def test_without_a_measured_first_round_the_loser_is_relaunched_as_decided(run):
+    plans = [plan.to_dict() for plan in _tonight(run)[0]]
+    final = _decide_job(run, plans, SLOWER_CHALLENGER, 2000)
+    assert final[2]["candidate"] == "incumbent"
+    assert "not measured" in json.loads(run.layout.trial_decision.read_text())["relaunch"]["reason"]

@@ -195,6 +195,25 @@ def test_the_section_tables_each_candidate_and_states_the_decision_and_the_cost(
     assert "- Trial cost: 1.50 GPU-minutes at the challengers' lower speed (2." in text
 
 
+def test_a_relaunch_left_out_because_it_would_not_pay_is_stated_with_its_figures(tmp_path):
+    layout = trial_run(tmp_path / "run")
+    record = json.loads(layout.trial_decision.read_text())
+    record["relaunch"] = {"moved": {"c:1": "cap_1_2"}, "policy": "when_it_pays", "pays": False,
+                          "reason": "relaunching would idle 5 server(s) for ~60 s (the first round's launch-to-ready) "
+                                    "= 300 server-s, to gain 120 server-s over the ~400 s left at the trial's pace: "
+                                    "keeping c:1 on cap_1_2 for the rest of the job"}
+    layout.trial_decision.write_text(json.dumps(record))
+    payoff = payoff_of(layout)
+    assert payoff["relaunch"] == record["relaunch"]
+    text = "\n".join(_payoff_section(payoff))
+    assert ("- Relaunch round (when_it_pays): relaunching would idle 5 server(s) for ~60 s (the first round's "
+            "launch-to-ready) = 300 server-s, to gain 120 server-s over the ~400 s left at the trial's pace: keeping "
+            "c:1 on cap_1_2 for the rest of the job.") in text
+    record["relaunch"] = {**record["relaunch"], "moved": {}, "reason": "no server moves"}
+    layout.trial_decision.write_text(json.dumps(record))
+    assert "Relaunch round" not in "\n".join(_payoff_section(payoff_of(layout)))
+
+
 PLAN_INPUTS = {"gpus": [{"name": "NVIDIA B200"}], "profile": {"architecture": "Qwen3_5ForCausalLM",
                                                                "weights_bytes_total": 54_000_000_000}}
 
