@@ -26,7 +26,9 @@ boundaries, the tail and, with a trial, the relaunch round included) over its GP
   to last metrics row of the trial shards) over the trial run's (its generation span x its GPUs);
 - ``whole_job_ratio`` = arm 1's / arm 4's: the job with the trial against the same job knowing the answer beforehand.
   It charges the challengers' speed on the trial's share and the relaunch round: the trial's drain, the decision,
-  the losers' stop, load and readiness, during which the rest of the job waits. The simulator runs generation
+  the losers' stop, load and readiness, during which the rest of the job waits; or, when the trial measured that
+  the round would cost more than it gains (``tuning_trial_relaunch`` at its default, docs/tuning-trial.md §7), the
+  losers' lower speed for the rest of the job. The simulator runs generation
   ``--time-scale`` times faster than the wall clock, not Airflow's tasks nor a server's load (``--load-seconds``,
   wall seconds), so the round weighs that many times more here than on GPUs; the bench prints the job's simulated
   length and the round's wall seconds beside the ratio. A night of hours against a round of minutes comes nearer 1;
@@ -179,7 +181,8 @@ def trial_figures(run_dir: Path, report: dict) -> dict:
         caps.setdefault(entry["candidate"], set()).add(entry["cap"])
     return {"winner": decision["winner"], "reason": decision["reason"], "share": trial_gpu_s / job_gpu_s,
             "round_s": min(after) - trial_last if after else None, "scores": decision["scores"],
-            "unscored": decision.get("unscored", {}), "caps": caps}
+            "unscored": decision.get("unscored", {}), "caps": caps,
+            "relaunch": (decision.get("relaunch") or {}).get("reason", "not recorded")}
 
 
 def score_lines(figures: dict) -> list[str]:
@@ -256,7 +259,8 @@ def main() -> int:
         for index in range(args.tries):
             run_dir, report = arm("trial" if index == 0 else f"trial-{index + 1}", tuning_trial=True)
             figures = trial_figures(run_dir, report)
-            print("\n".join([f"  {figures['reason']}", *score_lines(figures)]), flush=True)
+            print("\n".join([f"  {figures['reason']}", *score_lines(figures),
+                             f"  the relaunch round: {figures['relaunch']}"]), flush=True)
             tries.append((run_dir, report, figures))
         trial_dir, trial_report, trial = tries[0]
         _, incumbent_report = arm("incumbent", tuning_trial=False)

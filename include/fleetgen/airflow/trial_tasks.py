@@ -66,20 +66,45 @@ def trial_key_parts(inventories: dict[str, dict], spec: FleetSpec, identity: dic
             "sglang_version": str((identity.get("parts") or {}).get("sglang"))}
 
 
-def previous_workload_bucket(output_root: Path, layout: RunLayout) -> str | None:
-    """The workload bucket of the previous successful run (its servers' own token counts), or None."""
+def previous_report(output_root: Path, layout: RunLayout) -> tuple[dict, str] | None:
+    """(the report, the run's folder name) of the previous successful run under ``output_root``, or None."""
+    from fleetgen.outputs import run_root_of_report
     from fleetgen.report.previous import find_previous_report
-    from fleetgen.tuning.trial_history import workload_bucket
 
     previous = find_previous_report(output_root, layout.root.name) if Path(output_root).exists() else None
     if previous is None:
         return None
     try:
-        report = json.loads(Path(previous).read_text())
-        prompt, completion = report["prompt_tokens"]["mean"], report["completion_tokens"]["mean"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return json.loads(Path(previous).read_text()), run_root_of_report(Path(previous)).name
+    except (OSError, ValueError):
+        return None
+
+
+def previous_workload_bucket(previous: tuple[dict, str] | None) -> str | None:
+    """The workload bucket of the previous successful run (its servers' own token counts), or None."""
+    from fleetgen.tuning.trial_history import workload_bucket
+
+    try:
+        prompt, completion = previous[0]["prompt_tokens"]["mean"], previous[0]["completion_tokens"]["mean"]
+    except (KeyError, TypeError):
         return None
     return workload_bucket(float(prompt), float(completion)) if prompt and completion else None
+
+
+def previous_pace(previous: tuple[dict, str] | None, servers: list[str], window_s: float):
+    """The previous successful run's finished requests per second per server (its completions over its generation
+    span), when it ran on exactly tonight's servers; None otherwise (``trial_plan.TrialPace``)."""
+    from fleetgen.tuning.trial_plan import TrialPace
+
+    try:
+        report, run = previous
+        per_server, seconds = report["per_server"], float(report["timing"]["generation_seconds"])
+        completions = sum(int(entry["completions"]) for entry in per_server.values())
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if set(per_server) != set(servers) or not seconds > 0 or completions <= 0:
+        return None
+    return TrialPace(requests_per_s=completions / seconds / len(servers), window_s=window_s, source=run)
 
 
 def reused_trial_prompts(config: RunConfig, spec: FleetSpec, layout: RunLayout, prompt_scan: dict,
@@ -136,14 +161,17 @@ def tonights_plans(spec: FleetSpec, inventories: dict[str, dict], model, workloa
             return plans, []
         return plans, [why_not]
     parts = trial_key_parts(inventories, spec, identity)
-    bucket = previous_workload_bucket(config.inputs.output_root, layout)
+    previous = previous_report(config.inputs.output_root, layout)
+    bucket = previous_workload_bucket(previous)
     key = TrialKey(**parts, workload=bucket) if parts and bucket else None
     head = trial_share_of(config, workload.prompt_count)
     reused, source = reused_in_trial(head)
     trial = plan_trial(spec, inventories, model, workload, config.tuning.bounds(), run, log,
                        listed=config.tuning.listed_candidates(),
                        history=TrialHistory(trial_history_file(config.inputs.output_root)), key=key, key_parts=parts,
-                       trial_prompts=head - reused)
+                       trial_prompts=head - reused,
+                       pace=previous_pace(previous, [slot.name for slot in spec.servers()],
+                                          config.tuning.trial_window_s))
     write_trial_plan(layout, trial)
     plans = trial.tonight()
     workload_history.write_plan_record(layout, plans)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -69,12 +70,27 @@ class TrialPlan:
                               hint="derive_plan writes them; clear the run's derive_plan") from None
 
 
+@dataclass(frozen=True)
+class TrialPace:
+    """How fast an earlier run on the same servers finished requests (``requests_per_s``: per server, its completions
+    over its generation span), and tonight's window: what turns the trial's prompts into its length."""
+
+    requests_per_s: float
+    window_s: float
+    source: str  # the run it was measured in
+
+    def describe(self) -> str:
+        return f"at run {self.source}'s {self.requests_per_s:.3g} requests/s per server"
+
+
 def plan_trial(spec: FleetSpec, inventories: dict[str, dict], model: ModelFiles, workload: Workload,
                bounds: TunerBounds, run: FleetPlanRun, log: logging.Logger, *, listed: Sequence[Candidate],
-               history: TrialHistory, key: TrialKey | None, key_parts: dict, trial_prompts: int) -> TrialPlan:
+               history: TrialHistory, key: TrialKey | None, key_parts: dict, trial_prompts: int,
+               pace: TrialPace | None = None) -> TrialPlan:
     """Tonight's candidates planned and the fleet split between them (see the module's docstring). With fewer
-    ``trial_prompts`` than the split needs to measure every server (``prompts_needed``), no trial: relaunching a
-    challenger's server for a trial that cannot judge it would cost a relaunch for nothing."""
+    ``trial_prompts`` than the split needs to measure every server (``prompts_needed``, at ``pace`` when an earlier
+    run measured one), no trial: relaunching a challenger's server for a trial that cannot judge it would cost a
+    relaunch for nothing."""
     base_args = tuple(spec.server.extra_args)
     profile = model_profile(spec, model, options_for(spec, base_args))
     speculative = (profile.spec_steps, profile.spec_topk, profile.draft_tokens) if profile.draft_tokens else None
@@ -86,23 +102,34 @@ def plan_trial(spec: FleetSpec, inventories: dict[str, dict], model: ModelFiles,
     tried = history.tried(key) if key is not None else set()
     split = choose_split(servers, list(planned.plans), last_winner=last_winner, tried=tried)
     by_server = {name: dict(zip(servers, plans)) for name, plans in planned.plans.items()}
-    if split.trial and trial_prompts < prompts_needed(split, by_server):
+    needed = prompts_needed(split, by_server, pace) if split.trial else 0
+    if trial_prompts < needed:
         split = without_trial(split, (
             f"no tuning trial: its {trial_prompts} prompt(s) cannot measure these servers (their caps need "
-            f"{prompts_needed(split, by_server)} for a warm-up and the windows a decision needs); raise "
-            f"tuning_trial_share"))
+            f"{needed} for a warm-up and the windows a decision needs"
+            f"{', ' + pace.describe() if pace is not None else ''}); raise tuning_trial_share"))
     return TrialPlan(split=split, described={c.name: c.describe() for c in candidates if c.name in planned.plans},
                      skipped=dict(planned.skipped), key=key, key_parts=dict(key_parts), plans=by_server)
 
 
-def prompts_needed(split: TrialSplit, plans: dict[str, dict[str, ServerPlan]]) -> int:
+def prompts_needed(split: TrialSplit, plans: dict[str, dict[str, ServerPlan]], pace: TrialPace | None = None) -> int:
     """The fewest trial prompts that can give every server of ``split`` its warm-up and ``MIN_WINDOWS`` windows: per
     server ``WARMUP_TURNOVERS + MIN_WINDOWS`` turnovers of its batch (its cap of completions each; a window shorter
-    than one turnover sees the counter step for part of the batch only, tuning/trial.py)."""
+    than one turnover sees the counter step for part of the batch only, tuning/trial.py).
+
+    With an earlier run's ``pace``, also long enough in time: the trial's servers share one queue, so it lasts its
+    prompts over the fleet's requests per second, and each server needs its warm-up turnover, ``MIN_WINDOWS``
+    windows of ``pace.window_s`` and the drain's turnover at the end (no longer at its batch). A server's turnover
+    takes its cap over its requests per second, the earlier run's (the throughput a candidate is tried for; Little's
+    law): a larger cap, a longer turnover. The larger of the two counts."""
     from fleetgen.tuning.trial import MIN_WINDOWS, WARMUP_TURNOVERS
 
-    return sum((WARMUP_TURNOVERS + MIN_WINDOWS) * plans[candidate][server].expected["max_running_requests"]
-               for server, candidate in split.assignment.items())
+    caps = [plans[candidate][server].expected["max_running_requests"] for server, candidate in split.assignment.items()]
+    turnovers = sum((WARMUP_TURNOVERS + MIN_WINDOWS) * cap for cap in caps)
+    if pace is None or pace.requests_per_s <= 0 or not caps:
+        return turnovers
+    longest_s = max((WARMUP_TURNOVERS + 1) * cap / pace.requests_per_s + MIN_WINDOWS * pace.window_s for cap in caps)
+    return max(turnovers, math.ceil(len(caps) * pace.requests_per_s * longest_s))
 
 
 def without_trial(split: TrialSplit, why: str) -> TrialSplit:

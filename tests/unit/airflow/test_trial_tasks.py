@@ -5,6 +5,7 @@ shards write them, and the hand-over to the relaunch round."""
 from __future__ import annotations
 
 import json
+import math
 import logging
 import random
 from pathlib import Path
@@ -399,6 +400,53 @@ def test_sglang_own_sizing_runs_as_the_last_default_challenger_and_the_decision_
 
 
 # --- prompts an earlier run fills -----------------------------------------------------------------------------
+
+def _previous_run(run, *, requests_per_s, servers=("n0:30000", "n0:30001", "n0:30002"), folder="scheduled__night1"):
+    """An earlier successful run's report under the output root: its servers each finished ``requests_per_s``."""
+    from fleetgen.report.previous import REPORT_SCHEMA
+
+    layout = RunLayout(run.tmp / "out" / folder)
+    layout.report_json.parent.mkdir(parents=True, exist_ok=True)
+    layout.report_json.write_text(json.dumps({
+        "schema": REPORT_SCHEMA, "run_succeeded": True, "generated_at_epoch": 1.0,
+        "timing": {"generation_seconds": 100.0},
+        "per_server": {server: {"completions": int(requests_per_s * 100)} for server in servers},
+        "prompt_tokens": {"mean": 270.0}, "completion_tokens": {"mean": 2600.0}}))
+
+
+def test_with_an_earlier_runs_pace_the_trial_needs_time_for_each_servers_warm_up_windows_and_drain(run):
+    from fleetgen.tuning.trial_plan import TrialPace, prompts_needed
+
+    _tonight(run)
+    trial = read_trial_plan(run.layout)
+    caps = [trial.plans[candidate][server].expected["max_running_requests"]
+            for server, candidate in trial.split.assignment.items()]
+    turnovers = prompts_needed(trial.split, trial.plans)
+    # fast requests: windows of 60 s need many turnovers; the largest cap's turnover is the longest
+    fast = TrialPace(requests_per_s=100.0, window_s=60.0, source="r")
+    assert prompts_needed(trial.split, trial.plans, fast) == math.ceil(3 * 100.0 * (2 * max(caps) / 100.0 + 180))
+    # slow requests: a turnover outlasts a window, and the turnover count is the larger
+    slow = TrialPace(requests_per_s=0.01, window_s=60.0, source="r")
+    assert prompts_needed(trial.split, trial.plans, slow) == turnovers
+
+
+def test_a_trial_too_short_at_the_last_nights_pace_runs_none_and_says_whose_pace(run):
+    _previous_run(run, requests_per_s=100.0)
+    plans, notes = _tonight(run)  # 27,414 prompts (3 %): 3 servers at 100 requests/s need ~3 minutes' worth
+    assert {p.candidate for p in plans} == {"incumbent"}
+    assert notes[0].startswith("no tuning trial: its 27414 prompt(s) cannot measure these servers")
+    assert "at run scheduled__night1's 100 requests/s per server); raise tuning_trial_share" in notes[0]
+
+
+@pytest.mark.parametrize("previous", [
+    {"requests_per_s": 10.0},                                        # slow enough: the trial holds its windows
+    {"requests_per_s": 100.0, "servers": ("n0:30000", "n0:30001")},  # another fleet's pace is not tonight's
+])
+def test_a_pace_that_fits_or_another_fleets_lets_the_trial_run(run, previous):
+    _previous_run(run, **previous)
+    plans, _ = _tonight(run)
+    assert {p.candidate for p in plans} == {"incumbent", "no_speculation"}
+
 
 def test_a_trial_whose_prompts_an_earlier_run_fills_cannot_measure_the_split_and_runs_none_saying_so(run):
     from fleetgen.tuning.trial_plan import prompts_needed
