@@ -146,3 +146,33 @@ def test_a_trial_cut_by_its_time_cap_leaves_the_rest_of_its_shard_to_the_winner_
     assert sorted(ids) == sorted(expected) and len(ids) == len(set(ids)) == PROMPTS
     assert report["validation"]["success"]
     assert all(state == "success" for (task, _), state in states.items() if task.startswith("generate."))
+
+
+def test_a_tie_whose_relaunch_would_not_pay_keeps_the_challengers_server_and_skips_the_round(dag, trial_env):
+    """A challenger whose flag the simulated speed does not read (``--stream-interval``) is as fast as the incumbent
+    within the windows' noise: moving its server back would gain a few server-seconds over the ~30 s left, while the
+    round idles all 3 servers for the first round's measured load (2 s each at least). With tuning_trial_relaunch at
+    its default the server keeps its configuration, the relaunch group is skipped and every prompt ends once."""
+    output_root = trial_env.output_root / "tie"
+    states, run_dir = _run(dag, trial_env, incumbent_cap=FAST_CAP, challenger_cap=FAST_CAP, output_root=output_root,
+                           tuning_trial_relaunch="when_it_pays", relaunch_servers=True,  # the first round launches
+                           tuning_candidates=[{"name": "stream_interval_4", "flags": {"--stream-interval": 4}}])
+    decision = json.loads((run_dir / "trial-decision.json").read_text())
+    [challenger_server] = _servers_by_candidate(run_dir)["stream_interval_4"]
+    relaunch = decision["relaunch"]
+    print(f"tie: {decision['reason']}; {relaunch['reason']}")
+    assert decision["winner"] == "incumbent"
+    assert relaunch["moved"] == {challenger_server: "stream_interval_4"} and relaunch["round_s"] >= 2.0
+    assert relaunch["pays"] is False and relaunch["policy"] == "when_it_pays", relaunch
+    # relaunch_needed (a short-circuit) said no: every task of the round skipped but the hand-over of the servers
+    skipped = {task for (task, _), state in states.items() if task.startswith("relaunch.") and state == "skipped"}
+    assert skipped == {"relaunch.stop_servers", "relaunch.launch_servers", "relaunch.servers_to_wait",
+                       "relaunch.wait_ready"}, states
+    assert states[("relaunch.servers_in_use", -1)] == "success"
+    ids = _completion_ids(run_dir)
+    assert sorted(ids) == sorted(json.loads(line)["id"] for line in trial_env.prompts_path.read_text().splitlines())
+    assert len(ids) == len(set(ids)) == PROMPTS
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    assert report["validation"]["success"]
+    assert "- Relaunch round (when_it_pays): relaunching would idle 3 server(s)" in (
+        run_dir / "report" / "report.md").read_text()
