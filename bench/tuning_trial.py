@@ -287,8 +287,9 @@ def main() -> int:
     ratios = [per_gpu_rate(report) / chosen for _, report, _ in tries]
     round_s = "none" if trial["round_s"] is None else f"{trial['round_s']:.1f} s"
     simulated_min = trial_report["timing"]["generation_seconds"] * args.time_scale / 60
-    print(f"the trial run: {simulated_min:,.0f} simulated minutes of generation, its relaunch round (the trial's last completion to the next request) {round_s} wall; "
-          f"whole job against the winner fixed, per try: " + ", ".join(f"{ratio:.3f}" for ratio in ratios))
+    print(f"the trial run: {simulated_min:,.0f} simulated minutes of generation, its relaunch round (the trial's last "
+          f"completion to the next request) {round_s} wall; whole job against the winner fixed, per try: "
+          + ", ".join(f"{ratio:.3f}" for ratio in ratios))
     print(f"{BENCH_NAME} chosen={trial['winner']} gain_vs_incumbent={chosen / incumbent:.3f} "
           f"gain_vs_auto={chosen / auto:.3f} trial_share={trial['share']:.3f} whole_job_ratio={ratios[0]:.3f} "
           f"tie_kept_incumbent={'yes' if tie['winner'] == INCUMBENT else 'no'}")
