@@ -56,8 +56,8 @@ def stop_ports(shell: NodeShell, fleet: FleetSpec, ports: list[int]) -> list[dic
              "launched_under_other_module": fields.get("module") == "other",
              "pid_file_missing": fields.get("pid_file") == "missing"}
             for outcome, fields in remote.parse_records(out, ("stopped", "absent", "stale"))]
-    order = {int(port): index for index, port in enumerate(ports)}  # the ports' order, whichever ended first
-    return sorted(records, key=lambda record: order.get(record["port"], len(order)))
+    order = [int(port) for port in ports]  # the ports' order, whichever ended first (the script prints only these)
+    return sorted(records, key=lambda record: order.index(record["port"]))
 
 
 def wait_memory_released(shell: NodeShell, fleet: FleetSpec, node_name: str, pids: set[int],

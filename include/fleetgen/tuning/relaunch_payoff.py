@@ -76,7 +76,6 @@ def median_rate(rates: list[float] | None) -> float | None:
 class RelaunchEstimate:
     """The round's cost and gain for the servers the decision moves (``moved``: server -> the candidate it ran)."""
 
-    winner: str
     moved: dict[str, str]
     servers: int                     # every server of the fleet waits through the round
     round_s: float | None            # the first round's slowest launch-to-ready, measured
@@ -136,5 +135,4 @@ def estimate(*, winner: str, moved: dict[str, str], pooled: dict[str, list[float
     for server, ran in moved.items():
         own = median_rate(pooled.get(ran))
         shortfall[server] = None if best is None or own is None or best <= 0 else 1 - own / best
-    return RelaunchEstimate(winner=winner, moved=dict(moved), servers=servers, round_s=round_s, rest_s=rest_s,
-                            shortfall=shortfall)
+    return RelaunchEstimate(moved=dict(moved), servers=servers, round_s=round_s, rest_s=rest_s, shortfall=shortfall)

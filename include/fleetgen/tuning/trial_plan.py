@@ -102,12 +102,13 @@ def plan_trial(spec: FleetSpec, inventories: dict[str, dict], model: ModelFiles,
     tried = history.tried(key) if key is not None else set()
     split = choose_split(servers, list(planned.plans), last_winner=last_winner, tried=tried)
     by_server = {name: dict(zip(servers, plans)) for name, plans in planned.plans.items()}
-    needed = prompts_needed(split, by_server, pace) if split.trial else 0
-    if trial_prompts < needed:
-        split = without_trial(split, (
-            f"no tuning trial: its {trial_prompts} prompt(s) cannot measure these servers (their caps need "
-            f"{needed} for a warm-up and the windows a decision needs"
-            f"{', ' + pace.describe() if pace is not None else ''}); raise tuning_trial_share"))
+    if split.trial:
+        needed = prompts_needed(split, by_server, pace)
+        if trial_prompts < needed:
+            split = without_trial(split, (
+                f"no tuning trial: its {trial_prompts} prompt(s) cannot measure these servers (their caps need "
+                f"{needed} for a warm-up and the windows a decision needs"
+                f"{', ' + pace.describe() if pace is not None else ''}); raise tuning_trial_share"))
     return TrialPlan(split=split, described={c.name: c.describe() for c in candidates if c.name in planned.plans},
                      skipped=dict(planned.skipped), key=key, key_parts=dict(key_parts), plans=by_server)
 

@@ -151,6 +151,16 @@ def test_a_stopped_server_found_by_its_marker_says_how_it_was_found(fleet):
                                                                                           (True, True)]
 
 
+def test_the_live_server_of_ours_on_a_port_is_the_pid_its_pid_file_names_and_none_when_it_names_another(fleet):
+    shell = ScriptedShell({"our server on the port": [(0, "ours port=30001 pid=12\nours port=30000 pid=11\n", ""),
+                                                      (0, "ours port=30001 pid=12\n", ""), (0, "", "")]})
+    assert lifecycle.live_server_of_ours(shell, fleet, 30000) == 11
+    assert lifecycle.live_server_of_ours(shell, fleet, 30000) is None
+    assert lifecycle.live_server_of_ours(shell, fleet, 30000) is None
+    assert shell.calls[0]["command"] == remote.our_pids_command(run_dir="/r", module="sglang.launch_server",
+                                                                ports=[30000])
+
+
 class Clock:
     """time.monotonic and time.sleep for the memory wait: each sleep advances the clock by one step."""
 

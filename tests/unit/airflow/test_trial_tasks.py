@@ -138,7 +138,8 @@ def test_a_trial_share_too_small_to_measure_the_servers_runs_no_trial_and_says_w
     share = (needed - 1) / WORKLOAD.prompt_count
     plans, notes = _tonight(run, tuning_trial_share=share)
     assert {p.candidate for p in plans} == {"incumbent"}
-    assert notes[0].startswith(f"no tuning trial: its {needed - 1} prompt(s) cannot measure these servers")
+    assert notes[0] == (f"no tuning trial: its {needed - 1} prompt(s) cannot measure these servers (their caps need "
+                        f"{needed} for a warm-up and the windows a decision needs); raise tuning_trial_share")
     assert "raise tuning_trial_share" in notes[0] and not read_trial_plan(run.layout).split.trial
     plans, _ = _tonight(run, tuning_trial_share=needed / WORKLOAD.prompt_count)
     assert {p.candidate for p in plans} == {"incumbent", "no_speculation"}
@@ -428,6 +429,13 @@ def test_with_an_earlier_runs_pace_the_trial_needs_time_for_each_servers_warm_up
     # slow requests: a turnover outlasts a window, and the turnover count is the larger
     slow = TrialPace(requests_per_s=0.01, window_s=60.0, source="r")
     assert prompts_needed(trial.split, trial.plans, slow) == turnovers
+    # under one request a second but long windows: the time still rules
+    long_windows = TrialPace(requests_per_s=0.5, window_s=600.0, source="r")
+    assert prompts_needed(trial.split, trial.plans, long_windows) == math.ceil(3 * 0.5 * (2 * max(caps) / 0.5 + 1800))
+    assert prompts_needed(trial.split, trial.plans, long_windows) > turnovers
+    # a pace of nothing measured nothing: the turnovers
+    nothing = TrialPace(requests_per_s=0.0, window_s=60.0, source="r")
+    assert prompts_needed(trial.split, trial.plans, nothing) == turnovers
 
 
 def test_a_trial_too_short_at_the_last_nights_pace_runs_none_and_says_whose_pace(run):
@@ -435,7 +443,8 @@ def test_a_trial_too_short_at_the_last_nights_pace_runs_none_and_says_whose_pace
     plans, notes = _tonight(run)  # 27,414 prompts (3 %): 3 servers at 100 requests/s need ~3 minutes' worth
     assert {p.candidate for p in plans} == {"incumbent"}
     assert notes[0].startswith("no tuning trial: its 27414 prompt(s) cannot measure these servers")
-    assert "at run scheduled__night1's 100 requests/s per server); raise tuning_trial_share" in notes[0]
+    assert notes[0].endswith("the windows a decision needs, at run scheduled__night1's 100 requests/s per server); "
+                             "raise tuning_trial_share")
 
 
 @pytest.mark.parametrize("previous", [

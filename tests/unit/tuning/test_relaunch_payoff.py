@@ -21,6 +21,10 @@ def test_the_round_is_the_slowest_launch_to_ready_of_the_first_round_and_kept_se
 
 def test_a_ready_before_the_launch_is_an_earlier_runs_and_no_launch_means_no_round_measured():
     assert first_round_s(_times(("a", [("ready", 50.0), ("launched", 100.0), ("ready", 130.0)]))) == 30.0
+    # a kept server before a launched one is passed over, not the end of the look; a ready in the same instant counts
+    assert first_round_s(_times(("k", [("kept", 1.0)]), ("a", [("launched", 5.0), ("ready", 5.0)]),
+                                ("b", [("launched", 5.0), ("ready", 9.0)]))) == 4.0
+    assert first_round_s(_times(("a", [("launched", 5.0), ("ready", 5.0)]))) == 0.0
     assert first_round_s(_times(("a", [("kept", 1.0), ("ready", 2.0)]))) is None
     assert first_round_s(_times(("a", [("launched", 1.0)]))) is None
     assert first_round_s({}) is None
@@ -43,6 +47,7 @@ def test_the_rest_of_the_job_is_the_prompts_left_at_the_trials_pace():
     assert rest_seconds(100, 120, 50.0) == 0  # retried prompts: nothing left
     assert rest_seconds(None, 100, 50.0) is None
     assert rest_seconds(1000, 0, 50.0) is None and rest_seconds(1000, 10, 0.0) is None
+    assert rest_seconds(11, 1, 0.5) == pytest.approx(5.0)  # one request in half a second: a pace all the same
 
 
 POOLED = {"incumbent": [100.0, 101.0, 99.0], "cap_3_4": [98.0, 98.0, 98.0], "no_speculation": [80.0, 80.0]}
@@ -79,6 +84,31 @@ def test_what_was_not_measured_relaunches_as_decided(change, why):
     assert unmeasured.pays and why in unmeasured.reason()
 
 
+def test_a_winner_that_made_nothing_or_little_is_no_yardstick_only_when_it_made_nothing():
+    nothing = estimate(winner="w", moved={"s": "l"}, pooled={"w": [0.0], "l": [1.0]}, servers=3, round_s=1.0,
+                       rest_s=10.0)
+    assert nothing.shortfall == {"s": None} and nothing.pays
+    little = estimate(winner="w", moved={"s": "l"}, pooled={"w": [0.5], "l": [0.25]}, servers=3, round_s=2.0,
+                      rest_s=10.0)
+    assert little.shortfall == {"s": 0.5} and little.gain_s == 5.0 and not little.pays
+
+
+def test_each_unmeasured_case_says_what_was_not_measured():
+    fields = {"winner": "incumbent", "pooled": POOLED, "servers": 7, "round_s": 30.0, "rest_s": 10.0}
+    assert estimate(**{**fields, "round_s": None}, moved={"s6": "cap_3_4"}).reason() == (
+        "the first round launched no server, so the round's length is not measured: relaunching")
+    assert estimate(**{**fields, "rest_s": None}, moved={"s6": "cap_3_4"}).reason() == (
+        "the job's size or the trial's pace is not known: relaunching")
+    assert estimate(**fields, moved={"s4": "draft_minus_1", "s5": "sglang_auto", "s6": "draft_minus_1"}).reason() == (
+        "draft_minus_1, sglang_auto gave no steady window: relaunching")
+
+
+def test_a_gain_that_only_equals_the_cost_keeps_the_losers():
+    even = estimate(winner="w", moved={"s": "l"}, pooled={"w": [100.0], "l": [50.0]}, servers=1, round_s=10.0,
+                    rest_s=20.0)
+    assert even.gain_s == even.cost_s == 10.0 and not even.pays and "keeping s on l" in even.reason()
+
+
 def test_no_server_moved_is_no_round():
     none = estimate(winner="incumbent", moved={}, pooled=POOLED, servers=7, round_s=30.0, rest_s=10.0)
     assert none.pays and none.reason() == "no server moves" and none.gain_s == 0
@@ -91,3 +121,6 @@ def test_the_record_holds_the_figures_and_the_verdict():
                       "cost_server_s": 210.3, "gain_server_s": 18.0, "shortfall": {"s5": 0.02}, "pays": False,
                       "reason": record["reason"]}
     assert record["reason"].startswith("relaunching would idle 7 server(s) for ~30 s")
+    thirds = estimate(winner="w", moved={"s": "l"}, pooled={"w": [3.0], "l": [2.0]}, servers=1, round_s=1.0,
+                      rest_s=1.0).to_dict()
+    assert thirds["shortfall"] == {"s": 0.3333}
