@@ -176,3 +176,60 @@ def test_a_measured_server_without_a_steady_rate_shows_a_dash_and_an_unmeasured_
     assert "steady state" not in lines[2] and lines[2].endswith("at 60 output tokens/s per GPU, with 100.0% of the "
                                                                  "cap running on average.")
     assert lines[-2:] == [f"- **b:1**: {NEVER_AT_BATCH}.", ""]
+
+
+def test_the_figures_keep_their_declared_precision_and_a_kept_servers_counters_count_from_where_they_stood():
+    # STEADY_THEN_DRAINING on a clock running 1.0152427x and counters 1.00041x, from 10,000 tokens already counted
+    # (a server kept from an earlier run): seconds to 3 decimals, tokens to 1, rates to 2
+    k, m = 1.0152427, 1.00041
+    table = [(t * k, running, queue, 10_000 + tokens * m, requests)
+             for t, running, queue, tokens, requests in STEADY_THEN_DRAINING]
+    drain = drain_report(rows(table), gpus_per_server={"a:1": 1})
+    server = drain["per_server"]["a:1"]
+    assert (server["drain_s"], server["generation_s"], server["steady_s"]) == (30.457, 60.915, 20.305)
+    assert (server["gpu_seconds"], server["generation_gpu_seconds"]) == (30.457, 60.915)
+    assert (server["tokens"], server["generation_tokens"]) == (900.4, 3601.5)
+    assert server["tokens_per_s_per_gpu"] == round(900 * m / (30 * k), 2) == 29.56
+    assert drain["fleet"]["seconds"] == 30.457
+
+
+def test_a_single_request_running_or_waiting_keeps_the_server_busy():
+    # one request queued before any runs starts the generation; one still running at t=50 keeps the drain open
+    table = [(-10, 0, 1, 0, 0), (0, 8, 4, 0, 0), (10, 8, 4, 700, 8), (20, 8, 2, 1700, 18), (30, 8, 0, 2700, 28),
+             (40, 5, 0, 3000, 31), (50, 1, 0, 3500, 35), (60, 0, 0, 3600, 36), (70, 0, 0, 3600, 36)]
+    server = drain_report(rows(table), gpus_per_server={"a:1": 1})["per_server"]["a:1"]
+    assert (server["generation_s"], server["end"], server["drain_s"]) == (70.0, 60.0, 30.0)
+
+
+def test_a_server_without_a_steady_rate_adds_no_steady_tokens_to_the_fleets():
+    short = rows([(0, 8, 1, 0, 0), (10, 8, 0, 300, 4), (20, 0, 0, 900, 12)], server="b:1")
+    drain = drain_report(rows(STEADY_THEN_DRAINING) + short, gpus_per_server={"a:1": 1, "b:1": 1})
+    assert drain["per_server"]["b:1"]["steady_s"] is None
+    assert drain["fleet"]["steady_tokens_per_s_per_gpu"] == 100.0  # a:1's 2,000 tokens in 20 s alone
+
+
+def test_a_drain_and_a_steady_part_under_a_second_still_have_their_rates():
+    # STEADY_THEN_DRAINING sampled every 0.3 s: the drain takes 0.9 s, the steady part 0.6 s
+    fast = [(t * 0.03, running, queue, tokens, requests) for t, running, queue, tokens, requests in STEADY_THEN_DRAINING]
+    server = drain_report(rows(fast), gpus_per_server={"a:1": 1})["per_server"]["a:1"]
+    assert (server["drain_s"], server["steady_s"]) == (0.9, 0.6)
+    assert (server["tokens_per_s_per_gpu"], server["steady_tokens_per_s_per_gpu"], server["running_mean"]) == (
+        1000.0, pytest.approx(3333.33), 5.0)
+
+
+def test_a_server_still_at_its_batch_and_warming_up_at_its_last_row_has_a_drain_of_nothing_and_no_rates():
+    # the shards stopped sampling while it ran at its cap with 4 of 8 completions in: no drain, no steady part
+    busy = rows([(0, 8, 1, 0, 0), (10, 8, 1, 300, 4)])
+    drain = drain_report(busy, gpus_per_server={"a:1": 1})
+    server = drain["per_server"]["a:1"]
+    assert (server["drain_s"], server["steady_s"], server["running_mean"]) == (0.0, None, None)
+    assert (server["tokens_per_s_per_gpu"], server["steady_tokens_per_s_per_gpu"], server["running_share"]) == (
+        None, None, None)
+    assert any(line.startswith("| a:1 | 1 | 0.0 | 0.0% |") and line.endswith(" 8 (-) |") for line in drain_lines(drain))
+
+
+def test_the_mean_of_the_running_requests_keeps_two_decimals():
+    # 8 running for 1 s, then 3 for 29 s: 95 request-seconds over the drain's 30 s
+    server = drain_report(rows([(0, 8, 1, 0, 0), (10, 8, 0, 900, 9), (11, 3, 0, 1000, 10), (40, 0, 0, 1200, 12)]),
+                          gpus_per_server={"a:1": 1})["per_server"]["a:1"]
+    assert (server["drain_s"], server["running_mean"]) == (30.0, 3.17)
