@@ -312,14 +312,14 @@ def decide(plans: list[dict], readiness: list[dict], trial_shards: list[dict],
     decision = trial.decide(pooled, incumbent=trial_plan.split.incumbent, min_gain=config.tuning.trial_min_gain)
     log.info("Tuning trial over shard(s) %s, %d metrics row(s), windows of %g s; output tokens/s per GPU:\n%s\n%s",
              shard_ids, len(samples), config.tuning.trial_window_s, _score_table(decision, servers), decision.reason)
-    final = [_final_plan(plan, ready.get(server), trial_plan, decision.winner) for server, plan in by_server.items()]
-    moved = {server: by_server[server].get("candidate") for server, plan in zip(by_server, final)
-             if plan.get("candidate") != by_server[server].get("candidate")}
+    # the servers the decision moves to the winner (server -> the candidate each ran), unless their round would not pay
+    moved = {server: plan.get("candidate") for server, plan in by_server.items()
+             if plan.get("candidate") != decision.winner}
     relaunch = _relaunch_estimate(layout, decision.winner, moved, pooled, samples, len(by_server), prompt_scan)
     log.info("The relaunch round: %s", relaunch.reason())
-    if config.tuning.trial_relaunch == relaunch_payoff.WHEN_IT_PAYS and not relaunch.pays:
-        final = [_final_plan(plan, ready.get(server), trial_plan, plan.get("candidate")) if server in moved else
-                 final_plan for (server, plan), final_plan in zip(by_server.items(), final)]
+    kept = moved if config.tuning.trial_relaunch == relaunch_payoff.WHEN_IT_PAYS and not relaunch.pays else {}
+    final = [_final_plan(plan, ready.get(server), trial_plan, kept.get(server, decision.winner))
+             for server, plan in by_server.items()]
     auto = SGLANG_AUTO if SGLANG_AUTO in decision.candidates else None  # SGLang's own sizing, measured beside
     _write_json(layout.trial_decision, {
         **trial.decision_record(decision, servers=servers, samples=samples, decided_at=time.time(),
@@ -336,10 +336,8 @@ def decide(plans: list[dict], readiness: list[dict], trial_shards: list[dict],
         TrialHistory(trial_history_file(config.inputs.output_root)).record(key, decision, run_id=context["run_id"])
         log.info("Recorded for %s: the next night starts from %s", key.text, decision.winner)
     workload_history.write_plan_record(layout, [ServerPlan.from_dict(plan) for plan in final])
-    in_use = {server: plan.get("candidate") for server, plan in zip(by_server, final)}
-    kept = [server for server, ran in moved.items() if in_use[server] == ran]
     log.info("The rest of the job runs on %s%s; relaunched: %s", decision.winner,
-             "".join(f", {server} stays on {moved[server]}" for server in kept),
+             "".join(f", {server} stays on {ran}" for server, ran in kept.items()),
              ", ".join(server for server in moved if server not in kept) or "none")
     return final
 

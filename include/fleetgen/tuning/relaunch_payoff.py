@@ -1,5 +1,5 @@
 """Whether tonight's relaunch round pays for itself: what the rest of the job gains on the trial's winner against
-what the fleet loses while the round runs (docs/tuning-trial.md §5).
+what the fleet loses while the round runs (docs/tuning-trial.md §7, step 4).
 
 The round stops every server on a losing configuration and starts it on the winner, and the rest of the job waits
 for it on every server (the DAG's ``relaunch`` group runs before ``generate_shard``). In server-seconds at the
