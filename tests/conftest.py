@@ -82,3 +82,41 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return FileScheduling(config, log)
+
+
+# A real S3-compatible store (SeaweedFS, devstack/seaweedfs.py), started once per test process on the first test
+# that asks for it and reached, as the product reaches any store, through an Airflow connection.
+STORE_CONN_ID = "fleetgen_test_store"
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory):
+    from devstack.seaweedfs import start_seaweedfs
+
+    store = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    saved = {name: os.environ.get(name) for name in store.connection_env(STORE_CONN_ID)}
+    os.environ.update(store.connection_env(STORE_CONN_ID))
+    yield store
+    store.stop()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture
+def store_prefix(seaweedfs, request):
+    """An ``s3://`` URL of a prefix no other test writes under."""
+    import uuid
+
+    return f"s3://{seaweedfs.bucket}/{request.node.name[:40].replace('[', '-').replace(']', '')}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def object_store(store_prefix):
+    from fleetgen.storage.location import parse_location
+    from fleetgen.storage.objects import ObjectStore
+
+    return ObjectStore.connect(parse_location(store_prefix, parameter="output_root"), conn_id=STORE_CONN_ID,
+                               parameter="output_root")

@@ -234,6 +234,37 @@ class OutputUnwritable(OutputError):
     the quota spent, the file system read-only or the folder not ours to write."""
 
 
+class StoreError(FleetgenError):
+    """The object store that holds a run (``output_root`` / ``prompts_path`` as an ``s3://`` URL) failed a request
+    after the retries a retry could help. ``path`` is the object's URL; ``conn_id`` the Airflow connection used.
+    Retryable as a task: the store may answer later (503 SlowDown, a restart), and nothing committed is lost."""
+
+    def __init__(self, message: str, *, conn_id: str | None = None, **context) -> None:
+        self.conn_id = conn_id
+        super().__init__(message, **context)
+
+
+class StoreUnreachable(StoreError):
+    """No answer from the store's endpoint (refused, timed out, name not resolved)."""
+
+
+class StoreDenied(StoreError):
+    """The store refused the connection's credentials or their rights (403): a retry fails the same way."""
+
+
+class StoreBucketMissing(StoreError):
+    """The bucket named by the URL does not exist: a retry fails the same way."""
+
+
+class StoreConflict(StoreError):
+    """A conditional write lost (412 PreconditionFailed, 409 ConditionalRequestConflict): someone else wrote the
+    object first. The commit protocol turns this into what it means (a newer try took the shard over)."""
+
+
+class ObjectMissing(StoreError):
+    """The object is not there (404 NoSuchKey)."""
+
+
 class ValidationFailed(FleetgenError):
     """The output failed its expectations; ``summary`` is JSON-safe."""
 

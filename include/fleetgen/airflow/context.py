@@ -8,15 +8,17 @@ import functools
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import (AuthenticationRefused, ConfigError, HostKeyMismatch, ModelConfigError, OutputUnwritable,
                              PlanError, ProbeError, PromptsError, ServerReplaced, ShardPlanChanged,
-                             ValidationFailed)
+                             StoreBucketMissing, StoreDenied, ValidationFailed)
 from fleetgen.outputs import RunLayout
 
 # Errors a retry cannot fix: bad input, a model we cannot size, a plan that cannot fit, failed data, a node
 # presenting another host key than its connection's or refusing its login or key (a missing key file is a
 # ConfigError), an output disk that is still full or not writable, a server that is not the launch wait_ready read,
-# a shard's output written for another plan.
+# a shard's output written for another plan, an object store that refuses the connection's credentials or has no
+# such bucket.
 DETERMINISTIC_ERRORS = (ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError, ValidationFailed,
-                        HostKeyMismatch, AuthenticationRefused, OutputUnwritable, ServerReplaced, ShardPlanChanged)
+                        HostKeyMismatch, AuthenticationRefused, OutputUnwritable, ServerReplaced, ShardPlanChanged,
+                        StoreDenied, StoreBucketMissing)
 
 
 def fail_fast(function):

@@ -34,7 +34,6 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from collections.abc import Iterator
 from pathlib import Path
 
 from fleetgen.errors import GenerationError, OutputError, ShardPlanChanged
@@ -44,10 +43,10 @@ from fleetgen.generate.errors_readback import read_back_errors
 from fleetgen.generate.records import stats_record
 from fleetgen.generate.settings import GenerationSettings
 from fleetgen.generate.write_errors import OutputErrorsAs, output_error
+from fleetgen.generate.resume_mark import MarkedResume
 from fleetgen.generate.reuse import line_checksum
 from fleetgen.outputs import RunLayout
-from fleetgen.prompts.lines import Prompt, fast_id
-from fleetgen.prompts.planned import iter_shard_positions, resume_offset_problem
+from fleetgen.prompts.lines import fast_id
 
 TAIL_CHUNK = 1 << 20
 BLOCK = 1 << 22
@@ -67,7 +66,7 @@ class ResumeReport:
     sent_again: int = 0  # earlier errors not the prompts' fault: cut from the errors file, their prompts pending
 
 
-class ShardStore:
+class ShardStore(MarkedResume):
     """Open with ``ShardStore.open``; ``done_ids`` holds the UTF-8 ids not to generate again."""
 
     def __init__(self, root: Path, shard: dict) -> None:
@@ -211,36 +210,11 @@ class ShardStore:
                 log.warning("shard %d: ignoring an unreadable %s; reading the whole shard instead",
                             self.shard_id, self.mark_path)
             return None
-        # Every prompt before the mark is finished, so there are at least that many records; a
-        # mark without them (output files removed by hand) would skip prompts: read everything.
-        end = shard.get("end")
-        if not (0 <= mark[0] <= min(int(shard["count"]), len(self.done_ids)) and mark[1] >= int(shard["start"])
-                and (end is None or mark[1] <= int(end))):
-            if log is not None:
-                log.warning("shard %d: %s does not match the output on disk; reading the whole shard",
-                            self.shard_id, self.mark_path)
-            return None
-        return mark
+        return self.checked_mark(shard, mark)
 
-    def resume_point(self, shard: dict) -> tuple[int, int]:
-        """(valid prompts before, byte offset) to start reading the shard's prompts from."""
-        return self.mark or (0, int(shard["start"]))
-
-    def pending_prompts(self, shard: dict) -> Iterator[tuple[int, int, int, Prompt]]:
-        """The shard's prompts not yet finished, with their positions, from the resume point on.
-
-        The plan's blocks are checked before the first prompt (``iter_shard_positions``); a mark that is
-        not at a line start of the planned range (edited by hand) is dropped for the whole shard."""
-        if self.mark is not None and (problem := resume_offset_problem(shard, self.mark[1])):
-            if self._log is not None:
-                self._log.warning("shard %d: ignoring %s: %s; reading the whole shard (finished prompts are "
-                                  "skipped by id)", self.shard_id, self.mark_path, problem)
-            self.mark = None
-        valid_before, offset = self.resume_point(shard)
-        return iter_shard_positions(shard["input_path"], offset, int(shard["count"]) - valid_before,
-                                    skip_ids=self.done_ids, first_index=valid_before,
-                                    length_limit=shard.get("length_limit"), end=shard.get("end"),
-                                    blocks=shard.get("blocks"), shard=self.shard_id)
+    @property
+    def mark_where(self) -> str:
+        return str(self.mark_path)
 
     def save_mark(self, valid_before: int, offset: int) -> None:
         """Record that every prompt before ``offset`` (``valid_before`` of them) is finished.

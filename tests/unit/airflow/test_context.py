@@ -11,7 +11,8 @@ from fleetgen.airflow.context import DETERMINISTIC_ERRORS, fail_fast, mapped_val
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.errors import (AuthenticationRefused, ConfigError, FleetgenError, HostKeyMismatch, HostUnreachable,
                              ModelConfigError, OutputError, OutputUnwritable, PlanError, ProbeError, PromptsError,
-                             RemoteError, ServerReplaced, ShardPlanChanged, ValidationFailed)
+                             RemoteError, ServerReplaced, ShardLeaseLost, ShardPlanChanged, StoreBucketMissing,
+                             StoreConflict, StoreDenied, StoreError, StoreUnreachable, ValidationFailed)
 
 
 def _raising(error):
@@ -26,7 +27,9 @@ def _raising(error):
     ProbeError("no GPU"), PromptsError("no prompt"), ValidationFailed("too many truncated"),
     HostKeyMismatch("n1 presents another host key", expected="ssh-ed25519 SHA256:a", received="ssh-ed25519 SHA256:b",
                     host="n1"),
-    OutputUnwritable("disk full", errno=errno.ENOSPC), ShardPlanChanged("written for a different plan", shard=3)])
+    OutputUnwritable("disk full", errno=errno.ENOSPC), ShardPlanChanged("written for a different plan", shard=3),
+    StoreDenied("refused the credentials", path="s3://b/k", conn_id="aws_default"),
+    StoreBucketMissing("no bucket", path="s3://b/k")])
 def test_an_error_a_retry_cannot_fix_fails_the_task_at_once_keeping_message_and_cause(error):
     with pytest.raises(AirflowFailException) as caught:
         fail_fast(_raising(error))()
@@ -36,7 +39,11 @@ def test_an_error_a_retry_cannot_fix_fails_the_task_at_once_keeping_message_and_
 @pytest.mark.parametrize("error", [FleetgenError("transient"), HostUnreachable("n1 refused", host="n1"),
                                    RemoteError("exit 255", host="n1"), OutputError("full, space free again",
                                                                            errno=errno.ENOSPC),
-                                   OSError("connection reset"), KeyError("x")])
+                                   OSError("connection reset"), KeyError("x"),
+                                   StoreError("503 SlowDown after 5 tries", path="s3://b/k"),
+                                   StoreUnreachable("the store does not answer", path="s3://b/k"),
+                                   StoreConflict("another writer", path="s3://b/k"),
+                                   ShardLeaseLost("a newer try took over", shard=1)])
 def test_any_other_error_is_left_to_airflows_retries(error):
     with pytest.raises(type(error)) as caught:
         fail_fast(_raising(error))()
@@ -46,7 +53,7 @@ def test_any_other_error_is_left_to_airflows_retries(error):
 def test_the_deterministic_errors_are_exactly_those_a_retry_cannot_fix():
     assert set(DETERMINISTIC_ERRORS) == {ConfigError, ModelConfigError, PlanError, ProbeError, PromptsError,
                                          ValidationFailed, HostKeyMismatch, AuthenticationRefused, OutputUnwritable,
-                                         ServerReplaced, ShardPlanChanged}
+                                         ServerReplaced, ShardPlanChanged, StoreDenied, StoreBucketMissing}
 
 
 def test_a_wrapped_task_keeps_its_name_docs_arguments_and_result():

@@ -1,0 +1,313 @@
+"""A shard's output on a real object store (SeaweedFS): committed in parts under a numbered log, resumed from what
+is committed, and exactly once whatever tries die, freeze or overlap (docs/shards.md §8)."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fleetgen.errors import GenerationError, ShardLeaseLost, ShardPlanChanged, StoreError
+from fleetgen.generate import jsonio
+from fleetgen.generate.commit_log import CommitLog, commit_name, committed_lines, log_prefix, plan_name
+from fleetgen.generate.object_store import CommitBounds, ObjectShardStore
+from fleetgen.generate.records import PROMPT_FAULT, SERVER_FAULT, error_record, stats_record
+from fleetgen.prompts.scan import plan_shards, scan_prompts
+from store_fault_proxy import INTERNAL, FaultProxy
+
+# Commits only when asked (close) or when a bound is reached: the tests decide when a commit happens.
+MANUAL = CommitBounds(lines=1_000_000, bytes=1 << 30, interval_s=3600.0)
+
+
+def completion(prompt_id):
+    return {"id": prompt_id, "messages": [{"role": "user", "content": "q"}], "content": "a", "reasoning_content": "",
+            "finish_reason": "stop", "usage": {"prompt_tokens": 1, "completion_tokens": 1}, "server": "h:1",
+            "latency_s": 0.1, "model": "m", "sampling": {}, "finished_at": 1.0}
+
+
+def record(store, prompt_id):
+    line = completion(prompt_id)
+    store.record_completion(jsonio.dumps(line) + b"\n", jsonio.dumps(stats_record(line)) + b"\n", prompt_id)
+
+
+def fail(store, prompt_id, fault):
+    line = error_record(prompt_id, code="c", message="m", server="h:1", fault=fault)
+    store.record_failure(jsonio.dumps(line) + b"\n", prompt_id)
+
+
+def ids(store, shard_id, kind):
+    return [json.loads(line)["id"] for line in committed_lines(store, shard_id, kind)]
+
+
+@pytest.fixture
+def shard(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{n}", "prompt": "q"}) + "\n" for n in range(20)))
+    [planned] = plan_shards(path, shard_size=20, scan=scan_prompts(path))
+    return planned
+
+
+def test_what_a_try_recorded_is_committed_on_close_and_a_retry_resumes_after_it(object_store, shard):
+    first, report = ObjectShardStore.open(object_store, shard, try_number=1, bounds=MANUAL)
+    assert (report.finished, report.failed, report.sent_again) == (0, 0, 0)
+    for prompt_id in ("p0", "p1", "p2"):
+        record(first, prompt_id)
+    fail(first, "p3", PROMPT_FAULT)
+    first.save_mark(4, 0)
+    first.close()
+    assert ids(object_store, 0, "completions") == ids(object_store, 0, "stats") == ["p0", "p1", "p2"]
+    assert ids(object_store, 0, "errors") == ["p3"]
+    second, report = ObjectShardStore.open(object_store, shard, try_number=2, bounds=MANUAL)
+    assert (report.finished, report.failed) == (3, 1)
+    assert second.done_ids == {b"p0", b"p1", b"p2", b"p3"}
+    assert [prompt.id for *_, prompt in second.pending_prompts(shard)][:2] == ["p4", "p5"]
+    second.close()
+    commits = [json.loads(object_store.get(info.name)) for info in object_store.list(log_prefix(0))]
+    assert [(c["seq"], c["kind"], c["by"]["try"], c.get("final")) for c in commits] == [
+        (1, "open", 1, None), (2, "parts", 1, True), (3, "open", 2, None), (4, "parts", 2, True)]
+
+
+def test_the_mark_rides_on_the_commit_that_holds_the_records_it_covers(object_store, tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    lines = [json.dumps({"id": f"p{n}", "prompt": "q"}) + "\n" for n in range(6)]
+    path.write_text("".join(lines))
+    [shard] = plan_shards(path, shard_size=6, scan=scan_prompts(path))
+    offset = len(lines[0]) + len(lines[1])
+    store, _ = ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    record(store, "p0")
+    record(store, "p1")
+    store.save_mark(2, offset)
+    store.close()
+    again, _ = ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    assert again.mark == (2, offset) and again.resume_point(shard) == (2, offset)
+    assert [prompt.id for *_, prompt in again.pending_prompts(shard)] == ["p2", "p3", "p4", "p5"]
+    again.close()
+
+
+def test_a_commit_happens_once_the_buffer_reaches_its_line_bound(object_store, shard):
+    store, _ = ObjectShardStore.open(object_store, shard, bounds=CommitBounds(lines=3, interval_s=3600.0))
+    for prompt_id in ("p0", "p1", "p2", "p3"):
+        record(store, prompt_id)
+    deadline = time.monotonic() + 30
+    while len(object_store.list(log_prefix(0))) < 2:  # the open commit, then the committer's first
+        assert time.monotonic() < deadline, "the committer never committed a full buffer"
+        time.sleep(0.05)
+    first_parts = json.loads(object_store.get(commit_name(0, 2)))["parts"]
+    assert first_parts["stats"]["lines"] >= 3
+    store.close()
+    assert ids(object_store, 0, "stats") == ["p0", "p1", "p2", "p3"]
+
+
+def test_a_commit_happens_every_interval_with_a_few_records(object_store, shard):
+    store, _ = ObjectShardStore.open(object_store, shard, bounds=CommitBounds(interval_s=0.2))
+    record(store, "p0")
+    deadline = time.monotonic() + 30
+    while len(object_store.list(log_prefix(0))) < 2:
+        assert time.monotonic() < deadline, "the committer never committed on its interval"
+        time.sleep(0.05)
+    assert ids(object_store, 0, "stats") == ["p0"]  # committed while the try is still open
+    store.close()
+
+
+def test_a_frozen_try_that_wakes_up_is_fenced_and_its_late_lines_never_count(object_store, shard, caplog):
+    zombie, _ = ObjectShardStore.open(object_store, shard, try_number=1, bounds=MANUAL)
+    record(zombie, "p0")
+    zombie._commit(*zombie._take())  # commit 2: p0 is committed by try 1
+    record(zombie, "p1")  # buffered when it froze (Airflow gave up on it)
+    with caplog.at_level(logging.WARNING):
+        newer, report = ObjectShardStore.open(object_store, shard, try_number=2, bounds=MANUAL,
+                                              log=logging.getLogger("t"))
+    assert report.finished == 1 and newer.done_ids == {b"p0"}  # no wait for the frozen try: fenced at once
+    assert "try 1 (pid" in caplog.text and "did not close it; try 2 (pid" in caplog.text
+    record(newer, "p1")
+    record(newer, "p2")
+    newer._commit(*newer._take())
+    # The frozen try wakes and tries to commit what it held: the commit number it needs is taken.
+    record(zombie, "p9")
+    assert not zombie._commit(*zombie._take())
+    with pytest.raises(ShardLeaseLost, match=r"\[shard 0, s3://.*/log/000000000003.json\] try 2 \(pid .*\) took this "
+                                             r"shard's output over \(it created commit 3 first\); this try stops"):
+        record(zombie, "p10")
+    with pytest.raises(ShardLeaseLost):
+        zombie.close()
+    assert object_store.list(f"shards/shard-00000/parts/000000000003-{zombie.token}") == []  # its parts removed
+    newer.close()
+    assert ids(object_store, 0, "completions") == ids(object_store, 0, "stats") == ["p0", "p1", "p2"]
+
+
+def test_two_live_tries_overlap_and_every_prompt_ends_committed_exactly_once(object_store, shard):
+    old, _ = ObjectShardStore.open(object_store, shard, try_number=1, bounds=CommitBounds(lines=2, interval_s=0.05))
+    for n in range(4):
+        record(old, f"p{n}")
+    newer, _ = ObjectShardStore.open(object_store, shard, try_number=2,
+                                     bounds=CommitBounds(lines=2, interval_s=0.05))
+    lost = None
+    for n in range(4, 12):  # the old try goes on until its committer finds the fence
+        try:
+            record(old, f"p{n}")
+        except ShardLeaseLost as exc:
+            lost = exc
+            break
+        time.sleep(0.05)
+    assert lost is not None, "the old try never noticed the newer one"
+    for n in range(20):
+        if f"p{n}".encode() not in newer.done_ids:
+            record(newer, f"p{n}")
+    newer.close()
+    committed = ids(object_store, 0, "completions")
+    assert sorted(committed, key=lambda i: int(i[1:])) == [f"p{n}" for n in range(20)]
+    assert ids(object_store, 0, "stats") == committed
+
+
+CHILD = r"""
+import json, sys, time
+sys.path.insert(0, {tests!r})
+from fleetgen.storage.location import parse_location
+from fleetgen.storage.objects import ObjectStore
+from fleetgen.generate.object_store import CommitBounds, ObjectShardStore
+from test_object_store import record
+store = ObjectStore.connect(parse_location({url!r}, parameter="output_root"), conn_id={conn!r}, parameter="output_root")
+shard = json.loads({shard!r})
+writer, _ = ObjectShardStore.open(store, shard, try_number=1, bounds=CommitBounds(lines=5, interval_s=0.05))
+for n in range(shard["count"]):
+    if f"p{{n}}".encode() not in writer.done_ids:
+        record(writer, f"p{{n}}")
+        print("recorded", n, flush=True)
+        time.sleep(0.02)
+time.sleep(3600)
+"""
+
+
+def test_a_try_killed_mid_shard_loses_only_its_buffer_and_the_retry_completes_it_exactly_once(
+        object_store, shard, store_prefix, tmp_path):
+    script = CHILD.format(tests=os.path.dirname(__file__), url=store_prefix, conn=object_store.conn_id,
+                          shard=json.dumps(shard))
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        for line in child.stdout:  # Airflow's own log lines come here too
+            if line.startswith(b"recorded ") and int(line.split()[1]) >= 12:
+                break
+        deadline = time.monotonic() + 30
+        while len(object_store.list(log_prefix(0))) < 3:  # at least two commits of parts
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    before = ids(object_store, 0, "completions")
+    assert 5 <= len(before) <= 13
+    retry, report = ObjectShardStore.open(object_store, shard, try_number=2, bounds=MANUAL)
+    assert report.finished == len(before)
+    for *_, prompt in retry.pending_prompts(shard):
+        record(retry, prompt.id)
+    retry.close()
+    assert ids(object_store, 0, "completions") == [f"p{n}" for n in range(20)]
+
+
+def test_errors_not_the_prompts_fault_are_sent_again_and_the_mark_is_dropped(object_store, shard):
+    first, _ = ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    record(first, "p0")
+    fail(first, "p1", PROMPT_FAULT)
+    fail(first, "p2", SERVER_FAULT)
+    first.save_mark(3, 0)
+    first.close()
+    second, report = ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    assert (report.finished, report.failed, report.sent_again) == (1, 1, 1)
+    assert second.done_ids == {b"p0", b"p1"} and second.mark is None
+    fail(second, "p5", PROMPT_FAULT)
+    record(second, "p2")
+    second.close()
+    assert ids(object_store, 0, "errors") == ["p1", "p5"]
+    third, report = ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    assert (report.finished, report.failed, report.sent_again) == (2, 2, 0)
+    third.close()
+
+
+def test_a_retry_over_a_different_plan_is_refused_naming_what_changed(object_store, shard):
+    ObjectShardStore.open(object_store, shard, bounds=MANUAL)[0].close()
+    with pytest.raises(ShardPlanChanged) as changed:
+        ObjectShardStore.open(object_store, {**shard, "count": 19}, bounds=MANUAL)
+    text = str(changed.value)
+    assert "count changed" in text and object_store.url(plan_name(0)) in text
+
+
+def test_a_committed_part_that_was_cut_or_removed_is_named(object_store, shard):
+    store, _ = ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    record(store, "p0")
+    store.close()
+    part = json.loads(object_store.get(commit_name(0, 2)))["parts"]["stats"]["name"]
+    object_store.put(part, object_store.get(part)[:-5])
+    with pytest.raises(GenerationError, match=r"part of the shard's output is torn: .* its commit recorded"):
+        ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    object_store.delete(part)
+    with pytest.raises(GenerationError, match=r"\[shard 0, s3://.*stats.jsonl\] a committed part .* is missing"):
+        list(committed_lines(object_store, 0, "stats"))
+
+
+def test_a_gap_in_the_log_is_named(object_store, shard):
+    store, _ = ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    record(store, "p0")
+    store.close()
+    object_store.delete(commit_name(0, 1))
+    with pytest.raises(GenerationError, match=r"commit log has a gap: .*000000000001.json is missing"):
+        CommitLog(object_store, 0).read()
+
+
+def test_a_commit_whose_answer_was_lost_and_sent_again_counts_as_made(object_store):
+    log = CommitLog(object_store, 4)
+    assert log.commit(1, {"kind": "open"}, token="abc") is None
+    assert log.commit(1, {"kind": "open"}, token="abc") is None  # botocore's retry finds its own commit
+    assert log.commit(1, {"kind": "open"}, token="other")["token"] == "abc"
+
+
+def test_a_try_that_races_a_commit_while_opening_reads_the_log_again(object_store, shard, monkeypatch):
+    old, _ = ObjectShardStore.open(object_store, shard, try_number=1, bounds=MANUAL)
+    record(old, "p0")
+    read = CommitLog.read
+    raced = []
+
+    def read_then_race(self):
+        state = read(self)
+        if not raced:  # the old try commits between the new try's read and its fence
+            raced.append(old._commit(*old._take()))
+        return state
+
+    monkeypatch.setattr(CommitLog, "read", read_then_race)
+    newer, report = ObjectShardStore.open(object_store, shard, try_number=2, bounds=MANUAL)
+    assert raced == [True] and report.finished == 1 and newer.done_ids == {b"p0"}
+    newer.close()
+    with pytest.raises(ShardLeaseLost):
+        old.close()
+
+
+def test_a_store_that_fails_a_commit_stops_the_try_and_keeps_what_was_committed(seaweedfs, store_prefix, shard,
+                                                                                monkeypatch):
+    from fleetgen.storage.location import parse_location
+    from fleetgen.storage.objects import ObjectStore
+
+    proxy = FaultProxy(seaweedfs.endpoint_url)
+    connection = seaweedfs.connection()
+    connection["extra"]["endpoint_url"] = proxy.url
+    monkeypatch.setenv("AIRFLOW_CONN_FLEETGEN_FLAKY", json.dumps(connection))
+    monkeypatch.setattr("fleetgen.storage.objects.RETRY_ATTEMPTS", 2)
+    store = ObjectStore.connect(parse_location(store_prefix, parameter="output_root"), conn_id="fleetgen_flaky",
+                                parameter="output_root")
+    try:
+        writer, _ = ObjectShardStore.open(store, shard, bounds=MANUAL)
+        record(writer, "p0")
+        assert writer._commit(*writer._take())
+        record(writer, "p1")
+        proxy.fail(INTERNAL, 10, {"PUT"})
+        assert not writer._commit(*writer._take())
+        with pytest.raises(StoreError, match=r"InternalError \(HTTP 500\) after 2 tries"):
+            record(writer, "p2")
+        with pytest.raises(StoreError):
+            writer.close()
+        assert ids(store, 0, "stats") == ["p0"]
+    finally:
+        proxy.close()
