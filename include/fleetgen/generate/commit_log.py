@@ -32,7 +32,10 @@ from fleetgen.errors import GenerationError, ObjectMissing, ShardLeaseLost, Stor
 from fleetgen.generate import jsonio
 from fleetgen.storage.objects import ObjectStore
 
-PART_KINDS = ("completions", "stats", "errors")
+RECORD_KINDS = ("completions", "stats", "errors")
+# What the shard journals beside its records (generate/watch.py): committed in parts of the same commits.
+JOURNAL_KINDS = ("events", "metrics")
+PART_KINDS = RECORD_KINDS + JOURNAL_KINDS
 SEQ_DIGITS = 12
 # Commits and parts are read this many at a time when a shard resumes (each is one GET).
 READ_PARALLELISM = 16

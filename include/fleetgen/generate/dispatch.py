@@ -61,7 +61,7 @@ from fleetgen.generate.reuse import prompt_hash
 from fleetgen.generate.server_state import ServerState
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
 from fleetgen.generate.store import ShardStore
-from fleetgen.generate.watch import EventJournal, MetricsScraper
+from fleetgen.generate.watch import EventJournal, MetricsScraper, RowSink
 
 MONITOR_TICK_S = 0.25
 MARK_INTERVAL_S = 1.0
@@ -117,7 +117,7 @@ class ShardRecords:
     log: logging.Logger
     progress_interval_s: float
     events: EventJournal | None = None
-    metrics_path: Path | None = None
+    metrics_path: Path | RowSink | None = None  # a local file, or the journal of a shard on an object store
 
 
 class Dispatcher(ServerHealthKeeping):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from fleetgen.errors import ShardPlanChanged, StoreConflict
 from fleetgen.generate import jsonio
-from fleetgen.generate.commit_log import (PART_KINDS, CommitLog, Part, ShardLog, describe_writer, log_prefix,
+from fleetgen.generate.commit_log import (JOURNAL_KINDS, PART_KINDS, CommitLog, Part, ShardLog, describe_writer, log_prefix,
                                           part_name, plan_name)
 from fleetgen.generate.errors_readback import read_back_errors
 from fleetgen.generate.lease import LeaseHolder
@@ -179,7 +179,17 @@ class ObjectShardStore(MarkedResume):
     def record_failure(self, error_line: bytes, prompt_id: str) -> None:
         self._add((("errors", error_line),), prompt_id)
 
-    def _add(self, lines: tuple[tuple[str, bytes], ...], prompt_id: str) -> None:
+    def journal(self, kind: str) -> "ShardJournal":
+        """A row sink (``watch.RowSink``) whose rows commit with the shard's records: ``events`` or ``metrics``."""
+        if kind not in JOURNAL_KINDS:
+            raise ValueError(f"unknown journal {kind!r}; expected one of {JOURNAL_KINDS}")
+        return ShardJournal(self, kind)
+
+    @property
+    def errors_where(self) -> str:
+        return self.store.url(f"shards/shard-{self.shard_id:05d}/parts/")
+
+    def _add(self, lines: tuple[tuple[str, bytes], ...], prompt_id: str | None) -> None:
         with self._changed:
             self._raise_failure()
             while self._buffered + self._committing >= self.bounds.max_behind and self._failure is None:
@@ -188,9 +198,9 @@ class ObjectShardStore(MarkedResume):
             for kind, line in lines:
                 self._buffer[kind].append(line)
                 self._buffered += len(line)
-            self.done_ids.add(prompt_id.encode())
-            if self._buffered >= self.bounds.bytes or len(self._buffer["stats"]) + len(
-                    self._buffer["errors"]) >= self.bounds.lines:
+            if prompt_id is not None:
+                self.done_ids.add(prompt_id.encode())
+            if self._full():
                 self._changed.notify_all()
 
     def save_mark(self, valid_before: int, offset: int) -> None:
@@ -281,3 +291,17 @@ class ObjectShardStore(MarkedResume):
                 batch, mark = self._take()
             self._commit(batch, mark, final=True)
         self._raise_failure()
+
+
+class ShardJournal:
+    """A journal of the shard (its server events, its metrics samples) committed in the shard's own parts."""
+
+    def __init__(self, writer: ObjectShardStore, kind: str) -> None:
+        self.writer = writer
+        self.kind = kind
+
+    def append(self, row: dict) -> None:
+        self.writer._add(((self.kind, jsonio.dumps(row) + b"\n"),), None)
+
+    def close(self) -> None:
+        """Nothing of its own to close: its rows commit with the shard's."""

@@ -19,10 +19,12 @@ from fleetgen.generate.liveness import HEARTBEAT_INTERVAL_S, FleetShare, ShardHe
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.reuse import ReuseSource, copy_reused
 from fleetgen.generate.settings import GenerationSettings, ServerEndpoint
+from fleetgen.generate.object_store import ObjectShardStore
 from fleetgen.generate.store import ShardStore
 from fleetgen.generate.transport import PooledTransport
 from fleetgen.generate.watch import EventJournal
 from fleetgen.outputs import RunLayout
+from fleetgen.storage.objects import ObjectStore
 
 # "end" and "blocks" fix the bytes the shard reads at plan time (docs/shards.md §5).
 SHARD_KEYS = ("shard_id", "input_path", "start", "end", "count", "blocks")
@@ -50,6 +52,9 @@ class ShardRunOptions:
     # time.time() after which the try starts no more prompts (the tuning trial's time cap, docs/tuning-trial.md):
     # it finishes those in flight and leaves the rest of the shard, counted in the summary's "left", to a later try
     stop_taking_at: float | None = None
+    # the run's prefix on an object store (docs/object-storage.md §4): the shard's records and journals are committed
+    # there (generate/object_store.py); out_dir keeps this worker's heartbeat and server-health files
+    output: ObjectStore | None = None
 
     def __post_init__(self) -> None:
         if not self.progress_interval_s > 0:
@@ -65,8 +70,11 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         _httpx_log.setLevel(logging.WARNING)
     _check_inputs(shard, servers)
     shard_id = int(shard["shard_id"])
-    store, resume = ShardStore.open(out_dir, shard, log=log, try_number=try_number,
-                                    lease_wait_s=settings.lease_wait_s)
+    if options.output is not None:
+        store, resume = ObjectShardStore.open(options.output, shard, log=log, try_number=try_number)
+    else:
+        store, resume = ShardStore.open(out_dir, shard, log=log, try_number=try_number,
+                                        lease_wait_s=settings.lease_wait_s)
     # After the store is open, so a try that may still write the output is over: a heartbeat left then
     # belongs to a try that died.
     layout = RunLayout(Path(out_dir))
@@ -87,7 +95,7 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         if resume.sent_again:
             log.warning("shard %d: %d prompt(s) that failed in earlier tries through no fault of their own are sent "
                         "again (their error records are cut from %s)", shard_id, resume.sent_again,
-                        store.errors_path)
+                        store.errors_where)
         queue = WorkQueue(store.pending_prompts(shard), store.resume_point(shard))
         progress = Progress(int(shard["count"]), already)
         headers = [(b"content-type", b"application/json")]
@@ -98,7 +106,8 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         who = f"shard {shard_id}" + (f" (try {try_number})" if try_number is not None else "")
         health = SharedHealth(out_dir, who=who, log=log) if settings.share_server_health else None
         layout = RunLayout(Path(out_dir))
-        events = EventJournal(layout.shard_file("events", shard_id), shard_id)
+        on_store = isinstance(store, ObjectShardStore)
+        events = EventJournal(store.journal("events") if on_store else layout.shard_file("events", shard_id), shard_id)
         dispatcher = Dispatcher(
             servers=servers, settings=settings,
             work=ShardWork(shard_id, queue, store, progress, finished_before=resume.finished,
@@ -107,7 +116,8 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
                              sharing=_shared_by_heartbeats(options.sharing, layout, heartbeat, log),
                              sharing_interval_s=options.sharing_interval_s, health=health),
             records=ShardRecords(log, options.progress_interval_s, events=events,
-                                 metrics_path=layout.shard_file("metrics", shard_id)))
+                                 metrics_path=store.journal("metrics") if on_store
+                                 else layout.shard_file("metrics", shard_id)))
         beating = asyncio.create_task(heartbeat.run(dispatcher.share_state))
         try:
             await dispatcher.run()
@@ -131,18 +141,18 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
              shard_id, progress.done, progress.failed, already, progress.completion_tokens, progress.seconds,
              f"; {left} left for a later try (time cap)" if left else "")
     _check_some_completed(shard, resume.finished + reused + progress.done, resume.failed + progress.failed,
-                          store.errors_path, tried=int(shard["count"]) - left)
+                          store.errors_where, tried=int(shard["count"]) - left)
     return summary
 
 
-def _check_some_completed(shard: dict, completed: int, failed: int, errors_path: Path, *, tried: int) -> None:
+def _check_some_completed(shard: dict, completed: int, failed: int, errors_path: str, *, tried: int) -> None:
     """A shard none of whose prompts completed has not succeeded, whatever wrote its errors off; ``tried`` counts
     its prompts this try or an earlier one took (a time cap leaves the others untried, for a later try)."""
     if completed or not tried:
         return
     raise GenerationError(
         f"none of the shard's {shard['count']} prompts completed: {failed} failed ({errors_path} lists each one)",
-        shard=int(shard["shard_id"]), path=str(errors_path),
+        shard=int(shard["shard_id"]), path=errors_path,
         hint="if the servers were at fault (their logs, the errors' codes), fix them and clear this task: the "
              "failures that were not the prompts' own fault are sent again; failures that were (e.g. longer than "
              "the context) are kept: fix those lines of the prompts file and start a new run")

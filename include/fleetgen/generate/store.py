@@ -216,6 +216,10 @@ class ShardStore(MarkedResume):
     def mark_where(self) -> str:
         return str(self.mark_path)
 
+    @property
+    def errors_where(self) -> str:
+        return str(self.errors_path)
+
     def save_mark(self, valid_before: int, offset: int) -> None:
         """Record that every prompt before ``offset`` (``valid_before`` of them) is finished.
 

@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -46,14 +47,27 @@ class JsonlAppender:
             self._fd = -1
 
 
+class RowSink(Protocol):
+    """Where a journal's rows go: a local file (``JsonlAppender``) or the parts of a shard on an object store
+    (``ObjectShardStore.journal``)."""
+
+    def append(self, row: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def row_sink(target: Path | RowSink) -> RowSink:
+    return JsonlAppender(target) if isinstance(target, Path) else target
+
+
 class EventJournal:
     """``events/shard-NNNNN.jsonl``: one row per server event the dispatcher sees (see ``EVENT_KINDS``)."""
 
     EVENT_KINDS = ("down", "recovered", "retried", "failed", "replaced")
 
-    def __init__(self, path: Path, shard_id: int) -> None:
+    def __init__(self, target: Path | RowSink, shard_id: int) -> None:
         self.shard_id = shard_id
-        self._out = JsonlAppender(path)
+        self._out = row_sink(target)
 
     def record(self, kind: str, server: str, **fields) -> None:
         if kind not in self.EVENT_KINDS:
@@ -74,7 +88,7 @@ class MetricsScraper:
     """
 
     def __init__(self, *, servers: list[ServerEndpoint], send: Callable[[httpx.Request], Awaitable[httpx.Response]],
-                 headers: httpx.Headers, interval_s: float, path: Path, in_flight: Callable[[str], int],
+                 headers: httpx.Headers, interval_s: float, path: Path | RowSink, in_flight: Callable[[str], int],
                  log: logging.Logger, shard_id: int, is_down: Callable[[str], bool] = lambda name: False) -> None:
         self.servers = servers
         self.send = send
@@ -84,7 +98,7 @@ class MetricsScraper:
         self.is_down = is_down  # a server the dispatcher marked down is not asked (a hung one would not answer)
         self.log = log
         self.shard_id = shard_id
-        self._out = JsonlAppender(path)
+        self._out = row_sink(path)
         self._urls = {server.name: httpx.URL(server.url + METRICS_PATH) for server in servers}
         self._warned: set[str] = set()
         self._extensions = {"timeout": {"connect": SCRAPE_TIMEOUT_S, "read": SCRAPE_TIMEOUT_S,

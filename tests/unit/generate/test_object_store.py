@@ -311,3 +311,34 @@ def test_a_store_that_fails_a_commit_stops_the_try_and_keeps_what_was_committed(
         assert ids(store, 0, "stats") == ["p0"]
     finally:
         proxy.close()
+
+
+# --- a whole shard with its output on the store ------------------------------------------------------------------
+
+def test_a_shard_run_commits_its_records_and_journals_to_the_store_and_its_retry_skips_them(object_store, tmp_path):
+    import asyncio
+
+    import httpx
+
+    from generate_fakes import FakeFleet, fast_settings, write_prompts
+
+    from fleetgen.generate import run_shard_async
+
+    shard = {**write_prompts(tmp_path / "p.jsonl", 30), "shard_id": 6}
+    fleet = FakeFleet(2, delay_s=0.005)
+    fleet.behaviour["s1:1"] = lambda prompt_id, n: httpx.Response(500, json={"error": {"message": "engine died"}})
+    fleet.health["s1:1"] = lambda name: httpx.Response(503)
+    summary = asyncio.run(run_shard_async(shard, fleet.endpoints(limit=2), tmp_path / "scratch",
+                                          fast_settings(sample_interval_s=0.01),
+                                          options=fleet.options(output=object_store)))
+    assert summary["done"] == 30
+    generated = ids(object_store, 6, "completions")
+    assert sorted(generated) == [f"p{n:04d}" for n in range(30)] and ids(object_store, 6, "stats") == generated
+    assert "down" in {json.loads(line)["event"] for line in committed_lines(object_store, 6, "events")}
+    assert {json.loads(line)["server"] for line in committed_lines(object_store, 6, "metrics")} <= set(fleet.names)
+    local = tmp_path / "scratch"
+    assert not (local / "completions").exists() and not (local / "events").exists()  # nothing of record on disk
+    again = asyncio.run(run_shard_async(shard, fleet.endpoints(limit=2), tmp_path / "scratch", fast_settings(),
+                                        options=fleet.options(output=object_store)))
+    assert (again["done"], again["skipped_already_done"]) == (0, 30)
+    assert ids(object_store, 6, "completions") == generated
