@@ -24,6 +24,7 @@ This module reads and writes the log and replays it; ``object_store.py`` is the 
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,8 +38,9 @@ RECORD_KINDS = ("completions", "stats", "errors")
 JOURNAL_KINDS = ("events", "metrics")
 PART_KINDS = RECORD_KINDS + JOURNAL_KINDS
 SEQ_DIGITS = 12
-# Commits and parts are read this many at a time when a shard resumes (each is one GET).
-READ_PARALLELISM = 16
+# Commits and parts are read this many at a time when a shard resumes (each is one GET); at most this many are held
+# in memory at once, so a resume's memory is bounded by the done ids, not by the committed output.
+READ_PARALLELISM = 4
 
 
 def shard_stem(shard_id: int) -> str:
@@ -137,11 +139,7 @@ class CommitLog:
         return log
 
     def _get_all(self, names: list[str]) -> Iterator[bytes]:
-        if len(names) <= 1:
-            yield from (self.store.get(name) for name in names)
-            return
-        with concurrent.futures.ThreadPoolExecutor(min(READ_PARALLELISM, len(names))) as pool:
-            yield from pool.map(self.store.get, names)
+        return read_in_order(self.store.get, names)
 
     def _decode(self, name: str, raw: bytes) -> dict:
         try:
@@ -205,11 +203,23 @@ class CommitLog:
 
     def read_parts(self, parts: list[Part]) -> Iterator[bytes]:
         """The parts' bytes in order, read several at a time."""
-        if len(parts) <= 1:
-            yield from (self.read_part(part) for part in parts)
-            return
-        with concurrent.futures.ThreadPoolExecutor(min(READ_PARALLELISM, len(parts))) as pool:
-            yield from pool.map(self.read_part, parts)
+        return read_in_order(self.read_part, parts)
+
+
+def read_in_order(read, items: list) -> Iterator[bytes]:
+    """``read(item)`` of each item, in order, with at most ``READ_PARALLELISM`` reads running or waiting to be
+    consumed."""
+    if len(items) <= 1:
+        yield from (read(item) for item in items)
+        return
+    with concurrent.futures.ThreadPoolExecutor(min(READ_PARALLELISM, len(items))) as pool:
+        pending = collections.deque()
+        for item in items:
+            if len(pending) >= READ_PARALLELISM:
+                yield pending.popleft().result()
+            pending.append(pool.submit(read, item))
+        while pending:
+            yield pending.popleft().result()
 
 
 def committed_lines(store: ObjectStore, shard_id: int, kind: str) -> Iterator[bytes]:
