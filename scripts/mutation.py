@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import difflib
 import hashlib
 import json
@@ -24,6 +25,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 
@@ -235,6 +237,31 @@ def write_summary(results: dict, full_run: dict | None = None) -> bool:
     return not below and not unexplained
 
 
+@contextlib.contextmanager
+def shared_object_store(chosen: list[str], modules: dict[str, dict]):
+    """One SeaweedFS for every mutant whose tests use the object store (tests/conftest.py then starts none of its
+    own): each test run would otherwise spend seconds starting one."""
+    uses_store = any("seaweedfs" in text or "object_store" in text
+                     for name in chosen for test in modules[name]["tests"]
+                     for text in [(ROOT / test).read_text()])
+    if not uses_store or os.environ.get("FLEETGEN_TEST_SEAWEEDFS"):
+        yield
+        return
+    sys.path.insert(0, str(ROOT / "include"))
+    from devstack.demo import free_port_block  # noqa: F401 - the store's ports come from it
+    from devstack.seaweedfs import SHARED_STORE_ENV, start_seaweedfs
+
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="fleetgen-mutation-store-"))
+    store = start_seaweedfs(folder)
+    os.environ[SHARED_STORE_ENV] = f"{store.data_dir}:{store.ports['s3']}"
+    try:
+        yield
+    finally:
+        os.environ.pop(SHARED_STORE_ENV, None)
+        store.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modules", default=os.environ.get("MODULES", ""),
@@ -258,8 +285,9 @@ def main() -> int:
               f"to run: {', '.join(chosen) or 'none'} (--all or MODULES=all runs every module)", flush=True)
     started = time.monotonic()
     if not args.summary_only:
-        for name in chosen:  # re-read per module: a long run picks up test lists edited meanwhile
-            run_module(name, load_modules()[name], args.workers)
+        with shared_object_store(chosen, modules):
+            for name in chosen:  # re-read per module: a long run picks up test lists edited meanwhile
+                run_module(name, load_modules()[name], args.workers)
     full_run = None
     if not args.summary_only and set(chosen) == set(modules):
         full_run = {"seconds": round(time.monotonic() - started), "workers": args.workers,

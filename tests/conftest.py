@@ -91,9 +91,9 @@ STORE_CONN_ID = "fleetgen_test_store"
 
 @pytest.fixture(scope="session")
 def seaweedfs(tmp_path_factory):
-    from devstack.seaweedfs import start_seaweedfs
+    from devstack.seaweedfs import shared_store, start_seaweedfs
 
-    store = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    store = shared_store() or start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
     saved = {name: os.environ.get(name) for name in store.connection_env(STORE_CONN_ID)}
     os.environ.update(store.connection_env(STORE_CONN_ID))
     yield store

@@ -23,7 +23,10 @@ import httpx
 # The ports one store opens, each from the block free_port_block hands out.
 PORT_NAMES = ("s3", "s3.grpc", "master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc")
 READY_TIMEOUT_S = 60.0
-STOP_GRACE_S = 2.0  # SeaweedFS was seen still running 5 s after SIGTERM: a test store needs no clean shutdown
+STOP_GRACE_S = 2.0
+# A store already running, for many test processes in a row (scripts/mutation.py starts one for all its mutants):
+# its data folder and S3 port as "<folder>:<port>"; the tests then use it instead of starting their own.
+SHARED_STORE_ENV = "FLEETGEN_TEST_SEAWEEDFS"  # SeaweedFS was seen still running 5 s after SIGTERM: a test store needs no clean shutdown
 
 
 def weed_binary() -> str:
@@ -119,6 +122,15 @@ class SeaweedFS:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+def shared_store() -> SeaweedFS | None:
+    """The store named by ``$FLEETGEN_TEST_SEAWEEDFS``, if any (not ours to stop)."""
+    value = os.environ.get(SHARED_STORE_ENV, "")
+    if not value:
+        return None
+    folder, _, port = value.rpartition(":")
+    return SeaweedFS(data_dir=Path(folder), ports={"s3": int(port)})
 
 
 def start_seaweedfs(data_dir: Path) -> SeaweedFS:

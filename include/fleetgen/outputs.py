@@ -100,9 +100,11 @@ class RunLayout:
     def rejects(self) -> Path:
         return self.root / "rejects.jsonl"
 
+    SERVERS_HEALTH = "servers-health.json"
+
     @property
     def servers_health(self) -> Path:
-        return self.root / "servers-health.json"
+        return self.root / self.SERVERS_HEALTH
 
     @property
     def servers_health_lock(self) -> Path:
@@ -208,7 +210,7 @@ class RunLayout:
 
     def shard_file(self, kind: str, shard_id: int) -> Path:
         """One shard's JSONL file of a data kind (completions, stats, errors, metrics, events, gpu, reuse)."""
-        return self.kind_dir(kind) / f"{_shard_stem(shard_id)}.jsonl"
+        return self.kind_dir(kind) / f"{shard_stem(shard_id)}.jsonl"
 
     def shard_files(self, kind: str) -> list[Path]:
         """Every shard's file of one kind, in shard order."""
@@ -223,7 +225,8 @@ class RunLayout:
         return sorted(self.kind_dir("shards").glob(f"shard-*.{ShardPaths.LOST_TRIES}"))
 
 
-def _shard_stem(shard_id: int) -> str:
+def shard_stem(shard_id: int) -> str:
+    """A shard's name in every file and object of it: ``shard-NNNNN``."""
     return f"shard-{shard_id:05d}"
 
 
@@ -243,7 +246,11 @@ class ShardPaths:
     LOST_TRIES = "lost.jsonl"     # tries of this shard that died, one record each
 
     def _bookkeeping(self, suffix: str) -> Path:
-        return self.layout.kind_dir("shards") / f"{_shard_stem(self.shard_id)}.{suffix}"
+        return self.layout.root / self.name(suffix)
+
+    def name(self, suffix: str) -> str:
+        """The file's name relative to the run (``shards/shard-NNNNN.<suffix>``), as run_files.py names it."""
+        return f"shards/{shard_stem(self.shard_id)}.{suffix}"
 
     @property
     def plan(self) -> Path:

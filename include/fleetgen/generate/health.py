@@ -16,8 +16,9 @@ will never return, so each shard abandons those requests at once instead of wait
 
 ``at`` is wall-clock time (shards may run on several workers that share the output folder), and a
 newer ``at`` wins: each shard applies an entry only if it is newer than the last transition it
-made or applied for that server. Writers take ``flock`` on ``servers-health.lock`` for their
-read-modify-write and replace the file atomically, so readers (who take no lock) see a whole file;
+made or applied for that server. Writers change it by a read-modify-write that no other writer can come between
+(``storage/run_files.py``: ``flock`` on ``servers-health.lock`` on a shared folder, a write that replaces only the
+version read on an object store), and a reader always sees a whole file;
 a missing or unreadable file reads as "nothing known" and generation goes on with each shard's own
 view. Shards keep re-checking a server marked down with their own backoff; the first that finds it
 back (health and one trial request) marks it up for all.
@@ -25,15 +26,19 @@ back (health and one trial request) marks it up for all.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
+from fleetgen.errors import StoreError
 from fleetgen.generate import jsonio
 from fleetgen.outputs import RunLayout
+from fleetgen.storage.run_files import LocalRunFiles, RunFiles, run_files
+
+# On an object store the file is looked at this often from a thread of its own, not from the dispatch loop.
+STORE_POLL_S = 0.5
 
 DOWN, UP = "down", "up"
 
@@ -58,61 +63,90 @@ class HealthEntry:
 class SharedHealth:
     """The run's shared server-health file, as seen by one shard (``who``)."""
 
-    def __init__(self, run_dir: str | os.PathLike, *, who: str, log: logging.Logger) -> None:
-        layout = RunLayout(Path(run_dir))
-        self.path = layout.servers_health
-        self.lock_path = layout.servers_health_lock
+    def __init__(self, run: str | os.PathLike | RunFiles, *, who: str, log: logging.Logger) -> None:
+        self.files = run_files(run)
+        self.name = RunLayout.SERVERS_HEALTH
+        self.path = self.files.where(self.name)
         self.who = who
         self.log = log
-        self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) of the last file read
+        self._seen: str | None = None  # the version of the file last read
         self._warned = False
+        self._polled: dict[str, HealthEntry] | None = None  # what the store's poller found changed, not yet taken
+        self._poll_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        if not isinstance(self.files, LocalRunFiles):
+            self._poller = threading.Thread(target=self._poll, name="servers-health", daemon=True)
+            self._poller.start()
 
     def publish(self, server: str, state: str, reason: str, *, hung: bool = False) -> float:
         """Record a transition this shard observed; returns its ``at``. A failure to write is logged
         and ignored: the shard goes on with its own view."""
         at = time.time()
         entry = {"state": state, "at": at, "reason": reason, "by": self.who, **({"hung": True} if hung else {})}
+
+        def change(old: bytes | None) -> bytes:
+            servers = self._servers(old)
+            servers[server] = entry
+            return jsonio.dumps({"servers": servers})
+
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.lock_path, "a+b") as lock:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-                servers = self._read()
-                servers[server] = entry
-                partial = self.path.with_name(f"{self.path.name}.{os.getpid()}.partial")
-                partial.write_bytes(jsonio.dumps({"servers": servers}))
-                os.replace(partial, self.path)
-        except OSError as exc:
+            self.files.update(self.name, change)
+        except (OSError, StoreError) as exc:
             self.log.warning("%s: could not record server %s as %s in %s (%s); other shards will find out "
                              "for themselves", self.who, server, state, self.path, exc)
         return at
 
     def changed_entries(self) -> dict[str, HealthEntry] | None:
         """Every server's latest entry if the file changed since the last call, else None."""
+        if self._poller is not None:
+            with self._poll_lock:
+                polled, self._polled = self._polled, None
+            return polled
+        return self._look()
+
+    def _look(self) -> dict[str, HealthEntry] | None:
         try:
-            stat = os.stat(self.path)
-        except OSError:
+            version = self.files.version(self.name)
+        except (OSError, StoreError):
             return None
-        seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        if seen == self._seen:
+        if version is None or version == self._seen:
             return None
-        self._seen = seen
+        found = self.files.read(self.name)
+        if found is None:
+            return None
+        self._seen = found.version
         entries = {}
-        for server, data in self._read().items():
+        for server, data in self._servers(found.data).items():
             try:
                 entries[server] = HealthEntry.from_json(data)
             except (KeyError, TypeError, ValueError):
                 continue  # one bad entry does not hide the others
         return entries
 
-    def _read(self) -> dict:
+    def _poll(self) -> None:
+        while not self._stop.wait(STORE_POLL_S):
+            try:
+                entries = self._look()
+            except (OSError, StoreError):
+                continue
+            if entries is not None:
+                with self._poll_lock:
+                    self._polled = entries
+
+    def close(self) -> None:
+        """Stop the store's poller (nothing to do on a shared folder)."""
+        self._stop.set()
+
+    def _servers(self, data: bytes | None) -> dict:
+        if data is None:
+            return {}
         try:
-            servers = jsonio.loads(self.path.read_bytes()).get("servers", {})
+            servers = jsonio.loads(data).get("servers", {})
             if not isinstance(servers, dict):
                 raise ValueError("servers is not an object")
             return servers
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, AttributeError) as exc:
+        except (ValueError, AttributeError) as exc:
             if not self._warned:
                 self._warned = True
                 self.log.warning("%s: ignoring an unreadable %s (%s); it is rewritten at the next change",

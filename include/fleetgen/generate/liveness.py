@@ -1,4 +1,5 @@
-"""Which shards are generating now, told by each try's own heartbeat on the run's shared storage.
+"""Which shards are generating now, told by each try's own heartbeat on the run's shared storage (a shared folder or
+an object store: ``storage/run_files.py``; on a store a file's time is its ``Last-Modified``).
 
 Airflow keeps a try "running" until the scheduler's ``task_instance_heartbeat_timeout`` runs out, also
 when its worker died; counted as running meanwhile, a dead try would keep half of every server idle.
@@ -38,8 +39,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pathlib import Path
+
 from fleetgen.generate import jsonio
-from fleetgen.outputs import RunLayout
+from fleetgen.outputs import RunLayout, ShardPaths
+from fleetgen.errors import StoreError
+from fleetgen.storage.run_files import LocalRunFiles, RunFiles, run_files
 
 HEARTBEAT_INTERVAL_S = 2.0
 STALE_AFTER_S = 15.0
@@ -54,10 +59,12 @@ def _iso(epoch_s: float) -> str:
 class ShardHeartbeat:
     """The heartbeat of one try of one shard; ``start`` it, ``beat`` it (or ``run`` it), ``stop`` it."""
 
-    def __init__(self, layout: RunLayout, shard_id: int, *, try_number: int | None = None) -> None:
+    def __init__(self, run: RunLayout | RunFiles, shard_id: int, *, try_number: int | None = None) -> None:
         self.shard_id = shard_id
-        self.path = layout.shard(shard_id).heartbeat
-        self.lost_path = layout.shard(shard_id).lost_tries
+        self.files = run_files(run)
+        paths = ShardPaths(RunLayout(Path()), shard_id)
+        self.name = paths.name(ShardPaths.HEARTBEAT)
+        self.lost_name = paths.name(ShardPaths.LOST_TRIES)
         self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "try": try_number,
                       "token": uuid.uuid4().hex, "started_at": time.time()}
         self._beats = 0
@@ -66,28 +73,32 @@ class ShardHeartbeat:
     def start(self, *, now: float | None = None, log: logging.Logger | None = None) -> dict | None:
         """Take the shard's heartbeat; returns the record of a dead try found in its place, if any."""
         now = time.time() if now is None else now
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         lost = self._previous_dead(now)
         if lost is not None:
-            with self.lost_path.open("ab") as handle:
-                handle.write(jsonio.dumps(lost) + b"\n")
+            self.files.update(self.lost_name, lambda old: (old or b"") + jsonio.dumps(lost) + b"\n")
             if log is not None:
                 log.warning("shard %d: the previous try (%s) stopped heartbeating at %s and never finished; "
                             "%.0f s of this shard's slot were lost before this try resumed it", self.shard_id,
                             f"{lost['host']} pid {lost['pid']}, try {lost['try']}", lost["last_beat"],
                             lost["dead_s"])
         self.owner["started_at"] = now
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_bytes(jsonio.dumps(self.owner))
-        os.replace(partial, self.path)
+        self.files.write(self.name, jsonio.dumps(self.owner))
         return lost
 
+    @property
+    def path(self) -> Path:
+        """Where the heartbeat is (a path on a shared folder, a URL on a store)."""
+        return Path(self.files.where(self.name))
+
     def _previous_dead(self, now: float) -> dict | None:
-        try:
-            last_beat = self.path.stat().st_mtime
-            previous = jsonio.loads(self.path.read_bytes())
-        except (OSError, ValueError):
+        found = self.files.read(self.name)
+        if found is None:
             return None  # no earlier try, or it ended cleanly
+        last_beat = found.time
+        try:
+            previous = jsonio.loads(found.data)
+        except ValueError:
+            return None
         return {"shard_id": self.shard_id, "host": previous.get("host"), "pid": previous.get("pid"),
                 "try": previous.get("try"), "started_at": _iso(previous.get("started_at", last_beat)),
                 "last_beat": _iso(last_beat), "resumed_at": _iso(now), "dead_since_s": last_beat,
@@ -96,25 +107,28 @@ class ShardHeartbeat:
     def beat(self, in_flight: dict[str, int] | None = None, draining: bool = False) -> None:
         """Advance the heartbeat, publishing this try's requests in flight per server."""
         self._beats += 1
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_bytes(jsonio.dumps({**self.owner, "beat": self._beats, "in_flight": in_flight or {},
-                                          "draining": draining}))
-        os.replace(partial, self.path)
+        self.files.write(self.name, jsonio.dumps({**self.owner, "beat": self._beats, "in_flight": in_flight or {},
+                                                  "draining": draining}))
 
     async def run(self, state: Callable[[], tuple[dict[str, int], bool]] | None = None,
                   interval_s: float = HEARTBEAT_INTERVAL_S, first_s: float = FIRST_BEAT_S) -> None:
         """Beat soon after the shard starts sending (the others wait for its word), then every interval."""
         await asyncio.sleep(first_s)
         while True:
-            self.beat(*(state() if state else ({}, False)))
+            beat = state() if state else ({}, False)
+            if isinstance(self.files, LocalRunFiles):
+                self.beat(*beat)
+            else:  # a request to the store: off the event loop
+                await asyncio.to_thread(self.beat, *beat)
             await asyncio.sleep(interval_s)
 
     def stop(self) -> None:
         """Remove the heartbeat if it is still this try's (a newer try may have taken the shard over)."""
         try:
-            if jsonio.loads(self.path.read_bytes()).get("token") == self.owner["token"]:
-                self.path.unlink()
-        except (OSError, ValueError):
+            found = self.files.read(self.name)
+            if found is not None and jsonio.loads(found.data).get("token") == self.owner["token"]:
+                self.files.delete(self.name)
+        except (OSError, ValueError, StoreError):
             pass
 
 
@@ -141,17 +155,20 @@ def alone() -> FleetShare:
     return FleetShare(active=1)
 
 
-def _live_heartbeats(layout: RunLayout, reader: ShardHeartbeat, now: float, seen_at: float, stale_after_s: float,
+def _live_heartbeats(files: RunFiles, reader: ShardHeartbeat, now: float, seen_at: float, stale_after_s: float,
                      log: logging.Logger | None) -> list[dict]:
     beats = []
-    for path in layout.heartbeat_files():
+    for name in files.names("shards", "." + ShardPaths.HEARTBEAT):
         try:
-            mtime = path.stat().st_mtime
-            beat = jsonio.loads(path.read_bytes())
-        except (OSError, ValueError):  # ended, or replaced, while we looked
+            found = files.read(name)
+            beat = jsonio.loads(found.data) if found is not None else None
+        except (OSError, ValueError):  # replaced while we looked
+            continue
+        if beat is None:  # ended while we looked
             continue
         if beat.get("token") == reader.owner["token"] or reader.watch.is_live(
-                path.name, beat, mtime, now=now, seen_at=seen_at, stale_after_s=stale_after_s, log=log):
+                name.rsplit("/", 1)[-1], beat, found.time, now=now, seen_at=seen_at, stale_after_s=stale_after_s,
+                log=log):
             beats.append(beat)
     return beats
 
@@ -201,7 +218,7 @@ class HeartbeatWatch:
         return by_time or seen.advanced or (seen.grace_until is not None and seen_at <= seen.grace_until)
 
 
-def fleet_share(layout: RunLayout, heartbeat: ShardHeartbeat, *, running_in_airflow: int | None = None,
+def fleet_share(run: RunLayout | RunFiles, heartbeat: ShardHeartbeat, *, running_in_airflow: int | None = None,
                 now: float | None = None, stale_after_s: float = STALE_AFTER_S, seen_at: float | None = None,
                 log: logging.Logger | None = None) -> FleetShare:
     """The share of ``heartbeat``'s shard, from the live heartbeats of the run (dead tries' stop counting
@@ -211,7 +228,7 @@ def fleet_share(layout: RunLayout, heartbeat: ShardHeartbeat, *, running_in_airf
     (when each heartbeat was seen advancing); ``log`` gets the warning about clocks that disagree."""
     now = time.time() if now is None else now
     seen_at = time.monotonic() if seen_at is None else seen_at
-    others = [beat for beat in _live_heartbeats(layout, heartbeat, now, seen_at, stale_after_s, log)
+    others = [beat for beat in _live_heartbeats(run_files(run), heartbeat, now, seen_at, stale_after_s, log)
               if beat.get("token") != heartbeat.owner["token"]]
     active = 1 + sum(1 for beat in others if not beat.get("draining"))
     if running_in_airflow is not None:
@@ -224,11 +241,14 @@ def fleet_share(layout: RunLayout, heartbeat: ShardHeartbeat, *, running_in_airf
     return FleetShare(active=active, others_in_flight=in_flight, others_unpublished=unpublished)
 
 
-def lost_tries(layout: RunLayout) -> list[dict]:
+def lost_tries(run: RunLayout | RunFiles) -> list[dict]:
     """Every dead try the run's shards recorded (``shards/shard-NNNNN.lost.jsonl``)."""
+    files = run_files(run)
     records = []
-    for path in layout.lost_try_files():
-        records.extend(jsonio.loads(line) for line in path.read_bytes().splitlines() if line.strip())
+    for name in files.names("shards", "." + ShardPaths.LOST_TRIES):
+        found = files.read(name)
+        if found is not None:
+            records.extend(jsonio.loads(line) for line in found.data.splitlines() if line.strip())
     return records
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from fleetgen.generate.transport import PooledTransport
 from fleetgen.generate.watch import EventJournal
 from fleetgen.outputs import RunLayout
 from fleetgen.storage.objects import ObjectStore
+from fleetgen.storage.run_files import LocalRunFiles, ObjectRunFiles, RunFiles
 
 # "end" and "blocks" fix the bytes the shard reads at plan time (docs/shards.md §5).
 SHARD_KEYS = ("shard_id", "input_path", "start", "end", "count", "blocks")
@@ -53,7 +55,8 @@ class ShardRunOptions:
     # it finishes those in flight and leaves the rest of the shard, counted in the summary's "left", to a later try
     stop_taking_at: float | None = None
     # the run's prefix on an object store (docs/object-storage.md §4): the shard's records and journals are committed
-    # there (generate/object_store.py); out_dir keeps this worker's heartbeat and server-health files
+    # there (generate/object_store.py), its heartbeat, lost tries and the run's server health kept there
+    # (storage/run_files.py); nothing of the run is written to out_dir then
     output: ObjectStore | None = None
 
     def __post_init__(self) -> None:
@@ -78,8 +81,11 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
     # After the store is open, so a try that may still write the output is over: a heartbeat left then
     # belongs to a try that died.
     layout = RunLayout(Path(out_dir))
-    heartbeat = ShardHeartbeat(layout, shard_id, try_number=try_number)
+    shared = ObjectRunFiles(options.output) if options.output is not None else LocalRunFiles(layout.root)
+    heartbeat = ShardHeartbeat(shared, shard_id, try_number=try_number)
     lost = heartbeat.start(log=log)
+    health = None
+    ended = threading.Event()  # stops what reads the store in the background for this try
     beating = None
     try:
         reused = 0
@@ -104,8 +110,7 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
         # One pooled transport carries every request of the shard (see Dispatcher._send).
         pooled = transport or PooledTransport()
         who = f"shard {shard_id}" + (f" (try {try_number})" if try_number is not None else "")
-        health = SharedHealth(out_dir, who=who, log=log) if settings.share_server_health else None
-        layout = RunLayout(Path(out_dir))
+        health = SharedHealth(shared, who=who, log=log) if settings.share_server_health else None
         on_store = isinstance(store, ObjectShardStore)
         events = EventJournal(store.journal("events") if on_store else layout.shard_file("events", shard_id), shard_id)
         dispatcher = Dispatcher(
@@ -113,7 +118,7 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
             work=ShardWork(shard_id, queue, store, progress, finished_before=resume.finished,
                            stop_taking_at=options.stop_taking_at),
             links=FleetLinks(pooled, headers,
-                             sharing=_shared_by_heartbeats(options.sharing, layout, heartbeat, log),
+                             sharing=_shared_by_heartbeats(options.sharing, shared, heartbeat, log, ended),
                              sharing_interval_s=options.sharing_interval_s, health=health),
             records=ShardRecords(log, options.progress_interval_s, events=events,
                                  metrics_path=store.journal("metrics") if on_store
@@ -129,7 +134,10 @@ async def run_shard_async(shard: dict, servers: list[ServerEndpoint], out_dir: s
     finally:
         if beating is not None:
             beating.cancel()
+        ended.set()
         heartbeat.stop()
+        if health is not None:
+            health.close()
         store.close()
     left = int(shard["count"]) - already - progress.done - progress.failed if queue.closed_early else 0
     summary = {"shard_id": shard_id, "lost_try": lost, "done": progress.done, "failed": progress.failed,
@@ -191,14 +199,59 @@ def run_shard(shard: dict, servers: list[ServerEndpoint], out_dir: str | os.Path
         return runner.run(coroutine)
 
 
-def _shared_by_heartbeats(running_in_airflow: Callable[[], int] | None, layout: RunLayout,
-                          heartbeat: ShardHeartbeat, log: logging.Logger) -> Callable[[], FleetShare]:
+def _shared_by_heartbeats(running_in_airflow: Callable[[], int] | None, shared: RunFiles,
+                          heartbeat: ShardHeartbeat, log: logging.Logger,
+                          ended: threading.Event) -> Callable[[], FleetShare]:
     """The shards' own heartbeats decide the share (a dead try stops counting at once, a draining one
     hands its part over as it drains); Airflow's count of running tries, when given, bounds it. Outside
-    Airflow the shard runs alone."""
+    Airflow the shard runs alone. On an object store the heartbeats are read by a thread of their own (a list and a
+    read per shard), and the dispatch loop takes the latest share it counted."""
     if running_in_airflow is None:
         return alone
-    return lambda: fleet_share(layout, heartbeat, running_in_airflow=running_in_airflow(), log=log)
+
+    def count() -> FleetShare:
+        return fleet_share(shared, heartbeat, running_in_airflow=running_in_airflow(), log=log)
+
+    if isinstance(shared, LocalRunFiles):
+        return count
+    return BackgroundValue(count, SHARING_INTERVAL_S, ended).latest
+
+
+class BackgroundValue:
+    """``latest()``: what ``compute`` last returned, recomputed every ``interval_s`` by a daemon thread (the first
+    value at the first call) until ``ended`` is set; an error leaves the last value and is raised by ``latest``
+    once."""
+
+    def __init__(self, compute: Callable[[], FleetShare], interval_s: float, ended: threading.Event) -> None:
+        self.compute = compute
+        self.interval_s = interval_s
+        self.ended = ended
+        self._value: FleetShare | None = None
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def latest(self) -> FleetShare:
+        if self._thread is None:
+            self._value = self.compute()
+            self._thread = threading.Thread(target=self._run, name="fleet-share", daemon=True)
+            self._thread.start()
+        with self._lock:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return self._value
+
+    def _run(self) -> None:
+        while not self.ended.wait(self.interval_s):
+            try:
+                value = self.compute()
+            except Exception as exc:  # noqa: BLE001 - handed to the dispatch loop, which logs it and keeps its share
+                with self._lock:
+                    self._error = exc
+                continue
+            with self._lock:
+                self._value = value
 
 
 def _check_inputs(shard: dict, servers: list[ServerEndpoint]) -> None:

@@ -87,7 +87,7 @@ def _object_location(value: str, scheme: str, parameter: str) -> ObjectLocation:
         raise ConfigError(f"{parameter}={value!r}: an object URL takes no ?query or #fragment",
                           hint=f"write the DAG parameter {parameter} as {scheme}://bucket/prefix")
     key = unquote(split.path).strip("/")
-    if any(part in (".", "..") for part in key.split("/")) or posixpath.normpath("/" + key) != "/" + key and key:
+    if key and posixpath.normpath("/" + key) != "/" + key:
         raise ConfigError(f"{parameter}={value!r}: the prefix holds '.', '..' or an empty segment",
                           hint=f"write the DAG parameter {parameter} as a plain {scheme}://bucket/prefix")
     return ObjectLocation(scheme, bucket, key)

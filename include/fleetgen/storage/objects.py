@@ -35,6 +35,7 @@ class ObjectInfo:
     name: str  # relative to the store's prefix
     size: int
     etag: str
+    modified: float = 0.0  # Last-Modified, seconds since the epoch by the store's clock (whole seconds on S3)
 
 
 class ObjectStore:
@@ -82,14 +83,21 @@ class ObjectStore:
         with self._faults("read", self.url(name)):
             return self._client.get_object(**arguments)["Body"].read()
 
+    def get_with_info(self, name: str) -> tuple[bytes, ObjectInfo]:
+        """The object's bytes and what the same answer said of it (one request)."""
+        with self._faults("read", self.url(name)):
+            answer = self._client.get_object(Bucket=self.location.bucket, Key=self._key(name))
+            data = answer["Body"].read()
+        return data, ObjectInfo(name, len(data), answer["ETag"], answer["LastModified"].timestamp())
+
     def head(self, name: str) -> ObjectInfo | None:
-        """Size and ETag, or None when there is no such object."""
+        """Size, ETag and time, or None when there is no such object."""
         try:
             with self._faults("look up", self.url(name)):
                 answer = self._client.head_object(Bucket=self.location.bucket, Key=self._key(name))
         except ObjectMissing:
             return None
-        return ObjectInfo(name, int(answer["ContentLength"]), answer["ETag"])
+        return ObjectInfo(name, int(answer["ContentLength"]), answer["ETag"], answer["LastModified"].timestamp())
 
     def put(self, name: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> str:
         """Write the whole object at once; returns its ETag. ``if_absent``: only if there is none yet;
@@ -114,7 +122,8 @@ class ObjectStore:
             with self._faults("list", self.url(prefix)):
                 page = self._client.list_objects_v2(**arguments)
             for entry in page.get("Contents", []):
-                yield ObjectInfo(entry["Key"][len(base):], int(entry["Size"]), entry["ETag"])
+                yield ObjectInfo(entry["Key"][len(base):], int(entry["Size"]), entry["ETag"],
+                                 entry["LastModified"].timestamp())
             if not page.get("IsTruncated"):
                 return
             arguments["ContinuationToken"] = page["NextContinuationToken"]

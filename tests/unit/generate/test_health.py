@@ -263,7 +263,7 @@ def test_a_failure_to_write_is_logged_and_the_shard_goes_on(tmp_path, caplog):
 def test_writers_take_the_lock_for_their_read_modify_write(tmp_path):
     writer = health(tmp_path, "shard 0")
     writer.publish("a:1", "down", "x")
-    with open(writer.lock_path, "a+b") as lock:
+    with open(RunLayout(tmp_path).servers_health_lock, "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         done = threading.Event()
         other = threading.Thread(target=lambda: (health(tmp_path, "shard 1").publish("b:1", "down", "y"),

@@ -336,9 +336,31 @@ def test_a_shard_run_commits_its_records_and_journals_to_the_store_and_its_retry
     assert sorted(generated) == [f"p{n:04d}" for n in range(30)] and ids(object_store, 6, "stats") == generated
     assert "down" in {json.loads(line)["event"] for line in committed_lines(object_store, 6, "events")}
     assert {json.loads(line)["server"] for line in committed_lines(object_store, 6, "metrics")} <= set(fleet.names)
-    local = tmp_path / "scratch"
-    assert not (local / "completions").exists() and not (local / "events").exists()  # nothing of record on disk
+    assert not (tmp_path / "scratch").exists()  # nothing of the run on this worker's disk
+    assert json.loads(object_store.get("servers-health.json"))["servers"]["s1:1"]["state"] == "down"
+    assert object_store.list("shards/shard-00006.alive") == []  # its heartbeat was removed as it ended
     again = asyncio.run(run_shard_async(shard, fleet.endpoints(limit=2), tmp_path / "scratch", fast_settings(),
                                         options=fleet.options(output=object_store)))
     assert (again["done"], again["skipped_already_done"]) == (0, 30)
     assert ids(object_store, 6, "completions") == generated
+
+
+def test_shards_on_the_store_share_the_fleet_by_their_heartbeats_there(object_store, tmp_path):
+    import asyncio
+
+    from generate_fakes import FakeFleet, fast_settings, write_prompts
+
+    from fleetgen.generate import run_shard_async
+    from fleetgen.generate.liveness import ShardHeartbeat
+    from fleetgen.storage.run_files import ObjectRunFiles
+
+    other = ShardHeartbeat(ObjectRunFiles(object_store), 9, try_number=1)  # a shard on another worker
+    other.start()
+    other.beat({}, False)
+    fleet = FakeFleet(2, limit=6)
+    shard = write_prompts(tmp_path / "p.jsonl", 60)
+    asyncio.run(run_shard_async(shard, fleet.endpoints(), tmp_path / "scratch", fast_settings(),
+                                options=fleet.options(sharing=lambda: 2, output=object_store)))
+    assert all(fleet.max_in_flight[name] == 3 for name in fleet.names), fleet.max_in_flight
+    other.stop()
+    assert object_store.list("shards/shard-00009.alive") == []
