@@ -28,6 +28,7 @@ them, the Airflow glue names the run's folder. docs/output-formats.md describes 
       trial-decision.json          the tuning trial's decision, its candidates' scores and each server's candidate
       trial-began.json             when the trial's first shard started (the time cap counts from it)
       batch/output.jsonl, errors.jsonl  the results as OpenAI Batch API output and error files (once validated)
+      dataset/shard-NNNNN.parquet  the validated completions as a Parquet dataset (report/parquet_dataset.py)
       server-times/<host>_<port>.jsonl  when each server was launched, kept, ready and stopped (GPU-hours)
 
     <output_root>/calibration.json   corrections per (GPU, SGLang version, model, tp) the next plan starts from
@@ -68,6 +69,12 @@ def default_output_root() -> str:
     """Where runs write unless their conf says otherwise: ``$FLEETGEN_OUTPUT_ROOT`` of the deployment, else
     ``~/fleetgen-output`` (the DAG's default, the results view's root and the workers' allowed root read it here)."""
     return os.environ.get(OUTPUT_ROOT_VARIABLE, "~/fleetgen-output")
+
+
+def output_root_uri() -> str:
+    """The deployment's output root as a URI (``file:///...``): where the runs, and so their datasets, are. The
+    ``sglang_generation_completions`` Asset names it; each event's extra names the run's own folder and dataset."""
+    return Path(default_output_root()).expanduser().absolute().as_uri()
 
 
 def run_folder_name(run_id: str) -> str:
@@ -176,6 +183,11 @@ class RunLayout:
     def batch_output(self) -> Path:
         """The results as an OpenAI Batch API output file (fleetgen.report.batch_output)."""
         return self.root / "batch" / "output.jsonl"
+
+    @property
+    def dataset_dir(self) -> Path:
+        """The validated completions as Parquet, one file per shard (docs/output-formats.md §10)."""
+        return self.root / "dataset"
 
     @property
     def batch_errors(self) -> Path:

@@ -26,6 +26,11 @@ def test_every_prompt_gets_exactly_one_completion(dag, sim_env, fleet_file):
            for line in path.read_text().splitlines()]
     expected = [json.loads(line)["id"] for line in sim_env.prompts_path.read_text().splitlines()]
     assert sorted(ids) == sorted(expected) and len(ids) == len(set(ids)) == 120
+    # the validated completions as a Parquet dataset, the same rows
+    import pyarrow.dataset
+
+    dataset = pyarrow.dataset.dataset(run_dir / "dataset", format="parquet").to_table()
+    assert sorted(dataset.column("id").to_pylist()) == sorted(ids)
     report = json.loads((run_dir / "report" / "report.json").read_text())
     assert report["throughput"]["tokens_per_s"] > 0
     # the simulator, launched with the plan, reports exactly the limits the plan expected

@@ -57,12 +57,14 @@ def batch_api_files() -> dict:
 def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], validation: dict,
            model_identity: dict, fleet: dict, trial_results: list[dict] | None = None) -> dict:
     """**Writes the run report**: throughput overall / per GPU / per server, the tuning used, validation, comparison
-    with the previous run. The *Report* link above opens it. After a tuning trial, `plans` and `readiness` are the
-    servers the rest of the job ran on (a relaunched server keeps the run's launch identity, so its completions of
-    both rounds name one launch) and the trial's shards count with the others.
+    with the previous run. The *Report* link above opens it. Once validation passed, also the completions as a Parquet
+    dataset (`dataset/shard-NNNNN.parquet`), announced to downstream DAGs with the Asset event. After a tuning trial,
+    `plans` and `readiness` are the servers the rest of the job ran on (a relaunched server keeps the run's launch
+    identity, so its completions of both rounds name one launch) and the trial's shards count with the others.
     """
     from fleetgen.generate.reuse import accepted_launches, write_reuse_index
     from fleetgen.report.build import build_report
+    from fleetgen.report.parquet_dataset import write_parquet_dataset
     from fleetgen.report.previous import find_previous_report
 
     from fleetgen.validation.outcome import read_summary, why_not_passed
@@ -77,6 +79,9 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
         indexed = write_reuse_index(layout, material=generation_material(model_identity, settings),
                                     run_id=context["run_id"], launches=accepted_launches(mapped_values(readiness)))
         log.info("Indexed %d completion(s) for later runs to reuse (%s)", indexed, layout.reuse_index)
+        dataset = write_parquet_dataset(layout)
+        log.info("Parquet dataset: %d completion(s) in %d file(s) under %s", dataset.rows, dataset.files,
+                 dataset.folder)
     else:
         log.warning("This run is not validated: %s. Its completions are not indexed for later runs to reuse; "
                     "clear validate to run it again once the cause is fixed", not_passed)
@@ -91,6 +96,7 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
     for asset in context["task"].outlets:  # the finished dataset, for downstream training DAGs
         context["outlet_events"][asset].extra = {"run_id": context["run_id"], "out_dir": str(layout.root),
                                                  "completions": str(layout.kind_dir("completions")),
+                                                 "dataset": str(layout.dataset_dir) if not_passed is None else None,
                                                  "rows": (validation or {}).get("rows"), "report": summary["report_json"]}
     log.info("Report: %s; %.1f output tokens/s overall", summary["report_md"], summary["tokens_per_s"])
     return summary

@@ -145,6 +145,7 @@ def test_the_report_indexes_the_completions_and_builds_from_every_shard_and_serv
     root = run.layout().root
     assert _messages(caplog) == [
         f"Indexed 7 completion(s) for later runs to reuse ({run.layout().reuse_index})",
+        f"Parquet dataset: 0 completion(s) in 0 file(s) under {run.layout().dataset_dir}",
         f"Writing the run report to {run.layout().report_dir} (previous run: /out/earlier/report/report.json)",
         f"Report: {root}/report/report.md; 12.5 output tokens/s overall"]
     [(indexed_root, material, run_id, launches)] = reporting.indexed
@@ -173,7 +174,7 @@ def test_the_finished_dataset_is_announced_on_every_outlet_with_the_runs_output(
     assert f"Writing the run report to {run.layout().report_dir} (previous run: none)" in _messages(caplog)
     root = run.layout().root
     expected = {"run_id": RUN_ID, "out_dir": str(root), "completions": str(run.layout().kind_dir("completions")),
-                "rows": 5, "report": f"{root}/report/report.json"}
+                "dataset": str(run.layout().dataset_dir), "rows": 5, "report": f"{root}/report/report.json"}
     assert run.outlet_events[first].extra == expected and run.outlet_events[second].extra == expected
 
 
