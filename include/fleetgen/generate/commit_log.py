@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from fleetgen.errors import GenerationError, ObjectMissing, ShardLeaseLost, StoreConflict
 from fleetgen.generate import jsonio
+from fleetgen.outputs import shard_stem
 from fleetgen.storage.objects import ObjectStore
 
 RECORD_KINDS = ("completions", "stats", "errors")
@@ -41,10 +42,6 @@ SEQ_DIGITS = 12
 # Commits and parts are read this many at a time when a shard resumes (each is one GET); at most this many are held
 # in memory at once, so a resume's memory is bounded by the done ids, not by the committed output.
 READ_PARALLELISM = 4
-
-
-def shard_stem(shard_id: int) -> str:
-    return f"shard-{shard_id:05d}"
 
 
 def plan_name(shard_id: int) -> str:

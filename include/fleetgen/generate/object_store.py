@@ -30,6 +30,7 @@ from fleetgen.generate.errors_readback import read_back_errors
 from fleetgen.generate.lease import LeaseHolder
 from fleetgen.generate.resume_mark import MarkedResume
 from fleetgen.generate.store import PLAN_KEYS, ResumeReport, _STATS_ID
+from fleetgen.outputs import shard_stem
 from fleetgen.prompts.lines import fast_id
 from fleetgen.storage.objects import ObjectStore
 
@@ -106,7 +107,7 @@ class ObjectShardStore(MarkedResume):
                 "output", shard=self.shard_id, path=self.store.url(name),
                 hint="trigger a new run for the edited prompts file (a new run id gets a prefix of its own); or, to "
                      f"redo only this shard in this run, delete {self.store.url(name)} and every object under "
-                     f"{self.store.url(f'shards/shard-{self.shard_id:05d}/')}, then clear this task")
+                     f"{self.store.url(f'shards/{shard_stem(self.shard_id)}/')}, then clear this task")
 
     def _fence(self, shard: dict) -> ResumeReport:
         for _ in range(OPEN_RACES):
@@ -187,7 +188,7 @@ class ObjectShardStore(MarkedResume):
 
     @property
     def errors_where(self) -> str:
-        return self.store.url(f"shards/shard-{self.shard_id:05d}/parts/")
+        return self.store.url(f"shards/{shard_stem(self.shard_id)}/parts/")
 
     def _add(self, lines: tuple[tuple[str, bytes], ...], prompt_id: str | None) -> None:
         with self._changed:
