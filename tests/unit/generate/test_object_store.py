@@ -364,3 +364,35 @@ def test_shards_on_the_store_share_the_fleet_by_their_heartbeats_there(object_st
     assert all(fleet.max_in_flight[name] == 3 for name in fleet.names), fleet.max_in_flight
     other.stop()
     assert object_store.list("shards/shard-00009.alive") == []
+
+
+def test_recording_waits_for_the_committer_once_it_is_too_far_behind(object_store, shard, monkeypatch):
+    import threading
+
+    from fleetgen.storage.objects import ObjectStore
+
+    release = threading.Event()
+    put = ObjectStore.put
+
+    def slow_put(self, name, data, **kwargs):
+        if "/parts/" in name:
+            release.wait(30)  # the store is slow to take the parts
+        return put(self, name, data, **kwargs)
+
+    store, _ = ObjectShardStore.open(object_store, shard,
+                                     bounds=CommitBounds(lines=1, interval_s=0.01, max_behind=600))
+    monkeypatch.setattr(ObjectStore, "put", slow_put)
+    record(store, "p0")  # taken by the committer, which now waits on the store
+    recorded = threading.Event()
+
+    def more():
+        for n in range(1, 4):
+            record(store, f"p{n}")
+        recorded.set()
+
+    threading.Thread(target=more, daemon=True).start()
+    assert not recorded.wait(0.5)  # about 600 bytes are waiting to be committed: recording waits
+    release.set()
+    assert recorded.wait(30)
+    store.close()
+    assert ids(object_store, 0, "stats") == ["p0", "p1", "p2", "p3"]
