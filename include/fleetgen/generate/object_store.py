@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from fleetgen.errors import ShardPlanChanged, StoreConflict
+from fleetgen.errors import GenerationError, ShardPlanChanged, StoreConflict
 from fleetgen.generate import jsonio
 from fleetgen.generate.commit_log import (JOURNAL_KINDS, PART_KINDS, CommitLog, Part, ShardLog, describe_writer, log_prefix,
                                           part_name, plan_name)
@@ -135,28 +135,35 @@ class ObjectShardStore(MarkedResume):
 
     def _warn_takeover(self, state: ShardLog) -> None:
         last = state.last
-        if self._log is not None and last is not None and last.get("kind") == "parts" and not last.get("final"):
+        if self._log is not None and last is not None and not last.get("final"):
             self._log.warning("shard %d: %s wrote this shard last and did not close it; %s fenced it at commit %d "
                               "(if it is still alive it stops at its next commit)", self.shard_id,
                               describe_writer(last), self.holder.describe(), self._seq)
 
     def _read_stats_ids(self, state: ShardLog) -> int:
         count = 0
-        for data in self.log_.read_parts(state.parts["stats"]):
+        for part, data in zip(state.parts["stats"], self.log_.read_parts(state.parts["stats"])):
             found = _STATS_ID.findall(data)
             if len(found) != data.count(b"\n"):
-                found = [self._line_id(raw) for raw in data.splitlines()]
+                found = [self._line_id(raw, part.name) for raw in data.splitlines()]
             self.done_ids.update(found)
             count += len(found)
         return count
 
     def _error_id(self, raw: bytes, number: int) -> bytes:
-        return self._line_id(raw)
+        return self._line_id(raw, "errors")
 
-    @staticmethod
-    def _line_id(raw: bytes) -> bytes:
+    def _line_id(self, raw: bytes, where: str) -> bytes:
         found = fast_id(raw)
-        return found if found is not None else jsonio.loads(raw)["id"].encode()
+        if found is not None:
+            return found
+        try:
+            return jsonio.loads(raw)["id"].encode()
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise GenerationError(f"unreadable line in the shard's committed output: {raw[:120]!r}",
+                                  shard=self.shard_id, path=self.store.url(where),
+                                  hint="parts are written only by fleetgen: restore the object, or delete the "
+                                       "shard's objects to regenerate the shard") from None
 
     def _by(self) -> dict:
         return jsonio.loads(self.holder.to_json())

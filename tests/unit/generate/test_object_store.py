@@ -396,3 +396,27 @@ def test_recording_waits_for_the_committer_once_it_is_too_far_behind(object_stor
     assert recorded.wait(30)
     store.close()
     assert ids(object_store, 0, "stats") == ["p0", "p1", "p2", "p3"]
+
+
+def test_an_unreadable_line_in_a_committed_part_is_named(object_store, shard):
+    store, _ = ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    record(store, "p0")
+    store.close()
+    part = json.loads(object_store.get(commit_name(0, 2)))["parts"]["stats"]
+    object_store.put(part["name"], b"[1, 2]" + b" " * (part["bytes"] - 7) + b"\n")  # the same size, no id
+    with pytest.raises(GenerationError) as unreadable:
+        ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    assert unreadable.value.path == object_store.url(part["name"]) and unreadable.value.shard == 0
+    assert unreadable.value.message.startswith("unreadable line in the shard's committed output: b'[1, 2]")
+
+
+def test_a_try_that_opened_and_never_closed_is_named_by_the_next(object_store, shard, caplog):
+    ObjectShardStore.open(object_store, shard, try_number=1, bounds=MANUAL)  # opened, then died
+    with caplog.at_level(logging.WARNING):
+        newer, _ = ObjectShardStore.open(object_store, shard, try_number=2, bounds=MANUAL, log=logging.getLogger("t"))
+    newer.close()
+    assert "shard 0: try 1 (pid" in caplog.text and "fenced it at commit 2" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        ObjectShardStore.open(object_store, shard, try_number=3, bounds=MANUAL, log=logging.getLogger("t"))[0].close()
+    assert "did not close it" not in caplog.text  # try 2 closed its output
