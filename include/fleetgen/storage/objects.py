@@ -167,7 +167,7 @@ class _StoreFaults:
             answer = error.response.get("Error", {})
             code = str(answer.get("Code", ""))
             status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-            if code in _CONFLICT or status in (409, 412):
+            if code in _CONFLICT or status == 412:
                 return StoreConflict(f"could not {self.action} the object: another writer changed it first ({code})",
                                      **where)
             if code == "NoSuchBucket":

@@ -129,3 +129,135 @@ def test_a_store_that_keeps_failing_is_named_after_the_retries(proxied):
     assert "part.jsonl]" in text and "resumes from what was committed" in text
     assert len(proxy.requests) == RETRY_ATTEMPTS
     store.put("part.jsonl", b"line\n")  # the store answers again: nothing is left broken
+
+
+def test_a_store_below_another_shares_its_client_connection_and_parameter(object_store):
+    below = object_store.below("run_1", "shards")
+    assert below.url() == object_store.url("run_1/shards") and below._client is object_store._client
+    assert (below.conn_id, below.parameter) == (object_store.conn_id, object_store.parameter)
+    assert object_store.url() == object_store.location.url
+
+
+def test_the_client_retries_and_times_out_as_declared(object_store):
+    from fleetgen.storage import objects
+
+    config = object_store._client.meta.config
+    assert config.retries == {"mode": "standard", "total_max_attempts": objects.RETRY_ATTEMPTS}
+    assert (config.connect_timeout, config.read_timeout, config.max_pool_connections) == (
+        objects.CONNECT_TIMEOUT_S, objects.READ_TIMEOUT_S, objects.MAX_CONNECTIONS)
+
+
+def test_what_the_store_says_of_an_object_comes_back_with_it(object_store):
+    import time
+
+    etag = object_store.put("dir/a.json", b"12345")
+    data, info = object_store.get_with_info("dir/a.json")
+    head = object_store.head("dir/a.json")
+    [listed] = object_store.list()
+    assert data == b"12345"
+    for found in (info, head, listed):
+        assert (found.name, found.size, found.etag) == ("dir/a.json", 5, etag)
+        assert abs(found.modified - time.time()) < 60
+
+
+def test_a_store_at_the_root_of_its_bucket_lists_names_from_the_root(seaweedfs, object_store):
+    root = connect(f"s3://{seaweedfs.bucket}")
+    prefix = object_store.location.key
+    object_store.put("x.json", b"{}")
+    assert [info.name for info in root.list(prefix + "/")] == [f"{prefix}/x.json"]
+
+
+@pytest.mark.parametrize("action, call", [
+    ("read", lambda store: store.get("x.json")), ("read", lambda store: store.get_with_info("x.json")),
+    ("look up", lambda store: store.head("x.json")), ("write", lambda store: store.put("x.json", b"{}")),
+    ("list", lambda store: store.list("x")), ("delete", lambda store: store.delete("x.json"))])
+def test_every_request_refused_names_what_it_was_doing_and_where(seaweedfs, store_prefix, monkeypatch, action, call):
+    connection = seaweedfs.connection()
+    connection["password"] = "a-wrong-secret-value"
+    monkeypatch.setenv("AIRFLOW_CONN_FLEETGEN_WRONG_KEY", __import__("json").dumps(connection))
+    store = connect(store_prefix, conn_id="fleetgen_wrong_key")
+    with pytest.raises(StoreDenied) as denied:
+        call(store)
+    error = denied.value
+    expected_url = store.url("x") if action == "list" else store.url("x.json")
+    assert (error.path, error.conn_id) == (expected_url, "fleetgen_wrong_key")
+    assert error.message.startswith(f"the store refused to {action} the object with the credentials of the Airflow "
+                                    "connection 'fleetgen_wrong_key': ")
+    assert error.hint == ("check the login, password and rights of the Airflow connection 'fleetgen_wrong_key', or "
+                          "change the DAG parameter output_root (the URL) or storage_conn_id (the connection, now "
+                          "'fleetgen_wrong_key')")
+
+
+def test_a_connection_without_credentials_is_named(seaweedfs, store_prefix, monkeypatch):
+    connection = seaweedfs.connection()
+    connection.pop("login"), connection.pop("password")
+    monkeypatch.setenv("AIRFLOW_CONN_FLEETGEN_NO_KEY", __import__("json").dumps(connection))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    store = connect(store_prefix, conn_id="fleetgen_no_key")
+    with pytest.raises(StoreDenied) as denied:
+        store.get("x.json")
+    assert denied.value.message == "could not read the object: the Airflow connection 'fleetgen_no_key' gives no credentials"
+    assert denied.value.path == store.url("x.json")
+    assert denied.value.hint.startswith("set the login and password of the Airflow connection 'fleetgen_no_key' (or the "
+                                        "worker's AWS role), or change the DAG parameter output_root")
+
+
+def test_a_bucket_name_the_client_refuses_is_named(seaweedfs):
+    store = connect("s3://bad%7Cbucket/x")
+    with pytest.raises(StoreError) as refused:
+        store.get("y.json")
+    assert type(refused.value) is StoreError and refused.value.path == "s3://bad%7Cbucket/x/y.json"
+    assert refused.value.message.startswith("could not read the object: Parameter validation failed")
+    assert refused.value.hint == ("check the DAG parameter output_root (the URL) or storage_conn_id (the connection, "
+                                  "now 'fleetgen_test_store')")
+
+
+def test_an_error_that_is_not_the_stores_passes_through_unchanged(object_store, monkeypatch):
+    def broken(**kwargs):
+        raise ValueError("not a store error")
+
+    monkeypatch.setattr(object_store._client, "get_object", broken)
+    with pytest.raises(ValueError, match="not a store error"):
+        object_store.get("x.json")
+
+
+ANSWERS = {
+    "skewed": (403, b'<?xml version="1.0"?><Error><Code>RequestTimeTooSkewed</Code><Message>skew</Message></Error>'),
+    "conflict": (409, b'<?xml version="1.0"?><Error><Code>ConditionalRequestConflict</Code><Message>x</Message>'
+                      b'</Error>'),
+    "precondition": (412, b'<?xml version="1.0"?><Error><Code>Odd</Code><Message>x</Message></Error>'),
+    "gone": (404, b'<?xml version="1.0"?><Error><Code>Gone</Code><Message>x</Message></Error>'),
+}
+
+
+def test_answers_are_sorted_by_their_status_when_their_code_is_unknown(proxied):
+    proxy, store = proxied
+    proxy.fail(ANSWERS["skewed"], 1, {"GET"})
+    with pytest.raises(StoreDenied) as denied:
+        store.get("x.json")
+    assert denied.value.message.endswith("'fleetgen_proxied': RequestTimeTooSkewed")
+    proxy.fail(ANSWERS["conflict"], 1, {"PUT"})
+    with pytest.raises(StoreConflict):
+        store.put("x.json", b"{}", if_absent=True)
+    proxy.fail(ANSWERS["precondition"], 1, {"PUT"})
+    with pytest.raises(StoreConflict, match=r"another writer changed it first \(Odd\)"):
+        store.put("x.json", b"{}", if_absent=True)
+    proxy.fail(ANSWERS["gone"], 1, {"GET"})
+    with pytest.raises(ObjectMissing):
+        store.get("x.json")
+
+
+def test_a_failing_store_names_the_answer_and_what_a_retry_does(proxied):
+    proxy, store = proxied
+    proxy.fail(INTERNAL, RETRY_ATTEMPTS, {"GET"})
+    with pytest.raises(StoreError) as failing:
+        store.get("x.json")
+    assert failing.value.message == (f"could not read the object: the store answered InternalError (HTTP 500) after "
+                                     f"{RETRY_ATTEMPTS} tries")
+    assert failing.value.hint == ("the store is overloaded or failing (503 SlowDown, 500): the task's retry resumes "
+                                  "from what was committed; if it persists, check the store's health")
+    assert failing.value.path == store.url("x.json")
