@@ -180,7 +180,7 @@ class _StoreFaults:
                                    f"{connection}: {code or status}",
                                    hint=f"check the login, password and rights of {connection}, or change {change}",
                                    **where)
-            return StoreError(f"could not {self.action} the object: the store answered {code or 'an error'} "
+            return StoreError(f"could not {self.action} the object: the store answered {code} "
                               f"(HTTP {status}) after {RETRY_ATTEMPTS} tries",
                               hint="the store is overloaded or failing (503 SlowDown, 500): the task's retry "
                                    "resumes from what was committed; if it persists, check the store's health",

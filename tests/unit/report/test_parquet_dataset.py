@@ -35,8 +35,12 @@ def test_every_completion_becomes_one_row_of_its_shards_file(tmp_path, monkeypat
     layout = RunLayout(tmp_path / "run")
     write_shard(layout, 0, [completion(f"a{n}") for n in range(5)])
     multimodal = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}]}]
-    write_shard(layout, 3, [completion("plain", messages=None, prompt="Say hi."),
+    write_shard(layout, 3, [completion("plain", messages=None, prompt="Say hi.", sampling=None),
                             completion("parts", messages=multimodal, reused_from="night-1")])
+    with layout.shard_file("completions", 3).open("r+") as handle:  # a blank line between two completions
+        lines = handle.read().splitlines(keepends=True)
+        handle.seek(0)
+        handle.write(lines[0] + "\n" + lines[1])
     written = write_parquet_dataset(layout)
     assert (written.files, written.rows, written.folder) == (2, 7, str(layout.dataset_dir))
     assert written.to_dict() == {"folder": str(layout.dataset_dir), "files": 2, "rows": 7}
@@ -52,6 +56,9 @@ def test_every_completion_becomes_one_row_of_its_shards_file(tmp_path, monkeypat
                           "server": "n0:30000", "latency_s": 1.5, "finished_at": 1764400000.5,
                           "sampling": '{"max_tokens":64,"temperature":0.6}', "reused_from": None}
     assert rows["plain"]["messages"] is None and rows["plain"]["prompt"] == "Say hi."
+    assert rows["plain"]["sampling"] is None
+    metadata = pq.ParquetFile(layout.dataset_dir / "shard-00003.parquet").metadata
+    assert metadata.row_group(0).column(0).compression == "ZSTD"
     assert json.loads(rows["parts"]["messages"][0]["content"]) == [{"type": "text", "text": "what is this?"}]
     assert rows["parts"]["reused_from"] == "night-1"
     frame = pd.read_parquet(layout.dataset_dir)
@@ -76,7 +83,8 @@ def test_a_line_that_cannot_go_in_is_named_and_nothing_half_written_is_left(tmp_
     with pytest.raises(ValidationFailed) as failed:
         write_parquet_dataset(layout)
     assert failed.value.path == str(layout.shard_file("completions", 2)) and failed.value.line == 2
-    assert "cannot go into the dataset" in failed.value.message and "regenerate this shard" in failed.value.hint
+    assert "cannot go into the dataset" in failed.value.message
+    assert failed.value.hint == "the file was edited or corrupted after validation; regenerate this shard"
     assert list(layout.dataset_dir.iterdir()) == []
 
 
@@ -87,5 +95,7 @@ def test_a_dataset_folder_that_cannot_be_written_is_named(tmp_path):
     with pytest.raises(OutputError) as failed:
         write_parquet_dataset(layout)
     assert failed.value.path == str(layout.dataset_dir / "shard-00000.parquet")
-    assert "output_root" in failed.value.hint and "cannot write" in failed.value.message
+    assert failed.value.message == f"cannot write {failed.value.path}: Is a directory" and failed.value.errno == 21
+    assert failed.value.hint == ("free space where the DAG parameter output_root points (or FLEETGEN_OUTPUT_ROOT), "
+                                 "then clear this task")
     assert [path.name for path in layout.dataset_dir.iterdir()] == ["shard-00000.parquet"]  # no partial left

@@ -95,6 +95,7 @@ def test_a_store_that_does_not_answer_is_named_unreachable(monkeypatch, store_pr
     with pytest.raises(StoreUnreachable) as unreachable:
         store.list("")
     text = str(unreachable.value)
+    assert (unreachable.value.path, unreachable.value.conn_id) == (store.url(""), "fleetgen_nowhere")
     assert "the store does not answer" in text and "endpoint_url in the extra of the Airflow connection " \
                                                   "'fleetgen_nowhere'" in text
 
@@ -154,6 +155,7 @@ def test_what_the_store_says_of_an_object_comes_back_with_it(object_store):
     data, info = object_store.get_with_info("dir/a.json")
     head = object_store.head("dir/a.json")
     [listed] = object_store.list()
+    assert list(object_store.iter_objects()) == [listed]
     assert data == b"12345"
     for found in (info, head, listed):
         assert (found.name, found.size, found.etag) == ("dir/a.json", 5, etag)

@@ -66,6 +66,33 @@ def test_an_update_that_keeps_losing_gives_up_naming_the_object(object_store, mo
         object_store.put("servers-health.json", json.dumps({"round": len(rounds)}).encode())
         return b'{"x": 1}'
 
-    with pytest.raises(StoreConflict, match=r"servers-health.json\] could not update the object: 3 other writers"):
+    with pytest.raises(StoreConflict, match=r"servers-health.json\] could not update the object: 3 other writers") as lost:
         files.update("servers-health.json", change)
     assert len(rounds) == 3
+    assert lost.value.conn_id == object_store.conn_id
+    assert lost.value.hint == "too many tasks of the run write this object at once"
+
+
+def test_two_writers_creating_an_object_at_once_both_get_their_change_in(object_store):
+    import threading
+
+    files = ObjectRunFiles(object_store)  # on a folder the lock keeps the second from reading before the first wrote
+    both_read = threading.Barrier(2)
+
+    def add(key):
+        first = [True]
+
+        def change(old):
+            if first[0]:  # both writers read "no file yet" before either writes
+                first[0] = False
+                both_read.wait(10)
+            return json.dumps({**json.loads(old or b"{}"), key: True}).encode()
+
+        files.update("shards/shard-00001.lost.jsonl", change)
+
+    writers = [threading.Thread(target=add, args=(key,)) for key in ("a", "b")]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(30)
+    assert json.loads(files.read("shards/shard-00001.lost.jsonl").data) == {"a": True, "b": True}
