@@ -19,7 +19,6 @@ from fleetgen.airflow.operators import WAIT_READY_DOC, WaitReadyOperator
 from fleetgen.airflow.params import dag_params
 from fleetgen.tuning.planner import MAX_BACKOFF_ATTEMPTS
 from fleetgen.airflow.task_labels import NODE_LABEL, SERVER_LABEL, SHARD_LABEL
-from fleetgen.outputs import output_root_uri
 
 DOC_MD = f"""
 ### SGLang offline generation on a GPU fleet
@@ -61,9 +60,11 @@ PARAMS = dag_params()
 # Variable: reading a Variable here would hit the metadata DB at every parse.
 SCHEDULE = CronTriggerTimetable(os.environ.get("FLEETGEN_SCHEDULE", "0 2 * * *"),
                                 timezone=os.environ.get("FLEETGEN_TIMEZONE", "UTC"))
-# Downstream training DAGs can be scheduled on this Asset: its URI is the deployment's output root, each event's extra
-# names the run's folder and its Parquet dataset (docs/output-formats.md §10).
-GENERATED_DATASET = Asset(name="sglang_generation_completions", uri=output_root_uri(), group="fleetgen")
+# Downstream training DAGs can be scheduled on this Asset; each event's extra names the run's folder and its Parquet
+# dataset (docs/output-formats.md §10). The URI stays fixed: Airflow knows an asset by name and URI, and one taken
+# from the deployment's output root would leave the asset inactive (its tasks failing) whenever that root changes.
+GENERATED_DATASET = Asset(name="sglang_generation_completions", uri="file:///fleetgen/sglang_generation/completions",
+                          group="fleetgen")
 
 
 def _task(python_callable, *, kind=task, **kwargs):

@@ -71,12 +71,6 @@ def default_output_root() -> str:
     return os.environ.get(OUTPUT_ROOT_VARIABLE, "~/fleetgen-output")
 
 
-def output_root_uri() -> str:
-    """The deployment's output root as a URI (``file:///...``): where the runs, and so their datasets, are. The
-    ``sglang_generation_completions`` Asset names it; each event's extra names the run's own folder and dataset."""
-    return Path(default_output_root()).expanduser().absolute().as_uri()
-
-
 def run_folder_name(run_id: str) -> str:
     """A run id as a folder name: Airflow run ids hold ``:`` and ``+``, which some filesystems refuse. A name
     that would not be a plain folder of its own (empty, ``.``, ``..``, hidden) is refused: run ``.`` would write
