@@ -151,7 +151,7 @@ class ObjectShardStore(MarkedResume):
         return count
 
     def _error_id(self, raw: bytes, number: int) -> bytes:
-        return self._line_id(raw, "errors")
+        return self._line_id(raw, f"shards/{shard_stem(self.shard_id)}/parts/")
 
     def _line_id(self, raw: bytes, where: str) -> bytes:
         found = fast_id(raw)

@@ -420,3 +420,173 @@ def test_a_try_that_opened_and_never_closed_is_named_by_the_next(object_store, s
     with caplog.at_level(logging.WARNING):
         ObjectShardStore.open(object_store, shard, try_number=3, bounds=MANUAL, log=logging.getLogger("t"))[0].close()
     assert "did not close it" not in caplog.text  # try 2 closed its output
+
+
+# --- what each commit records, and when the committer commits ----------------------------------------------------
+
+def line_bytes(prompt_id):
+    line = completion(prompt_id)
+    return len(jsonio.dumps(line) + b"\n") + len(jsonio.dumps(stats_record(line)) + b"\n")
+
+
+def commits(object_store, shard_id=0):
+    return [json.loads(object_store.get(info.name)) for info in object_store.list(log_prefix(shard_id))]
+
+
+def wait_for_commits(object_store, count, shard_id=0):
+    deadline = time.monotonic() + 30
+    while len(object_store.list(log_prefix(shard_id))) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} commits after 30 s"
+        time.sleep(0.02)
+
+
+def test_each_commit_records_its_kind_writer_token_and_mark(object_store, shard):
+    store, report = ObjectShardStore.open(object_store, shard, try_number=4, bounds=MANUAL)
+    assert (report.torn_bytes, report.restored_stats) == ({}, 0) and len(store.token) == 12
+    record(store, "p0")
+    assert store.done_ids == {b"p0"}
+    store.save_mark(1, 40)
+    assert store._commit(*store._take())
+    [opened, parts] = commits(object_store)
+    assert opened == {"kind": "open", "by": opened["by"], "mark": None, "seq": 1, "token": store.token}
+    assert opened["by"]["try"] == 4 and parts["token"] == store.token and parts["mark"] == [1, 40]
+    assert set(parts["parts"]) == {"completions", "stats"}
+    assert store._commit(*store._take())  # nothing new: no commit, and the committer goes on
+    assert len(commits(object_store)) == 2
+    store.save_mark(1, 44)  # only the mark moved: committed on its own
+    assert store._commit(*store._take())
+    assert commits(object_store)[-1]["mark"] == [1, 44] and commits(object_store)[-1]["parts"] == {}
+    store.close()
+    again, _ = ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    assert commits(object_store)[-1]["mark"] == [1, 44]  # a new try's open commit restates the mark it resumes from
+    again.close()
+
+
+def test_the_errors_a_new_try_restates_void_the_mark_even_one_the_records_back(object_store, tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    lines = [json.dumps({"id": f"p{n}", "prompt": "q"}) + "\n" for n in range(4)]
+    path.write_text("".join(lines))
+    [shard] = plan_shards(path, shard_size=4, scan=scan_prompts(path))
+    first, _ = ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    record(first, "p0")
+    fail(first, "p1", PROMPT_FAULT)
+    fail(first, "p2", SERVER_FAULT)
+    first.save_mark(2, len(lines[0]) + len(lines[1]))  # two records back it: a mark the output supports
+    first.close()
+    second, _ = ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    assert second.mark is None
+    opened = commits(object_store)[-1]
+    assert opened["mark"] is None and opened["errors_base"]["name"].endswith(".errors.jsonl")
+    second.close()
+
+
+def test_the_committer_commits_at_its_line_bound_counting_failures_too(object_store, shard):
+    store, _ = ObjectShardStore.open(object_store, shard, bounds=CommitBounds(lines=2, interval_s=3600.0))
+    record(store, "p0")
+    fail(store, "p1", PROMPT_FAULT)
+    wait_for_commits(object_store, 2)
+    store.close()
+
+
+def test_the_committer_commits_at_its_byte_bound(object_store, shard):
+    store, _ = ObjectShardStore.open(object_store, shard,
+                                     bounds=CommitBounds(lines=1000, bytes=line_bytes("p0"), interval_s=3600.0))
+    record(store, "p0")
+    wait_for_commits(object_store, 2)
+    store.close()
+
+
+def test_the_committer_carries_the_mark_without_waiting_for_close(object_store, shard):
+    store, _ = ObjectShardStore.open(object_store, shard, bounds=CommitBounds(interval_s=0.05))
+    record(store, "p0")
+    store.save_mark(1, 40)
+    deadline = time.monotonic() + 30
+    while not any(commit.get("mark") == [1, 40] for commit in commits(object_store)):
+        assert time.monotonic() < deadline, "the mark was never committed"
+        time.sleep(0.05)
+    store.close()
+
+
+def test_recording_waits_exactly_once_max_behind_bytes_are_not_committed(object_store, shard, monkeypatch):
+    import threading
+
+    from fleetgen.storage.objects import ObjectStore
+
+    release = threading.Event()
+    put = ObjectStore.put
+
+    def slow_put(self, name, data, **kwargs):
+        if "/parts/" in name:
+            release.wait(30)
+        return put(self, name, data, **kwargs)
+
+    size = line_bytes("p0")
+    store, _ = ObjectShardStore.open(object_store, shard,
+                                     bounds=CommitBounds(lines=1, interval_s=0.01, max_behind=2 * size))
+    monkeypatch.setattr(ObjectStore, "put", slow_put)
+    record(store, "p0")
+    while store._committing == 0:  # the committer took p0 and waits on the store
+        time.sleep(0.01)
+    done = []
+
+    def more():
+        for n in (1, 2):
+            record(store, f"p{n}")
+            done.append(n)
+
+    threading.Thread(target=more, daemon=True).start()
+    deadline = time.monotonic() + 30
+    while not done:  # p1 fits beside p0 in flight
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert done == [1]  # with p2, p0 in flight and p1 buffered make exactly max_behind: it waits
+    release.set()
+    deadline = time.monotonic() + 30
+    while done != [1, 2]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    store.close()
+
+
+def test_a_changed_plan_names_every_key_that_changed_and_what_to_delete(object_store, shard):
+    ObjectShardStore.open(object_store, shard, bounds=MANUAL)[0].close()
+    with pytest.raises(ShardPlanChanged) as changed:
+        ObjectShardStore.open(object_store, {**shard, "count": 19, "start": 1}, bounds=MANUAL)
+    error = changed.value
+    assert (error.shard, error.path) == (0, object_store.url(plan_name(0)))
+    assert "count, start changed (the prompts file or shard_size changed since this run planned its shards); a " \
+           "retry finds the same output" in error.message
+    assert error.hint == ("trigger a new run for the edited prompts file (a new run id gets a prefix of its own); or, "
+                          f"to redo only this shard in this run, delete {object_store.url(plan_name(0))} and every "
+                          f"object under {object_store.url('shards/shard-00000/')}, then clear this task")
+
+
+def test_a_log_that_keeps_moving_while_a_try_opens_is_named(object_store, shard, monkeypatch):
+    from fleetgen.generate import object_store as object_store_module
+
+    monkeypatch.setattr(object_store_module, "OPEN_RACES", 2)
+    commit = CommitLog.commit
+    monkeypatch.setattr(CommitLog, "commit", lambda self, seq, record, *, token: {"token": "another"})
+    with pytest.raises(StoreError) as racing:
+        ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    monkeypatch.setattr(CommitLog, "commit", commit)
+    error = racing.value
+    assert (error.shard, error.path, error.conn_id) == (0, object_store.url(), object_store.conn_id)
+    assert error.message == ("could not open the shard's log: 2 other commits were created while this try read it")
+    assert error.hint == "another try of this shard commits faster than this one can read: let it finish"
+
+
+def test_an_unreadable_error_line_names_the_shards_parts(object_store, shard):
+    store, _ = ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    fail(store, "p0", PROMPT_FAULT)
+    store.close()
+    part = json.loads(object_store.get(commit_name(0, 2)))["parts"]["errors"]
+    object_store.put(part["name"], b"[3]" + b" " * (part["bytes"] - 4) + b"\n")
+    with pytest.raises(GenerationError) as unreadable:
+        ObjectShardStore.open(object_store, shard, bounds=MANUAL)
+    error = unreadable.value
+    assert error.path == object_store.url("shards/shard-00000/parts/")
+    assert error.message.startswith("unreadable line in the shard's committed output: b'[3]  ")
+    assert error.hint == ("parts are written only by fleetgen: restore the object, or delete the shard's objects to "
+                          "regenerate the shard")
