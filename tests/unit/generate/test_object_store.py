@@ -444,13 +444,15 @@ def test_each_commit_records_its_kind_writer_token_and_mark(object_store, shard)
     store, report = ObjectShardStore.open(object_store, shard, try_number=4, bounds=MANUAL)
     assert (report.torn_bytes, report.restored_stats) == ({}, 0) and len(store.token) == 12
     record(store, "p0")
-    assert store.done_ids == {b"p0"}
+    fail(store, "p5", PROMPT_FAULT)
+    assert store.done_ids == {b"p0", b"p5"}  # neither is sent again by this try
     store.save_mark(1, 40)
+    assert store.mark == (1, 40)
     assert store._commit(*store._take())
     [opened, parts] = commits(object_store)
     assert opened == {"kind": "open", "by": opened["by"], "mark": None, "seq": 1, "token": store.token}
     assert opened["by"]["try"] == 4 and parts["token"] == store.token and parts["mark"] == [1, 40]
-    assert set(parts["parts"]) == {"completions", "stats"}
+    assert set(parts["parts"]) == {"completions", "stats", "errors"}
     assert store._commit(*store._take())  # nothing new: no commit, and the committer goes on
     assert len(commits(object_store)) == 2
     store.save_mark(1, 44)  # only the mark moved: committed on its own
