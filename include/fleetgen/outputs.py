@@ -41,10 +41,12 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetgen.errors import ConfigError
+from fleetgen.errors import ConfigError, OutputError
 
 # Column order of a stats row (``fleetgen.generate.records.stats_record`` writes them in this order).
 STATS_COLUMNS = ("id", "prompt_tokens", "completion_tokens", "finish_reason", "reasoning_chars",
@@ -366,3 +368,22 @@ def read_server_times(layout: RunLayout) -> dict[str, list[dict]]:
                     and isinstance(record.get("t"), (int, float)):
                 events.setdefault(str(record["server"]), []).append(record)
     return {server: sorted(rows, key=lambda row: row["t"]) for server, rows in sorted(events.items())}
+
+
+@contextmanager
+def write_whole(path: Path) -> Iterator:
+    """Write ``path`` whole or not at all: a ``.partial`` beside it, renamed over it once written without error; an
+    OS error raises ``OutputError`` naming the file (report/batch_output.py, report/parquet_dataset.py)."""
+    partial = path.with_name(path.name + ".partial")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with partial.open("wb") as handle:
+            yield handle
+        os.replace(partial, path)
+    except BaseException as error:
+        partial.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise OutputError(f"cannot write {path}: {error.strerror or error}", errno=error.errno, path=str(path),
+                              hint="free space where the DAG parameter output_root points (or FLEETGEN_OUTPUT_ROOT), "
+                                   "then clear this task") from error
+        raise

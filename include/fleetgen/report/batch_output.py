@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fleetgen.errors import OutputError
 from fleetgen.generate import jsonio
-from fleetgen.outputs import RunLayout
+from fleetgen.outputs import RunLayout, write_whole
 
 __all__ = ["REJECTED_CODE", "BatchFiles", "error_line", "request_hash", "response_line", "write_batch_files"]
 
@@ -84,7 +82,7 @@ def write_batch_files(layout: RunLayout) -> BatchFiles:
     failures = _failures(layout)  # small: the prompts without a completion once the run is over, and a few more
     folder = layout.root.name
     responses = unreadable = 0
-    with _replacing(layout.batch_output) as out:
+    with write_whole(layout.batch_output) as out:
         for completion in _records(layout.shard_files("completions")):
             if completion is None:
                 unreadable += 1
@@ -92,7 +90,7 @@ def write_batch_files(layout: RunLayout) -> BatchFiles:
             failures.pop(completion["id"], None)  # answered after all (an earlier try's error)
             out.write(jsonio.dumps(response_line(completion, folder)) + b"\n")
             responses += 1
-    with _replacing(layout.batch_errors) as out:
+    with write_whole(layout.batch_errors) as out:
         for prompt_id, (code, message) in failures.items():
             out.write(jsonio.dumps(error_line(prompt_id, code, message, folder)) + b"\n")
     if unreadable:
@@ -129,21 +127,3 @@ def _records(paths: list[Path]) -> Iterator[dict | None]:
                     yield None
                     continue
                 yield record if isinstance(record, dict) and isinstance(record.get("id"), str) else None
-
-
-@contextmanager
-def _replacing(path: Path) -> Iterator:
-    """Write ``path`` whole or not at all: a ``.partial`` beside it, renamed over it once written without error."""
-    partial = path.with_name(path.name + ".partial")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with partial.open("wb") as handle:
-            yield handle
-        os.replace(partial, path)
-    except BaseException as error:
-        partial.unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise OutputError(f"cannot write {path}: {error.strerror or error}", errno=error.errno, path=str(path),
-                              hint="free space where the DAG parameter output_root points (or FLEETGEN_OUTPUT_ROOT), "
-                                   "then clear this task") from error
-        raise

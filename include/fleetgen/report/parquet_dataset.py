@@ -11,7 +11,6 @@ renamed: a reader never sees half of one, and a retry writes the same rows.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,9 +18,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fleetgen.errors import OutputError, ValidationFailed
+from fleetgen.errors import ValidationFailed
 from fleetgen.generate import jsonio
-from fleetgen.outputs import RunLayout
+from fleetgen.outputs import RunLayout, write_whole
 
 ROW_GROUP_ROWS = 1000
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
@@ -90,22 +89,11 @@ def write_parquet_dataset(layout: RunLayout) -> ParquetDataset:
 
 
 def _write_shard(source: Path, target: Path) -> int:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
     written = 0
-    try:
-        with pq.ParquetWriter(partial, SCHEMA, compression="zstd") as writer:
-            for group in _groups(source):
-                writer.write_table(pa.Table.from_pylist(group, schema=SCHEMA), row_group_size=ROW_GROUP_ROWS)
-                written += len(group)
-        os.replace(partial, target)
-    except BaseException as error:
-        partial.unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise OutputError(f"cannot write {target}: {error.strerror or error}", errno=error.errno, path=str(target),
-                              hint="free space where the DAG parameter output_root points (or FLEETGEN_OUTPUT_ROOT), "
-                                   "then clear this task") from error
-        raise
+    with write_whole(target) as handle, pq.ParquetWriter(handle, SCHEMA, compression="zstd") as writer:
+        for group in _groups(source):
+            writer.write_table(pa.Table.from_pylist(group, schema=SCHEMA), row_group_size=ROW_GROUP_ROWS)
+            written += len(group)
     return written
 
 
