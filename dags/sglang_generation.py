@@ -17,6 +17,7 @@ from fleetgen.airflow import failures, generate_tasks, server_tasks, tasks, tria
 from fleetgen.airflow.context import fail_fast
 from fleetgen.airflow.operators import WAIT_READY_DOC, WaitReadyOperator
 from fleetgen.airflow.params import dag_params
+from fleetgen.airflow.run_storage import PROMPTS, on_run_storage
 from fleetgen.tuning.planner import MAX_BACKOFF_ATTEMPTS
 from fleetgen.airflow.task_labels import NODE_LABEL, SERVER_LABEL, SHARD_LABEL
 
@@ -67,13 +68,22 @@ GENERATED_DATASET = Asset(name="sglang_generation_completions", uri="file:///fle
                           group="fleetgen")
 
 
-def _task(python_callable, *, kind=task, **kwargs):
+def _task(python_callable, *, kind=task, reads=(), **kwargs):
     """A task documented by its callable's docstring (a mapped task does not take it by itself) whose deterministic
-    errors fail it at once (fail_fast). Every Python task goes through here, so that rule lives in one place. It
+    errors fail it at once (fail_fast), run on its run's storage (on_run_storage: on an object store, a private copy
+    of the run holding what ``reads`` names, airflow/run_storage.py). Every Python task goes through here, so that
+    these rules live in one place. fail_fast
     changes nothing for node_names, flatten and run_outcome, which raise none of those errors (run_outcome's RunFailed
     is not one); go_live's only one, a ConfigError from the run's params, load_fleet raises first."""
-    return kind(fail_fast(python_callable), doc_md=inspect.getdoc(python_callable), **kwargs)
+    return kind(fail_fast(on_run_storage(python_callable, reads=reads)), doc_md=inspect.getdoc(python_callable),
+                **kwargs)
 
+
+# What the tasks that read more than the run's small files read of a run on an object store (airflow/run_storage.py).
+TRIAL_READS = ["stats", "metrics"]
+VALIDATE_READS = [PROMPTS, "stats", "errors"]
+REPORT_READS = ["completions", "stats", "errors", "events", "metrics", "gpu"]
+BATCH_READS = ["completions", "errors"]
 
 # The fleet description as the tasks that need it read it: load_fleet's XCom, pulled when the task renders.
 FLEET = "{{ ti.xcom_pull(task_ids='load_fleet') }}"
@@ -113,11 +123,11 @@ with DAG(
             fleet=FLEET).expand(node=nodes)
         # Reads the model's config.json over SSH (its context length) besides the prompts file: transient
         # errors retry, the prompts file's own problems fail at once (fail_fast).
-        prompt_scan = _task(tasks.scan_prompts, task_id="scan_prompts")(FLEET)
+        prompt_scan = _task(tasks.scan_prompts, task_id="scan_prompts", reads=[PROMPTS])(FLEET)
         identity = _task(tasks.model_identity, task_id="model_identity")(
             FLEET)
         # The model identity keys the tuning trials of earlier nights (tuning/trial_history.py).
-        plans = _task(tasks.derive_plan, task_id="derive_plan")(
+        plans = _task(tasks.derive_plan, task_id="derive_plan", reads=[PROMPTS])(
             FLEET, inventories, prompt_scan, identity)
         live = _task(tasks.go_live, kind=task.short_circuit, task_id="go_live")()
         plans >> live
@@ -143,7 +153,7 @@ with DAG(
                   "map_index_template": SHARD_LABEL}
     with TaskGroup("generate") as generate:
         # The trial's shards: none without a trial, and the mapped task is then skipped.
-        trial_shards = _task(generate_tasks.plan_trial_shards, task_id="plan_trial_shards")(
+        trial_shards = _task(generate_tasks.plan_trial_shards, task_id="plan_trial_shards", reads=[PROMPTS])(
             prompt_scan, plans)
         trial_results = _task(generate_tasks.trial_shard, task_id="trial_shard", **shard_task).partial(
             readiness=readiness.output, fleet=FLEET, model_identity=identity).expand(shard=trial_shards)
@@ -151,7 +161,7 @@ with DAG(
 
     with TaskGroup("trial") as trial:
         # none_failed: it also runs when there were no trial shards (it says why and keeps tonight's plans).
-        decided = _task(trial_tasks.decide, task_id="decide", trigger_rule="none_failed")(
+        decided = _task(trial_tasks.decide, task_id="decide", reads=TRIAL_READS, trigger_rule="none_failed")(
             plans, readiness.output, trial_shards, prompt_scan)
         trial_results >> decided
         # Skips only the relaunch group's first task (the rest follows by its trigger rules).
@@ -176,7 +186,7 @@ with DAG(
             readiness.output, readiness_again.output)
 
     with generate:
-        shards = _task(generate_tasks.plan_shards, task_id="plan_shards")(
+        shards = _task(generate_tasks.plan_shards, task_id="plan_shards", reads=[PROMPTS])(
             prompt_scan, plans)
         results = _task(generate_tasks.generate_shard, task_id="generate_shard", **shard_task).partial(
             readiness=in_use, fleet=FLEET, model_identity=identity).expand(shard=shards)
@@ -184,13 +194,13 @@ with DAG(
 
     with TaskGroup("validate") as validate_group:
         # none_failed: the trial's shard task is skipped on a night without a trial.
-        validation = _task(validate_tasks.validate, task_id="validate", retries=0, trigger_rule="none_failed")(
+        validation = _task(validate_tasks.validate, task_id="validate", reads=VALIDATE_READS, retries=0, trigger_rule="none_failed")(
             prompt_scan, results)
         trial_results >> validation
-        run_report = _task(validate_tasks.report, task_id="report", retries=1, outlets=[GENERATED_DATASET],
+        run_report = _task(validate_tasks.report, task_id="report", reads=REPORT_READS, retries=1, outlets=[GENERATED_DATASET],
                            trigger_rule="none_failed")(
             decided, in_use, results, validation, identity, FLEET, trial_results)
-        batch_files = _task(validate_tasks.batch_api_files, task_id="batch_api_files", retries=1)()
+        batch_files = _task(validate_tasks.batch_api_files, task_id="batch_api_files", reads=BATCH_READS, retries=1)()
         validation >> batch_files
 
     released = _task(server_tasks.release_servers, task_id="release_servers", trigger_rule="all_done",

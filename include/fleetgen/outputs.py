@@ -115,7 +115,9 @@ class RunLayout:
 
     @property
     def failures(self) -> Path:
-        return self.root / "failures.jsonl"
+        return self.root / self.FAILURES
+
+    FAILURES = "failures.jsonl"
 
     @property
     def validation_dir(self) -> Path:
@@ -170,10 +172,12 @@ class RunLayout:
         """The tuning trial's decision (fleetgen.tuning.trial.decision_record), or why no trial ran."""
         return self.root / "trial-decision.json"
 
+    TRIAL_BEGAN = "trial-began.json"
+
     @property
     def trial_began(self) -> Path:
         """When the tuning trial's first shard started, written once (fleetgen.tuning.trial_clock)."""
-        return self.root / "trial-began.json"
+        return self.root / self.TRIAL_BEGAN
 
     @property
     def batch_output(self) -> Path:
@@ -285,14 +289,19 @@ class ShardPaths:
         return self._bookkeeping(self.LOST_TRIES)
 
 
+# The files of the output root itself, beside the runs' folders: shared by every run of that root.
+CALIBRATION_FILE, TRIAL_HISTORY_FILE = "calibration.json", "tuning-trials.jsonl"
+ROOT_FILES = (CALIBRATION_FILE, TRIAL_HISTORY_FILE)
+
+
 def calibration_file(output_root: str | Path) -> Path:
     """The corrections every run reads and the readiness check updates, shared by the runs of one output root."""
-    return Path(output_root).expanduser() / "calibration.json"
+    return Path(output_root).expanduser() / CALIBRATION_FILE
 
 
 def trial_history_file(output_root: str | Path) -> Path:
     """The tuning trials' decisions across nights (fleetgen.tuning.trial_history), shared by the runs of one root."""
-    return Path(output_root).expanduser() / "tuning-trials.jsonl"
+    return Path(output_root).expanduser() / TRIAL_HISTORY_FILE
 
 
 def run_root_of_report(report_json: str | Path) -> Path:

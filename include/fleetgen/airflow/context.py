@@ -47,10 +47,15 @@ def task_context():
 
 
 def run_context() -> tuple[dict, RunConfig, RunLayout]:
-    """The task's context, the run configuration and the run's output layout."""
+    """The task's context, the run configuration and the run's output layout. For a run on an object store, inside
+    ``run_storage.task_run``: the layout of the task's scratch copy, and a configuration whose ``output_root`` (and
+    ``prompts_path``, when the task reads the prompts) are that copy's."""
+    from fleetgen.airflow.run_storage import current_store_run, local_config
+
     context = task_context()
-    config = RunConfig.from_params(context["params"])
-    return context, config, config.layout(context["run_id"])
+    run = current_store_run()
+    config = local_config(RunConfig.from_params(context["params"]), run)
+    return context, config, RunLayout(run.mirror.run_root) if run is not None else config.layout(context["run_id"])
 
 
 def run_type(context: dict) -> str | None:

@@ -11,8 +11,9 @@ import jsonlines
 import orjson
 
 from fleetgen.airflow.run_config import run_layout
-from fleetgen.errors import ConfigError, FleetgenError
-from fleetgen.outputs import RunLayout, read_failures
+from fleetgen.errors import ConfigError, FleetgenError, StoreError
+from fleetgen.outputs import RunLayout, read_failures, run_folder_name
+from fleetgen.storage.location import STORAGE_CONN_PARAMETER, is_object_location, parse_location
 
 log = logging.getLogger("fleetgen")
 
@@ -121,11 +122,30 @@ def _describe(context, *, retried: bool = False) -> None:
         log.error("FAILED %s: %s\nWhat to check next: %s", record["task"], record["first_line"],
                   record.get("hint", _UNANTICIPATED))
     try:  # the run's own rule for its folder (run_config.run_layout): a refused output_root gets no file either
-        layout = run_layout(context["params"]["output_root"], context["run_id"])
-    except (KeyError, ConfigError) as error:  # no output_root, a refused one, or a run id naming no folder of its own
+        root = parse_location(context["params"]["output_root"], parameter="output_root")
+        if is_object_location(root):
+            _append_on_store(root, context, record)
+            return
+        layout = run_layout(root, context["run_id"])
+    except (KeyError, ConfigError, StoreError) as error:  # no output_root, a refused one, a run id naming no folder
+        # of its own, a store that does not answer
         log.warning("could not append the failure summary (%s); it was: %s", error, json.dumps(record, default=str))
         return
     _append(layout, record)
+
+
+def _append_on_store(root, context, record: dict) -> None:
+    """The line appended to the run's ``failures.jsonl`` object: the object replaced only as it was read
+    (``If-Match``), so that failures recorded side by side keep each other's lines."""
+    from fleetgen.airflow.run_config import check_object_root
+    from fleetgen.airflow.run_storage import connect
+    from fleetgen.storage.run_files import ObjectRunFiles
+
+    check_object_root(root, context["run_id"])
+    store = connect(root, context["params"][STORAGE_CONN_PARAMETER], "output_root")
+    line = _dumps(record) + b"\n"
+    ObjectRunFiles(store.below(run_folder_name(context["run_id"]))).update(
+        RunLayout.FAILURES, lambda old: (old or b"") + (b"\n" if old and not old.endswith(b"\n") else b"") + line)
 
 
 def outcome_message(task_states: dict[str, str], records: list[dict]) -> str:

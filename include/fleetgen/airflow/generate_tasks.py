@@ -9,6 +9,7 @@ from fleetgen.airflow import failures, lifecycle
 from fleetgen.airflow.context import mapped_values, run_context, run_type
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.airflow.run_config import RunConfig
+from fleetgen.airflow.run_storage import current_store_run, planned_on_store, shard_prompts, shared_run_files
 from fleetgen.nodes.fleet import FleetSpec, fleet_from_json
 
 log = logging.getLogger("fleetgen")
@@ -66,7 +67,8 @@ def _cut(prompt_scan: dict, plans: list[dict] | None, *, log_it: bool = True) ->
                     "of %d instead (raise max_map_length to keep smaller shards)", scan.count, requested,
                     max_shards, shard_size)
     head = trial_prompt_count(config, plans, scan.count)
-    shards = prompts.plan_shards(config.inputs.prompts_path, shard_size=shard_size, scan=scan, head=head)
+    shards = [planned_on_store(shard) for shard in
+              prompts.plan_shards(config.inputs.prompts_path, shard_size=shard_size, scan=scan, head=head)]
     trial = [shard for shard in shards if shard["first"] < head]
     rest = shards[len(trial):]
     if log_it:
@@ -103,7 +105,7 @@ def trial_shard(shard: dict, readiness: list[dict], fleet: dict, model_identity:
 
     _, config, layout = run_context()
     return _generate(shard, readiness, fleet, model_identity,
-                     stop_taking_at=stop_taking_at(layout, config.tuning.trial_max_s, time.time()))
+                     stop_taking_at=stop_taking_at(shared_run_files(layout), config.tuning.trial_max_s, time.time()))
 
 
 def _generate(shard: dict, readiness: list[dict], fleet: dict, model_identity: dict, *,
@@ -142,10 +144,11 @@ def _generate(shard: dict, readiness: list[dict], fleet: dict, model_identity: d
                            layout=layout, shard_id=int(shard["shard_id"]), interval_s=settings.sample_interval_s,
                            log=log) \
         if settings.sample_interval_s > 0 else contextlib.nullcontext()
+    store_run = current_store_run()
     with sampling:
-        result = run_shard(shard, endpoints, layout.root, settings, options=ShardRunOptions(
+        result = run_shard(shard_prompts(shard), endpoints, layout.root, settings, options=ShardRunOptions(
             api_key=lifecycle.api_key(spec), try_number=context["ti"].try_number, reuse=source, sharing=sharing,
-            log=log, stop_taking_at=stop_taking_at))
+            log=log, stop_taking_at=stop_taking_at, output=store_run.output if store_run is not None else None))
     if lookup is not None:  # the report's reuse section: where from, what was passed over, what changed
         result["reuse"] = lookup.summary()
     if result["lost_try"]:

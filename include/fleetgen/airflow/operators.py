@@ -9,6 +9,7 @@ from airflow.sdk import BaseOperator
 
 from fleetgen.airflow.node_shell import authentication_refused, host_key_mismatch, key_file_unreadable
 from fleetgen.airflow.readiness_event import ReadinessEvent, ReadinessStatus
+from fleetgen.airflow.run_storage import on_run_storage
 from fleetgen.nodes import launch_identity, readiness
 from fleetgen.errors import (FailureKind, FleetgenError, HostUnreachable, PlanError, ServerError, ServerNotReady,
                             ServerStartupError)
@@ -81,11 +82,13 @@ class WaitReadyOperator(BaseOperator):
             watch=watch, api_key_conn_id=fleet.server.api_key_conn_id,
             context={"launched": launched, "attempt": attempt})
 
+    @on_run_storage
     def execute(self, context) -> None:
         log.info("Waiting for %s (GPU %s, pid %s) to become ready; watching %s", self.server["name"],
                  self.server["gpu_ids"], self.server["pid"], self.server["log_path"])
         self.defer(trigger=self._trigger(self.server, 0), method_name="execute_complete")
 
+    @on_run_storage
     def execute_complete(self, context, event: dict) -> dict:
         event = ReadinessEvent.from_payload(event)
         launched, attempt = event.launched, event.attempt

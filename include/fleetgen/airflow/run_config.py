@@ -15,6 +15,7 @@ Adding a parameter:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -22,8 +23,10 @@ from typing import Any
 
 from fleetgen.errors import ConfigError
 from fleetgen.json_types import is_json_int, is_json_number
-from fleetgen.outputs import OUTPUT_ROOT_VARIABLE, RunLayout, default_output_root
+from fleetgen.outputs import OUTPUT_ROOT_VARIABLE, RunLayout, default_output_root, run_folder_name
 from fleetgen.report.prices import GpuHourPrice, read_gpu_hour_price
+from fleetgen.storage.location import (DEFAULT_STORAGE_CONN_ID, STORAGE_CONN_PARAMETER, Location, ObjectLocation,
+                                       is_object_location, parse_location)
 from fleetgen.tuning import TunerBounds
 from fleetgen.tuning.model_files import WEIGHTS_HASHES
 from fleetgen.tuning.plan import MODES
@@ -94,11 +97,12 @@ class Setting:
             raise self._refuse(f"must be {'a' if self.optional else 'a non-empty'} string", value)
         if self.choices and value not in self.choices:
             raise self._refuse(f"must be {self.allowed()}", value)
-        return self._path(value.strip()) if self.kind is Path else value.strip()
+        return self._location(value.strip()) if self.kind is Path else value.strip()
 
-    def _path(self, text: str) -> Path:
+    def _location(self, text: str) -> Location:
+        """A local path (``~`` expanded) or an object store URL (storage/location.py)."""
         try:
-            return Path(text).expanduser()
+            return parse_location(text, parameter=self.name)
         except RuntimeError:  # ~user of a user this worker does not know (pathlib's "Could not determine home")
             raise self._refuse(f"starts with {text.split('/', 1)[0]}, a user without a home directory on this "
                                f"worker", text) from None
@@ -135,15 +139,22 @@ class _Group:
 
 @dataclass(frozen=True)
 class Inputs(_Group):
-    prompts_path: Path = setting(
+    prompts_path: Location = setting(
         Path, lambda: os.environ.get(PROMPTS_PATH_VARIABLE, "~/fleetgen/prompts.jsonl"), "Prompts JSONL", INPUTS,
-        f"Path on the workers of a JSONL of {{id, messages}} or {{id, prompt}}, one per line. Default: "
-        f"${PROMPTS_PATH_VARIABLE} of the deployment (scheduled runs use it).", env=PROMPTS_PATH_VARIABLE)
-    output_root: Path = setting(
+        f"A JSONL of {{id, messages}} or {{id, prompt}}, one per line: a path on the workers or an s3://bucket/key URL "
+        f"(read through {STORAGE_CONN_PARAMETER}). Default: ${PROMPTS_PATH_VARIABLE} of the deployment (scheduled "
+        f"runs use it).", env=PROMPTS_PATH_VARIABLE)
+    output_root: Location = setting(
         Path, default_output_root, "Output root", INPUTS,
-        f"Each run writes to <output_root>/<run_id>/. Default: ${OUTPUT_ROOT_VARIABLE} of the deployment; "
+        f"Each run writes to <output_root>/<run_id>/: a folder every worker sees, or an s3://bucket/prefix URL "
+        f"(written through {STORAGE_CONN_PARAMETER}). Default: ${OUTPUT_ROOT_VARIABLE} of the deployment; "
         f"a run may name a folder inside it (or inside a root ${ALLOW_OUTPUT_ROOTS_VARIABLE} lists), and the results "
         f"view serves only runs of that root itself.")
+    storage_conn_id: str = setting(
+        str, DEFAULT_STORAGE_CONN_ID, "Object store connection", INPUTS,
+        "The Airflow aws connection that reaches the object store when prompts_path or output_root is an s3:// URL "
+        "(its extra's endpoint_url for any S3-compatible store). Unused on local disk.",
+        name=STORAGE_CONN_PARAMETER)
     dry_run: bool = setting(bool, False, "Dry run", INPUTS,
                             "Probe and print the plan, then stop: no server is touched.")
     fleet_file: str = setting(
@@ -171,6 +182,8 @@ class Inputs(_Group):
 
         path, where = self.prompts_path, (f"set the DAG parameter prompts_path in the trigger form, or "
                                           f"{PROMPTS_PATH_VARIABLE} of the deployment for scheduled runs")
+        if is_object_location(path):  # looked up through the store by the task (airflow/run_storage.py)
+            return
         if path.is_dir():
             raise ConfigError(f"prompts file {path} is a folder, not a JSONL file: {where} to the file itself")
         if not path.is_file():
@@ -343,16 +356,26 @@ class Report(_Group):
 GROUPS: tuple[type[_Group], ...] = (Inputs, Tuning, Generation, Thresholds, Report)
 
 
+def _listed_roots() -> list[str]:
+    """The entries of ``FLEETGEN_ALLOW_OUTPUT_ROOTS``, split at ``os.pathsep`` except inside ``s3://``."""
+    text = os.environ.get(ALLOW_OUTPUT_ROOTS_VARIABLE, "")
+    return [entry.strip() for entry in re.split(f"{re.escape(os.pathsep)}(?!//)", text) if entry.strip()]
+
+
+def _configured_roots() -> list[tuple[str, str]]:
+    return [(OUTPUT_ROOT_VARIABLE, default_output_root()),
+            *((ALLOW_OUTPUT_ROOTS_VARIABLE, entry) for entry in _listed_roots())]
+
+
 def allowed_output_roots() -> tuple[Path, ...]:
     """The folders a run's ``output_root`` may lie in, resolved: the deployment's output root (the one the results
     view serves, ``outputs.default_output_root``), then each root ``FLEETGEN_ALLOW_OUTPUT_ROOTS`` of the worker's
     environment lists. A listed root that is not an absolute path is refused: it would depend on the worker's
-    working folder."""
-    listed = [entry.strip() for entry in os.environ.get(ALLOW_OUTPUT_ROOTS_VARIABLE, "").split(os.pathsep)
-              if entry.strip()]
+    working folder. Object store roots are ``allowed_object_roots``'."""
     roots = []
-    for variable, root in [(OUTPUT_ROOT_VARIABLE, default_output_root()),
-                           *((ALLOW_OUTPUT_ROOTS_VARIABLE, entry) for entry in listed)]:
+    for variable, root in _configured_roots():
+        if "://" in root and not root.startswith("file:"):
+            continue
         try:
             path = Path(root).expanduser()
             if variable == ALLOW_OUTPUT_ROOTS_VARIABLE and not path.is_absolute():
@@ -364,6 +387,32 @@ def allowed_output_roots() -> tuple[Path, ...]:
                               f"write in: {error}", hint=f"set {variable} of the deployment to absolute "
                                                          f"paths{separated}") from None
     return tuple(dict.fromkeys(roots))
+
+
+def allowed_object_roots() -> tuple[ObjectLocation, ...]:
+    """The object store prefixes a run's ``output_root`` may lie in: ``FLEETGEN_OUTPUT_ROOT`` when it is an
+    ``s3://`` URL, and each such URL ``FLEETGEN_ALLOW_OUTPUT_ROOTS`` lists."""
+    return tuple(dict.fromkeys(
+        parse_location(root, parameter=variable) for variable, root in _configured_roots()
+        if "://" in root and not root.startswith("file:")))
+
+
+def check_object_root(root: ObjectLocation, run_id: str) -> None:
+    """Refuse an object ``output_root`` outside the allowed prefixes (``allowed_object_roots``), as ``run_layout``
+    refuses a folder: whoever may trigger a run chooses it, and the workers write there with the deployment's
+    connection. The run's own prefix is one plain name below it (``outputs.run_folder_name``)."""
+    run_folder_name(run_id)
+    allowed = allowed_object_roots()
+    if any(root.scheme == prefix.scheme and root.bucket == prefix.bucket
+           and (not prefix.key or root.key == prefix.key or root.key.startswith(prefix.key + "/"))
+           for prefix in allowed):
+        return
+    where = ", ".join(map(str, allowed)) or "none (neither variable names an s3:// URL)"
+    raise ConfigError(f"DAG parameter output_root {root} lies outside the object store prefixes runs may write in: "
+                      f"{where}", hint=f"trigger the run without output_root (its default is {OUTPUT_ROOT_VARIABLE}) "
+                                       f"or with a prefix inside an allowed one; to let runs write elsewhere, an "
+                                       f"operator adds that s3:// URL to {ALLOW_OUTPUT_ROOTS_VARIABLE} in the "
+                                       f"workers' environment")
 
 
 def run_layout(output_root: str | Path, run_id: str) -> RunLayout:
@@ -428,11 +477,16 @@ class RunConfig:
                    validation=validation, report=Report.from_params(params))
 
     def layout(self, run_id: str) -> RunLayout:
-        """The run's folder; refused unless ``output_root`` lies in an allowed root (``run_layout``)."""
+        """The run's folder; refused unless ``output_root`` lies in an allowed root (``run_layout``). A run on an
+        object store has its folder in the task's scratch copy (airflow/run_storage.py local_config)."""
+        if is_object_location(self.inputs.output_root):
+            raise ConfigError(f"the run's output_root {self.inputs.output_root} is on an object store: its tasks "
+                              "run on a copy of it (airflow/run_storage.task_run)")
         return run_layout(self.inputs.output_root, run_id)
 
     def to_dict(self) -> dict:
-        return {"inputs": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.inputs).items()},
+        inputs = {item.name: getattr(self.inputs, item.name) for item in fields(self.inputs)}
+        return {"inputs": {k: str(v) if isinstance(v, (Path, ObjectLocation)) else v for k, v in inputs.items()},
                 "tuning": asdict(self.tuning), "generation": asdict(self.generation),
                 "validation": asdict(self.validation), "report": asdict(self.report)}
 

@@ -15,6 +15,7 @@ from fleetgen.airflow import lifecycle, trial_tasks
 from fleetgen.airflow.context import mapped_values, run_context, run_type
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.airflow.run_config import RunConfig
+from fleetgen.airflow.run_storage import run_url, scan_as_stored
 from fleetgen.errors import AuthenticationRefused, ConfigError, HostKeyMismatch, HostUnreachable
 from fleetgen.nodes import probe
 from fleetgen.nodes.fleet import FleetSpec, fleet_from_json, load_fleet_file, load_fleet_text
@@ -168,7 +169,7 @@ def scan_prompts(fleet: dict) -> dict:
     applied = LengthLimit.from_dict(scan.length_limit)  # tighter than ``limit`` when max_cap_cut_factor set some aside
     # The scan (with its sparse byte index, ~1,000 pairs per million prompts) travels on so that
     # plan_shards does not read the file a second time.
-    summary = {**scan.to_dict(), "out_dir": str(layout.root),
+    summary = {**scan_as_stored(scan.to_dict()), "out_dir": run_url(layout),
                "prompt_tokens_mean": round(scan.est_prompt_tokens_mean, 1),
                "prompt_tokens_max": scan.est_prompt_tokens_max}
     layout.prompts_identity.write_text(json.dumps(prompts_identity(summary)))

@@ -7,6 +7,7 @@ import logging
 
 from fleetgen.airflow.generate_tasks import generation_material, generation_settings
 from fleetgen.airflow.context import mapped_values, run_context
+from fleetgen.airflow.run_storage import current_store_run, run_url, scan_here
 from fleetgen.errors import ValidationFailed
 from fleetgen.nodes.fleet import fleet_from_json
 
@@ -25,7 +26,7 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
     context, config, layout = run_context()
     log.info("Validating %d expected completions in %s with Great Expectations", prompt_scan["count"], layout.root)
     # The prompts the run planned (the scan's byte range, each block checked), not the file as it is now.
-    planned = read_planned_prompts(prompt_scan)
+    planned = read_planned_prompts(scan_here(prompt_scan, config.inputs.prompts_path))
     try:
         summary = validate_run(layout.root, planned.ids, config.validation, own_max_tokens=planned.own_max_tokens,
                                run_name=context["run_id"])  # the Data Docs name the Airflow run
@@ -94,9 +95,10 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
                            validation=validation, previous_report=previous,
                            gpu_hour_price=config.report.prices())
     for asset in context["task"].outlets:  # the finished dataset, for downstream training DAGs
-        context["outlet_events"][asset].extra = {"run_id": context["run_id"], "out_dir": str(layout.root),
-                                                 "completions": str(layout.kind_dir("completions")),
-                                                 "dataset": str(layout.dataset_dir) if not_passed is None else None,
+        on_store = current_store_run() is not None  # the completions are then in the shards' commit logs
+        context["outlet_events"][asset].extra = {"run_id": context["run_id"], "out_dir": run_url(layout),
+                                                 "completions": None if on_store else str(layout.kind_dir("completions")),
+                                                 "dataset": run_url(layout, "dataset") if not_passed is None else None,
                                                  "rows": (validation or {}).get("rows"), "report": summary["report_json"]}
     log.info("Report: %s; %.1f output tokens/s overall", summary["report_md"], summary["tokens_per_s"])
     return summary

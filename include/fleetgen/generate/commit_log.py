@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -217,6 +218,19 @@ def read_in_order(read, items: list) -> Iterator[bytes]:
             pending.append(pool.submit(read, item))
         while pending:
             yield pending.popleft().result()
+
+
+def committed_shards(store: ObjectStore) -> list[int]:
+    """The shards of the run (``store``: its prefix) that opened a log, by the plan each wrote first, in order."""
+    shards = []
+    for info in store.iter_objects("shards/"):
+        match = _PLAN_NAME.fullmatch(info.name)
+        if match:
+            shards.append(int(match.group(1)))
+    return sorted(shards)
+
+
+_PLAN_NAME = re.compile(r"shards/shard-(\d+)\.json")
 
 
 def committed_lines(store: ObjectStore, shard_id: int, kind: str) -> Iterator[bytes]:

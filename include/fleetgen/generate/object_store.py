@@ -93,6 +93,8 @@ class ObjectShardStore(MarkedResume):
 
     def _check_plan(self, shard: dict) -> None:
         plan = {key: shard[key] for key in PLAN_KEYS if key in shard}
+        if "source" in shard:  # read from a local copy of the prompts object: the object is what the plan names
+            plan["input_path"] = shard["source"]
         name = plan_name(self.shard_id)
         try:
             self.store.put(name, jsonio.dumps(plan), if_absent=True)

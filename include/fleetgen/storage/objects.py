@@ -83,6 +83,21 @@ class ObjectStore:
         with self._faults("read", self.url(name)):
             return self._client.get_object(**arguments)["Body"].read()
 
+    def download(self, name: str, handle, *, start: int | None = None, end: int | None = None,
+                 chunk: int = 1 << 20) -> ObjectInfo:
+        """Copy the object (or bytes ``start`` up to ``end``) into the open binary ``handle`` a chunk at a time, not
+        holding it in memory; returns what the answer said of the whole object (its size from Content-Range)."""
+        arguments = {"Bucket": self.location.bucket, "Key": self._key(name)}
+        if start is not None or end is not None:
+            arguments["Range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
+        with self._faults("read", self.url(name)):
+            answer = self._client.get_object(**arguments)
+            for data in answer["Body"].iter_chunks(chunk):
+                handle.write(data)
+        total = answer.get("ContentRange", "").rpartition("/")[2]
+        size = int(total) if total.isdigit() else int(answer["ContentLength"])
+        return ObjectInfo(name, size, answer["ETag"], answer["LastModified"].timestamp())
+
     def get_with_info(self, name: str) -> tuple[bytes, ObjectInfo]:
         """The object's bytes and what the same answer said of it (one request)."""
         with self._faults("read", self.url(name)):
@@ -110,6 +125,11 @@ class ObjectStore:
             arguments["IfMatch"] = if_match
         with self._faults("write", self.url(name)):
             return self._client.put_object(**arguments)["ETag"]
+
+    def upload(self, name: str, path) -> str:
+        """Write the local file ``path`` as the whole object, streamed from disk; returns its ETag."""
+        with open(path, "rb") as handle, self._faults("write", self.url(name)):
+            return self._client.put_object(Bucket=self.location.bucket, Key=self._key(name), Body=handle)["ETag"]
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose name starts with ``prefix``, in name order."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,21 @@ class LocalRunFiles:
         partial.write_bytes(data)
         os.replace(partial, path)
 
+    def create(self, name: str, data: bytes) -> bool:
+        """Write the file whole only if there is none yet (a hard link of a finished file, so no reader sees it half
+        written); False when another writer was first."""
+        path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")  # one per writer, threads included
+        partial.write_bytes(data)
+        try:
+            os.link(partial, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            partial.unlink(missing_ok=True)
+
     def delete(self, name: str) -> None:
         (self.root / name).unlink(missing_ok=True)
 
@@ -107,6 +123,13 @@ class ObjectRunFiles:
 
     def write(self, name: str, data: bytes) -> None:
         self.store.put(name, data)
+
+    def create(self, name: str, data: bytes) -> bool:
+        try:
+            self.store.put(name, data, if_absent=True)
+            return True
+        except StoreConflict:
+            return False
 
     def delete(self, name: str) -> None:
         self.store.delete(name)

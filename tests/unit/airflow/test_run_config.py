@@ -288,7 +288,7 @@ def test_missing_parameters_are_named_in_order():
     with pytest.raises(ConfigError) as caught:
         RunConfig.from_params(params)
     assert caught.value.message == "DAG parameter(s) missing: dry_run, max_tokens, top_p"
-    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 37
+    assert RunConfig.param_names() == frozenset(_specs()) and len(_specs()) == 38
 
 
 def test_unknown_parameters_are_refused_before_missing_ones_with_how_to_fix():
@@ -308,16 +308,17 @@ def test_a_default_read_from_the_deployment_is_read_each_time(monkeypatch):
 
 
 def test_the_form_reads_top_to_bottom_in_sections():
-    assert list(_specs())[:7] == ["prompts_path", "output_root", "dry_run", "fleet_file", "relaunch_servers",
-                               "keep_servers_up", "skip_unreachable_nodes"]
+    assert list(_specs())[:8] == ["prompts_path", "output_root", "storage_conn_id", "dry_run", "fleet_file",
+                                   "relaunch_servers", "keep_servers_up", "skip_unreachable_nodes"]
     assert [spec.section for spec in _specs().values()] == (
-        ["Inputs"] * 7 + ["Tuning"] * 16 + ["Generation"] * 9 + ["Validation thresholds"] * 4 + ["Report"])
+        ["Inputs"] * 8 + ["Tuning"] * 16 + ["Generation"] * 9 + ["Validation thresholds"] * 4 + ["Report"])
 
 
 def test_the_configuration_as_a_dict_holds_every_group_with_paths_as_text():
     config = RunConfig.from_params({**PARAMS, "output_root": "/out", "prompts_path": "/p.jsonl"})
     as_dict = config.to_dict()
-    assert as_dict["inputs"] == {"prompts_path": "/p.jsonl", "output_root": "/out", "dry_run": False,
+    assert as_dict["inputs"] == {"prompts_path": "/p.jsonl", "output_root": "/out", "storage_conn_id": "aws_default",
+                                 "dry_run": False,
                                  "fleet_file": "", "relaunch_servers": False, "keep_servers_up": True,
                                  "skip_unreachable_nodes": False}
     assert as_dict["tuning"]["mode"] == "tuned" and as_dict["generation"]["shard_size"] == 5000

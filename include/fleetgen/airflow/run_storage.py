@@ -1,0 +1,259 @@
+"""Where a task finds its run: the run's folder on the workers' disk, or a private copy of it when the run lives on an
+object store (``output_root`` an ``s3://`` URL; docs/object-storage.md §6).
+
+Every task callable runs inside ``task_run`` (applied once, by the DAG's ``_task`` helper, and by the operators'
+own methods that touch the run). On local disk it changes nothing. On a store it mirrors the run into a scratch
+folder of the worker (``storage/mirror.py``), reads into it what the task declared it reads (the prompts, the
+shards' committed records), lets the task run there, and sends back what the task wrote, when the task fails too.
+``run_context`` then answers with the scratch folder as the output root and the local copy of the prompts.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from fleetgen.errors import ConfigError, ObjectMissing
+from fleetgen.outputs import run_folder_name
+from fleetgen.storage.location import STORAGE_CONN_PARAMETER, ObjectLocation, is_object_location
+from fleetgen.storage.mirror import RunMirror
+from fleetgen.storage.objects import ObjectStore
+from fleetgen.storage.run_files import LocalRunFiles, ObjectRunFiles, RunFiles
+
+log = logging.getLogger(__name__)
+
+# Where the workers keep a task's copy of a run on a store: the deployment's choice, else the system's temp folder.
+SCRATCH_VARIABLE = "FLEETGEN_SCRATCH_DIR"
+# What a task may declare it reads from a run on a store, beside its small files: the whole prompts file, and the
+# shards' committed records and journals (generate/commit_log.py) or their GPU samples (plain objects).
+PROMPTS = "prompts"
+COMMITTED_KINDS = ("completions", "stats", "errors", "events", "metrics")
+OBJECT_KINDS = ("gpu",)
+READS = (PROMPTS, *COMMITTED_KINDS, *OBJECT_KINDS)
+
+
+@dataclass(frozen=True)
+class StoreRun:
+    """A task's view of a run on a store: its mirror, the run's prefix and the prompts' object (None when local)."""
+
+    mirror: RunMirror
+    output: ObjectStore
+    prompts: ObjectStore | None
+    prompts_name: str
+    prompts_file: Path | None  # the whole prompts file in scratch, when the task declared it reads it
+
+
+_current: contextvars.ContextVar[StoreRun | None] = contextvars.ContextVar("fleetgen_store_run", default=None)
+
+
+def current_store_run() -> StoreRun | None:
+    """The run on a store of the task running now, or None (a run on local disk, or outside ``task_run``)."""
+    return _current.get()
+
+
+def scratch_base() -> Path:
+    return Path(os.environ.get(SCRATCH_VARIABLE) or tempfile.gettempdir()).expanduser()
+
+
+def connect(location: ObjectLocation, conn_id: str, parameter: str) -> ObjectStore:
+    return ObjectStore.connect(location, conn_id=conn_id, parameter=parameter)
+
+
+@contextmanager
+def task_run(params: dict, run_id: str, *, reads: Iterable[str] = ()) -> Iterator[StoreRun | None]:
+    """The run of ``params`` as the task sees it while the block runs; see the module doc."""
+    from fleetgen.airflow.run_config import RunConfig, check_object_root
+
+    unknown = sorted(set(reads) - set(READS))
+    if unknown:
+        raise ValueError(f"unknown reads {unknown}; known: {READS}")
+    config = RunConfig.from_params(params)
+    root = config.inputs.output_root
+    if not is_object_location(root):
+        yield None
+        return
+    check_object_root(root, run_id)
+    conn_id = config.inputs.storage_conn_id
+    folder = run_folder_name(run_id)
+    store = connect(root, conn_id, "output_root")
+    scratch = Path(tempfile.mkdtemp(prefix="fleetgen-run-", dir=_scratch_dir()))
+    mirror = RunMirror.open(store, folder, scratch / "root", folders=[kind for kind in OBJECT_KINDS if kind in reads])
+    try:
+        prompts_location = config.inputs.prompts_path
+        prompts, prompts_name, prompts_file = None, "", None
+        if is_object_location(prompts_location):
+            prompts = connect(ObjectLocation(prompts_location.scheme, prompts_location.bucket), conn_id,
+                              "prompts_path")
+            prompts_name = prompts_location.key
+            if PROMPTS in reads:
+                prompts_file = fetch_prompts(prompts, prompts_name, scratch / "prompts" / _base_name(prompts_name))
+        for kind in COMMITTED_KINDS:
+            if kind in reads:
+                _read_committed(mirror, store.below(folder), kind)
+        run = StoreRun(mirror, store.below(folder), prompts, prompts_name, prompts_file)
+        token = _current.set(run)
+        failed = True
+        try:
+            yield run
+            failed = False
+        finally:
+            _current.reset(token)
+            try:
+                sent = mirror.sync()
+                if sent:
+                    log.info("wrote back to %s: %s", store.url(folder), ", ".join(sent))
+            except Exception:
+                if not failed:
+                    raise
+                log.exception("what this failed task wrote could not all be sent back to %s", store.url(folder))
+    finally:
+        mirror.close()
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _scratch_dir() -> Path:
+    base = scratch_base()
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def _base_name(key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", key.rsplit("/", 1)[-1]) or "prompts.jsonl"
+
+
+def fetch_prompts(store: ObjectStore, name: str, path: Path, *, start: int | None = None,
+                  end: int | None = None) -> Path:
+    """The prompts object ``name`` as the local file ``path``: whole, or only bytes ``[start, end)`` in place in a
+    sparse file of the object's full size, so that the scan's byte offsets hold. Its modification time is the
+    object's Last-Modified: the scan's identity of the file (size and time) is then the same on every worker, and
+    changes when the object is replaced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with path.open("wb") as handle:
+            if start:
+                handle.seek(start)
+            info = store.download(name, handle, start=start, end=end)
+            handle.truncate(info.size)
+    except ObjectMissing:
+        raise ConfigError(f"prompts file {store.url(name)} not found (connection {store.conn_id})",
+                          path=store.url(name), hint=f"set the DAG parameter prompts_path to the prompts object's "
+                                                     f"URL, or {STORAGE_CONN_PARAMETER} to a connection that sees it"
+                          ) from None
+    seconds = round(info.modified)
+    os.utime(path, ns=(seconds * 10**9, seconds * 10**9))
+    return path
+
+
+def shard_prompts(shard: dict) -> dict:
+    """``shard`` as the task reads it: on a store, its byte range (and the blocks it checks) fetched into scratch and
+    ``input_path`` naming that copy (``source`` keeps the object's URL, the shard's identity on the store); on local disk, unchanged."""
+    run = current_store_run()
+    if run is None or run.prompts is None:
+        return shard
+    local = run.mirror.scratch.parent / "prompts" / f"shard-{int(shard['shard_id'])}-{_base_name(run.prompts_name)}"
+    # the scan's digested blocks the range overlaps are checked whole before a prompt is read (prompts/planned.py)
+    blocks = shard.get("blocks") or []
+    start = min([int(shard["start"]), *(int(block[1]) for block in blocks)])
+    end = max([int(shard["end"]), *(int(block[2]) for block in blocks)])
+    fetch_prompts(run.prompts, run.prompts_name, local, start=start, end=end)
+    return {**shard, "input_path": str(local), "source": run.prompts.url(run.prompts_name)}
+
+
+def planned_on_store(shard: dict) -> dict:
+    """A shard just cut from the task's copy of the prompts, as every other task finds it: on a store, its
+    ``input_path`` is the prompts object's URL (the copy is this task's own)."""
+    run = current_store_run()
+    if run is None or run.prompts is None:
+        return shard
+    return {**shard, "input_path": run.prompts.url(run.prompts_name)}
+
+
+def run_url(layout, relative: str = "") -> str:
+    """Where the run's outputs (or ``relative`` among them) are, as a person or a downstream DAG finds them: a URL
+    of the run's prefix on a store, else a path of its folder."""
+    run = current_store_run()
+    if run is not None:
+        return run.output.url(relative)
+    return str(layout.root / relative) if relative else str(layout.root)
+
+
+def scan_as_stored(scan: dict) -> dict:
+    """The scan of the task's copy of the prompts, naming the prompts object (what the other tasks find)."""
+    run = current_store_run()
+    if run is None or run.prompts is None:
+        return scan
+    return {**scan, "path": run.prompts.url(run.prompts_name)}
+
+
+def scan_here(scan: dict, prompts_path) -> dict:
+    """A scan made by another task, naming the task's own copy of the prompts (``prompts_path``) on a store."""
+    run = current_store_run()
+    if run is None or run.prompts is None:
+        return scan
+    return {**scan, "path": str(prompts_path)}
+
+
+def shared_run_files(layout) -> RunFiles:
+    """The files the run's tasks share while they run (storage/run_files.py): the run's prefix on a store, else its
+    folder."""
+    run = current_store_run()
+    return ObjectRunFiles(run.output) if run is not None else LocalRunFiles(layout.root)
+
+
+def _read_committed(mirror: RunMirror, run_store: ObjectStore, kind: str) -> None:
+    from fleetgen.generate.commit_log import committed_lines, committed_shards
+    from fleetgen.outputs import RunLayout
+
+    layout = RunLayout(Path())  # names relative to the run's folder
+    for shard_id in committed_shards(run_store):
+        mirror.write_derived(layout.shard_file(kind, shard_id).as_posix(), committed_lines(run_store, shard_id, kind))
+
+
+def local_config(config, run: StoreRun | None):
+    """``config`` with the output root and prompts as the task reads them: the scratch copies on a store."""
+    if run is None:
+        return config
+    inputs = replace(config.inputs, output_root=run.mirror.scratch,
+                     prompts_path=run.prompts_file if run.prompts_file is not None else config.inputs.prompts_path)
+    return replace(config, inputs=inputs)
+
+
+@contextmanager
+def current_task_run(*, reads: Iterable[str] = ()) -> Iterator[StoreRun | None]:
+    """``task_run`` for the task running now (an operator's method that writes to its run)."""
+    from fleetgen.airflow.context import task_context
+
+    if current_store_run() is not None:  # already inside one
+        yield current_store_run()
+        return
+    try:
+        context = task_context()
+    except RuntimeError:  # not in a task (a callable tested on its own): no run to mirror
+        yield None
+        return
+    with task_run(context["params"], context["run_id"], reads=reads) as run:
+        yield run
+
+
+def on_run_storage(function, *, reads: Iterable[str] = ()):
+    """``function`` (a task callable, or an operator's method) run inside ``task_run`` for the current task's run."""
+    reads = tuple(reads)
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with current_task_run(reads=reads):
+            return function(*args, **kwargs)
+
+    return wrapper
+
+
