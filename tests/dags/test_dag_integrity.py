@@ -1,5 +1,6 @@
 """The DAG folder imports cleanly, fast, without I/O, and the DAG is wired as the job reads."""
 
+import inspect
 import subprocess
 import sys
 
@@ -129,10 +130,14 @@ def test_every_python_task_runs_its_callable_through_fail_fast(dagbag):
     python_tasks = [t for t in dag.tasks if getattr(t, "python_callable", None) is not None]
     assert {t.task_id for t in dag.tasks} - {t.task_id for t in python_tasks} == {"servers.wait_ready",
                                                                                   "relaunch.wait_ready"}
-    wrapper_code = fail_fast(print).__code__
+    from fleetgen.airflow.run_storage import on_run_storage
+
+    wrapper_code, storage_code = fail_fast(print).__code__, on_run_storage(print).__code__
     for t in python_tasks:
         wrapped = getattr(t.python_callable, "__wrapped__", None)
         assert t.python_callable.__code__ is wrapper_code and wrapped is not None, f"{t.task_id} is not fail_fast"
+        # inside it, the task runs on its run's storage (a private copy of a run on an object store)
+        assert wrapped.__code__ is storage_code, f"{t.task_id} does not run on its run's storage"
         assert wrapped.__module__.startswith("fleetgen.airflow.") and t.python_callable.__name__ == wrapped.__name__
 
 
@@ -201,15 +206,15 @@ def test_the_trial_round_reuses_the_first_rounds_callables_and_runs_when_there_w
     dag = dagbag.dags["sglang_generation"]
     task = dag.get_task
     # the trial's shard task is generate_shard's own, with the trial's time cap (generate_tasks.trial_shard)
-    assert task("generate.trial_shard").python_callable.__wrapped__.__name__ == "trial_shard"
-    assert task("generate.generate_shard").python_callable.__wrapped__.__name__ == "generate_shard"
+    assert inspect.unwrap(task("generate.trial_shard").python_callable).__name__ == "trial_shard"
+    assert inspect.unwrap(task("generate.generate_shard").python_callable).__name__ == "generate_shard"
     assert {key: value for key, value in vars(task("generate.trial_shard")).items() if key in (
         "retries", "pool", "max_active_tis_per_dagrun")} == {key: value for key, value in vars(
             task("generate.generate_shard")).items() if key in ("retries", "pool", "max_active_tis_per_dagrun")}
     for first, again in (("servers.stop_servers", "relaunch.stop_servers"),
                          ("servers.launch_servers", "relaunch.launch_servers"),
                          ("servers.servers_to_wait", "relaunch.servers_to_wait")):
-        assert task(first).python_callable.__wrapped__ is task(again).python_callable.__wrapped__, again
+        assert inspect.unwrap(task(first).python_callable) is inspect.unwrap(task(again).python_callable), again
     assert type(task("relaunch.wait_ready")) is type(task("servers.wait_ready"))
     assert task("relaunch.stop_servers").partial_kwargs["op_kwargs"].keys() >= {"plans", "trial_plans"}
     # a night without a trial skips the trial's shard task (no shards) and the relaunch round; what follows runs

@@ -380,3 +380,27 @@ def test_a_try_that_airflow_retries_leaves_its_line_too_marked_retried(tmp_path)
     message = failures.outcome_message({"generate.generate_shard_3": "failed"},
                                        read_failures(tmp_path / "manual__1" / "failures.jsonl"))
     assert message.splitlines()[1].startswith("- generate.generate_shard[3]: [shard 3] the first 20 results")
+
+
+def test_on_an_object_store_each_failure_is_appended_to_the_runs_object(object_store, store_prefix, monkeypatch,
+                                                                          tmp_path):
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", store_prefix)
+    context = _context(tmp_path, ConfigError("no fleet", hint="set fleet_file"), task_id="load_fleet", map_index=-1,
+                       label=None)
+    context["params"] = {"output_root": store_prefix, "storage_conn_id": "fleetgen_test_store"}
+    failures.describe_failure(context)
+    failures.describe_retry(context)
+    lines = [json.loads(line) for line in object_store.get("manual__1/failures.jsonl").splitlines()]
+    assert [(line["task"], line["first_line"], line.get("retried")) for line in lines] == [
+        ("load_fleet", "no fleet", None), ("load_fleet", "no fleet", True)]
+    assert not (tmp_path / "manual__1").exists()
+
+
+def test_a_store_that_refuses_the_failure_line_leaves_it_in_the_log(seaweedfs, store_prefix, monkeypatch, tmp_path,
+                                                                     caplog):
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", f"s3://no-such-bucket-here/{store_prefix.rsplit('/', 1)[1]}")
+    context = _context(tmp_path, ConfigError("no fleet"), task_id="load_fleet", map_index=-1, label=None)
+    context["params"] = {"output_root": f"s3://no-such-bucket-here/{store_prefix.rsplit('/', 1)[1]}",
+                         "storage_conn_id": "fleetgen_test_store"}
+    failures.describe_failure(context)
+    assert "could not append the failure summary" in caplog.text and '"task": "load_fleet"' in caplog.text

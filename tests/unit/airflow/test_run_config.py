@@ -558,3 +558,48 @@ def test_the_form_edits_the_gpu_hour_prices_as_an_object():
     assert form.schema == {"title": "GPU-hour prices", "section": "Report", "type": "object"} and form.value == {}
     with pytest.raises(ParamValidationError):
         form.resolve([{"NVIDIA B200": 6}])
+
+
+def test_an_object_output_root_must_lie_in_a_prefix_the_deployment_allows(monkeypatch):
+    from fleetgen.airflow.run_config import allowed_object_roots, allowed_output_roots, check_object_root
+    from fleetgen.storage.location import parse_location
+
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", "s3://bucket/runs")
+    monkeypatch.setenv("FLEETGEN_ALLOW_OUTPUT_ROOTS", "/scratch/runs:s3://other/night:  ")
+    assert [root.url for root in allowed_object_roots()] == ["s3://bucket/runs", "s3://other/night"]
+    assert allowed_output_roots() == (Path("/scratch/runs"),)  # the URLs are no folders
+    for allowed in ("s3://bucket/runs", "s3://bucket/runs/team-a", "s3://other/night/x"):
+        check_object_root(parse_location(allowed, parameter="output_root"), "manual__1")
+    for refused in ("s3://bucket/runs2", "s3://bucket", "s3://third/runs", "s3://other/nightly"):
+        with pytest.raises(ConfigError, match="lies outside the object store prefixes runs may write in: "
+                                              "s3://bucket/runs, s3://other/night") as caught:
+            check_object_root(parse_location(refused, parameter="output_root"), "manual__1")
+        assert caught.value.message.startswith(f"DAG parameter output_root {refused} ")
+    with pytest.raises(ConfigError, match="does not name a folder of its own"):
+        check_object_root(parse_location("s3://bucket/runs", parameter="output_root"), "..")
+
+
+def test_a_bucket_root_allows_every_prefix_of_that_bucket_and_a_local_deployment_allows_none(monkeypatch):
+    from fleetgen.airflow.run_config import check_object_root
+    from fleetgen.storage.location import parse_location
+
+    monkeypatch.delenv("FLEETGEN_ALLOW_OUTPUT_ROOTS", raising=False)
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", "s3://bucket")
+    check_object_root(parse_location("s3://bucket/any/where", parameter="output_root"), "manual__1")
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", "/var/fleetgen")
+    with pytest.raises(ConfigError, match=r"runs may write in: none \(neither variable names an s3:// URL\)"):
+        check_object_root(parse_location("s3://bucket/runs", parameter="output_root"), "manual__1")
+
+
+def test_prompts_and_output_root_take_object_urls_and_the_connection_that_reaches_them():
+    from fleetgen.storage.location import ObjectLocation
+
+    config = RunConfig.from_params({**PARAMS, "prompts_path": "s3://in/p.jsonl", "output_root": "s3://out/runs",
+                                    "storage_conn_id": "minio"})
+    assert config.inputs.prompts_path == ObjectLocation("s3", "in", "p.jsonl")
+    assert config.inputs.output_root == ObjectLocation("s3", "out", "runs")
+    assert config.inputs.storage_conn_id == "minio"
+    assert config.to_dict()["inputs"]["output_root"] == "s3://out/runs"
+    config.inputs.require_prompts_file()  # looked up through the store by the task that reads it
+    with pytest.raises(ConfigError, match="gs:// is not served yet"):
+        RunConfig.from_params({**PARAMS, "output_root": "gs://out/runs"})

@@ -1,0 +1,137 @@
+"""Where a task finds its run (airflow/run_storage.py): unchanged on local disk; on an object store, a private copy
+that holds what the task declared it reads and goes back when the task ends, failed or not."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from fleetgen.airflow.context import run_context
+from fleetgen.airflow.run_config import RunConfig
+from fleetgen.airflow.run_storage import (current_store_run, fetch_prompts, planned_on_store, run_url, scan_as_stored,
+                                          scan_here, shard_prompts, task_run)
+from fleetgen.errors import ConfigError
+from fleetgen.generate.commit_log import commit_name, part_name, plan_name
+from fleetgen.outputs import RunLayout
+
+STORE_CONN_ID = "fleetgen_test_store"  # tests/conftest.py: the connection the seaweedfs fixture defines
+RUN_ID = "manual__night"
+DEFAULTS = {spec.name: spec.default_value() for spec in RunConfig.settings()}
+PROMPTS = b"".join(json.dumps({"id": f"p{n}", "prompt": f"say {n}"}).encode() + b"\n" for n in range(20))
+
+
+@pytest.fixture
+def on_store(object_store, store_prefix, monkeypatch, tmp_path):
+    """Params of a run whose prompts and outputs are on the store, allowed by the deployment."""
+    object_store.put("in/prompts.jsonl", PROMPTS)
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", f"{store_prefix}/runs")
+    monkeypatch.setenv("FLEETGEN_SCRATCH_DIR", str(tmp_path / "scratch"))
+    return {**DEFAULTS, "fleet_file": "", "prompts_path": f"{store_prefix}/in/prompts.jsonl",
+            "output_root": f"{store_prefix}/runs", "storage_conn_id": STORE_CONN_ID}
+
+
+@pytest.fixture
+def in_task(monkeypatch):
+    """run_context's Airflow context, for params and the run id."""
+    def enter(params):
+        monkeypatch.setattr("fleetgen.airflow.context.task_context", lambda: {"params": params, "run_id": RUN_ID})
+    return enter
+
+
+def test_a_run_on_local_disk_is_left_as_it_is(tmp_path, in_task, monkeypatch):
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", str(tmp_path))
+    params = {**DEFAULTS, "fleet_file": "", "prompts_path": str(tmp_path / "p.jsonl"), "output_root": str(tmp_path)}
+    in_task(params)
+    with task_run(params, RUN_ID, reads=["prompts", "stats"]) as run:
+        assert run is None and current_store_run() is None
+        _, config, layout = run_context()
+        assert layout.root == tmp_path / RUN_ID and config.inputs.prompts_path == tmp_path / "p.jsonl"
+        assert run_url(layout) == str(tmp_path / RUN_ID) and run_url(layout, "dataset") == str(tmp_path / RUN_ID /
+                                                                                               "dataset")
+        assert scan_as_stored({"path": "x"}) == {"path": "x"} and shard_prompts({"start": 0}) == {"start": 0}
+
+
+def test_a_task_on_the_store_works_on_a_copy_holding_what_it_reads_and_sends_back_what_it_wrote(
+        on_store, in_task, object_store, tmp_path):
+    run_store = object_store.below("runs", RUN_ID)
+    run_store.put("plan-notes.json", b"{}")
+    run_store.put(plan_name(0), b"{}")
+    run_store.put(part_name(0, 1, "t", "stats"), b'{"id": "p1"}\n')
+    run_store.put(commit_name(0, 1), json.dumps({"seq": 1, "token": "t", "kind": "open", "parts": {
+        "stats": {"name": part_name(0, 1, "t", "stats"), "lines": 1, "bytes": 13}}}).encode())
+    in_task(on_store)
+    with task_run(on_store, RUN_ID, reads=["prompts", "stats"]) as run:
+        _, config, layout = run_context()
+        assert run is current_store_run() and layout.root == run.mirror.run_root
+        assert str(layout.root).startswith(str(tmp_path / "scratch"))
+        assert (layout.root / "plan-notes.json").read_bytes() == b"{}"
+        assert config.inputs.prompts_path.read_bytes() == PROMPTS
+        assert layout.shard_file("stats", 0).read_bytes() == b'{"id": "p1"}\n'
+        assert run_url(layout, "dataset") == run_store.url("dataset")
+        assert scan_as_stored({"path": str(config.inputs.prompts_path)})["path"] == object_store.url(
+            "in/prompts.jsonl")
+        assert scan_here({"path": object_store.url("in/prompts.jsonl")}, config.inputs.prompts_path) == {
+            "path": str(config.inputs.prompts_path)}
+        layout.report_dir.mkdir()
+        layout.report_json.write_text('{"done": true}')
+    assert json.loads(run_store.get("report/report.json")) == {"done": True}
+    assert run_store.head("stats/shard-00000.jsonl") is None  # read from the commit log, never sent back
+    assert os.listdir(tmp_path / "scratch") == []  # the copy is gone
+
+
+def test_what_a_failed_task_wrote_goes_back_and_its_error_stands(on_store, in_task, object_store):
+    in_task(on_store)
+    with pytest.raises(RuntimeError, match="the servers went away"):
+        with task_run(on_store, RUN_ID):
+            _, _, layout = run_context()
+            layout.root.joinpath("server-times").mkdir()
+            layout.root.joinpath("server-times", "n_1.jsonl").write_text('{"event": "launched"}\n')
+            raise RuntimeError("the servers went away")
+    assert object_store.get(f"runs/{RUN_ID}/server-times/n_1.jsonl") == b'{"event": "launched"}\n'
+
+
+def test_an_output_root_outside_the_deployments_prefixes_is_refused_before_anything_is_read(on_store, store_prefix):
+    params = {**on_store, "output_root": f"{store_prefix}/runs-elsewhere"}
+    with pytest.raises(ConfigError, match="lies outside the object store prefixes runs may write in") as caught:
+        with task_run(params, RUN_ID):
+            pass
+    assert f"{store_prefix}/runs" in caught.value.message and "FLEETGEN_ALLOW_OUTPUT_ROOTS" in caught.value.hint
+
+
+def test_a_shard_reads_its_range_and_the_blocks_it_checks_from_a_sparse_copy(on_store, in_task, object_store):
+    in_task(on_store)
+    line = len(PROMPTS) // 20
+    shard = {"shard_id": 3, "start": 5 * line, "end": 8 * line, "count": 3, "blocks": [[4, 4 * line, 10 * line, "d"]]}
+    with task_run(on_store, RUN_ID):
+        stored = planned_on_store({**shard, "input_path": "/elsewhere/copy.jsonl"})
+        assert stored["input_path"] == object_store.url("in/prompts.jsonl")
+        local = shard_prompts(stored)
+        assert local["source"] == object_store.url("in/prompts.jsonl") and local["input_path"] != stored["input_path"]
+        data = open(local["input_path"], "rb").read()
+        assert len(data) == len(PROMPTS)  # the byte offsets of the scan hold
+        assert data[4 * line:10 * line] == PROMPTS[4 * line:10 * line]
+        assert data[:4 * line] == bytes(4 * line) and data[10 * line:] == bytes(len(PROMPTS) - 10 * line)
+
+
+def test_a_copy_of_the_prompts_has_the_objects_time_on_every_worker(object_store, tmp_path):
+    object_store.put("p.jsonl", PROMPTS)
+    modified = object_store.head("p.jsonl").modified
+    whole = fetch_prompts(object_store, "p.jsonl", tmp_path / "a" / "p.jsonl")
+    part = fetch_prompts(object_store, "p.jsonl", tmp_path / "b" / "p.jsonl", start=10, end=20)
+    assert whole.read_bytes() == PROMPTS and part.stat().st_size == len(PROMPTS)
+    assert whole.stat().st_mtime_ns == part.stat().st_mtime_ns == round(modified) * 10**9
+
+
+def test_a_missing_prompts_object_names_its_url_and_the_parameters(object_store, tmp_path):
+    with pytest.raises(ConfigError, match="not found") as caught:
+        fetch_prompts(object_store, "nowhere.jsonl", tmp_path / "p.jsonl")
+    assert caught.value.path == object_store.url("nowhere.jsonl")
+    assert "prompts_path" in caught.value.hint and "storage_conn_id" in caught.value.hint
+
+
+def test_the_runs_layout_on_a_store_is_only_reached_through_its_copy(on_store):
+    with pytest.raises(ConfigError, match="is on an object store"):
+        RunConfig.from_params(on_store).layout(RUN_ID)
+    assert RunLayout  # the local layout is the copy's (run_context)
