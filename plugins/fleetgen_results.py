@@ -11,7 +11,10 @@ The view serves only runs of the DAG ``sglang_generation`` whose folder lies in 
 from the run's conf, which whoever triggers the run chooses. A run whose DAG parameter ``output_root`` names
 another folder, a run id that is not a plain folder name (``.``, ``..``, ``/``...) and a run folder that is a
 symlink are answered 404 with the reason (``fleetgen.report.site.served_run_layout``). The API server must
-see the workers' output root (the same machine, or shared storage) under the same path.
+see the workers' output root (the same machine, or shared storage) under the same path; or, with
+``FLEETGEN_OUTPUT_ROOT`` an ``s3://`` URL, reach the store through the deployment's connection
+(``FLEETGEN_STORAGE_CONN_ID``, else ``aws_default``): the run's pages are then read from its prefix there, a key
+below it only, and a store that does not answer is a 502 naming the object.
 """
 
 from __future__ import annotations
@@ -43,7 +46,15 @@ def _run_layout(dag_id: str, run_id: str):
         conf = session.scalar(select(DagRun.conf).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
     if conf is None and not _run_exists(dag_id, run_id):
         return None
-    return served_run_layout(default_output_root(), run_id, (conf or {}).get("output_root"))
+    conf = conf or {}
+    return served_run_layout(default_output_root(), run_id, conf.get("output_root"), conf.get("storage_conn_id"),
+                             connect=_connect)
+
+
+def _connect(location, conn_id: str):
+    from fleetgen.storage.objects import ObjectStore
+
+    return ObjectStore.connect(location, conn_id=conn_id, parameter="FLEETGEN_OUTPUT_ROOT")
 
 
 def _run_exists(dag_id: str, run_id: str) -> bool:
@@ -95,15 +106,15 @@ class FailuresLink(_RunLink):
     def shown(self, ti_key) -> bool:
         if ti_key.task_id == "run_outcome":
             return True
-        from fleetgen.errors import PathOutsideRun
-        from fleetgen.outputs import read_failures
+        from fleetgen.errors import PathOutsideRun, StoreError
+        from fleetgen.report.site import run_failures
 
         try:
             layout = _run_layout(ti_key.dag_id, ti_key.run_id)
-        except PathOutsideRun:
+            return layout is not None and any(record.get("task_id") == ti_key.task_id
+                                              for record in run_failures(layout))
+        except (PathOutsideRun, StoreError):
             return False
-        return layout is not None and any(record.get("task_id") == ti_key.task_id
-                                          for record in read_failures(layout.failures))
 
 
 def _app():
@@ -113,11 +124,15 @@ def _app():
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
     from airflow.api_fastapi.core_api.security import requires_access_dag
 
-    from fleetgen.errors import PathOutsideRun
+    from fleetgen.errors import PathOutsideRun, StoreError
     from fleetgen.report.site import RunPages
 
     app = FastAPI(title="fleetgen results", docs_url=None, redoc_url=None, openapi_url=None)
     can_read = [Depends(requires_access_dag("GET", DagAccessEntity.RUN))]
+
+    @app.exception_handler(StoreError)
+    def store_failed(request, error: StoreError) -> Response:  # the run is there, its store did not answer
+        return Response(str(error), status_code=502, media_type="text/plain; charset=utf-8")
 
     def pages(dag_id: str, run_id: str) -> RunPages:
         try:

@@ -314,14 +314,22 @@ def read_failures(path: Path) -> list[dict]:
     return _jsonl_records(path)
 
 
+def parse_failures(data: bytes) -> list[dict]:
+    """The records of a ``failures.jsonl`` read whole (from an object store); a torn line is skipped."""
+    return _parse_records(data.decode("utf-8"))
+
+
 def _jsonl_records(path: Path) -> list[dict]:
+    return _parse_records(path.read_text(encoding="utf-8")) if path.is_file() else []
+
+
+def _parse_records(text: str) -> list[dict]:
     records = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in text.splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     return records
 
 

@@ -25,8 +25,9 @@ from fleetgen.errors import ConfigError
 from fleetgen.json_types import is_json_int, is_json_number
 from fleetgen.outputs import OUTPUT_ROOT_VARIABLE, RunLayout, default_output_root, run_folder_name
 from fleetgen.report.prices import GpuHourPrice, read_gpu_hour_price
-from fleetgen.storage.location import (DEFAULT_STORAGE_CONN_ID, STORAGE_CONN_PARAMETER, Location, ObjectLocation,
-                                       is_object_location, parse_location)
+from fleetgen.storage.location import (DEFAULT_STORAGE_CONN_ID, STORAGE_CONN_PARAMETER, STORAGE_CONN_VARIABLE,
+                                       Location, ObjectLocation, default_storage_conn_id, is_object_location,
+                                       parse_location)
 from fleetgen.tuning import TunerBounds
 from fleetgen.tuning.model_files import WEIGHTS_HASHES
 from fleetgen.tuning.plan import MODES
@@ -151,10 +152,11 @@ class Inputs(_Group):
         f"a run may name a folder inside it (or inside a root ${ALLOW_OUTPUT_ROOTS_VARIABLE} lists), and the results "
         f"view serves only runs of that root itself.")
     storage_conn_id: str = setting(
-        str, DEFAULT_STORAGE_CONN_ID, "Object store connection", INPUTS,
-        "The Airflow aws connection that reaches the object store when prompts_path or output_root is an s3:// URL "
-        "(its extra's endpoint_url for any S3-compatible store). Unused on local disk.",
-        name=STORAGE_CONN_PARAMETER)
+        str, default_storage_conn_id, "Object store connection", INPUTS,
+        f"The Airflow aws connection that reaches the object store when prompts_path or output_root is an s3:// URL "
+        f"(its extra's endpoint_url for any S3-compatible store). Unused on local disk. Default: "
+        f"${STORAGE_CONN_VARIABLE} of the deployment, else {DEFAULT_STORAGE_CONN_ID}; the results view reads "
+        f"through that one only.", name=STORAGE_CONN_PARAMETER, env=STORAGE_CONN_VARIABLE)
     dry_run: bool = setting(bool, False, "Dry run", INPUTS,
                             "Probe and print the plan, then stop: no server is touched.")
     fleet_file: str = setting(

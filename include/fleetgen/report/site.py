@@ -1,6 +1,7 @@
 """A run's results as web pages: the report (Markdown rendered here, its plots beside it), the Data Docs and
-``failures.jsonl``, read from the run's folder only. The Airflow plugin (``plugins/fleetgen_results.py``)
-serves these; nothing here imports Airflow or a web framework.
+``failures.jsonl``, read from the run's folder only, or from the run's prefix when the deployment's output root is
+on an object store (``RunObjects``, through ``storage/objects.py``). The Airflow plugin
+(``plugins/fleetgen_results.py``) serves these; nothing here imports Airflow or a web framework.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import mimetypes
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from fleetgen.errors import ConfigError, PathOutsideRun
-from fleetgen.outputs import RunLayout, read_failures, run_folder_name
+from fleetgen.errors import ConfigError, ObjectMissing, PathOutsideRun
+from fleetgen.outputs import RunLayout, parse_failures, read_failures, run_folder_name
+from fleetgen.storage.location import default_storage_conn_id, parse_location
 
 # One small stylesheet inlined in every page: no request leaves the machine.
 _STYLE = """
@@ -33,24 +35,52 @@ def _page(title: str, body: str, nav: dict[str, str] | None = None) -> str:
             f"<main>{body}</main></body></html>")
 
 
-def served_run_layout(deployment_root: str | Path, run_id: str, run_output_root: str | None = None) -> RunLayout:
+@dataclass(frozen=True)
+class RunObjects:
+    """A run's prefix on an object store (an ``ObjectStore``), as the view reads it: a key below it only."""
+
+    store: object
+
+    @property
+    def where(self) -> str:
+        return self.store.url()
+
+    def read(self, relative: str) -> bytes:
+        _check_relative(relative, self.where)
+        try:
+            return self.store.get(relative)
+        except ObjectMissing:
+            raise PathOutsideRun(f"{relative!r} is not a file of this run", path=self.where) from None
+
+    def failures(self) -> list[dict]:
+        try:
+            return parse_failures(self.store.get(RunLayout.FAILURES))
+        except ObjectMissing:
+            return []
+
+
+RunSource = RunLayout | RunObjects
+
+
+def served_run_layout(deployment_root: str | Path, run_id: str, run_output_root: str | None = None,
+                      run_conn_id: str | None = None, *, connect=None) -> RunSource:
     """The folder the results view serves for a run: ``<deployment_root>/<run folder>``, the deployment's output
     root (``FLEETGEN_OUTPUT_ROOT``), never a root taken from the run's conf (``run_output_root``), which whoever
     triggers the run chooses. Refuses a run whose conf names another output root, a run id that is not a plain
-    folder name, and a run folder that is a symlink (docs/security-and-ssh.md §5)."""
+    folder name, and a run folder that is a symlink (docs/security-and-ssh.md §5). A deployment root on an object
+    store gives the run's prefix there, read through the deployment's connection (``FLEETGEN_STORAGE_CONN_ID``):
+    a run whose conf names another connection is refused too. ``connect(location, conn_id)`` makes the store."""
     if not run_id or any(character in run_id for character in "/\\\x00"):
         raise PathOutsideRun(f"run id {run_id!r} is not a plain folder name; the results view does not serve it")
     try:
         name = run_folder_name(run_id)
     except ConfigError as error:
         raise PathOutsideRun(f"{error.message}; the results view does not serve it") from None
+    if "://" in str(deployment_root) and not str(deployment_root).startswith("file:"):
+        return _served_objects(str(deployment_root), name, run_id, run_output_root, run_conn_id, connect)
     root = Path(deployment_root).expanduser().resolve()
     if run_output_root and Path(run_output_root).expanduser().resolve() != root:
-        raise PathOutsideRun(
-            f"the results of run {run_id} live under {run_output_root}, outside the deployment's output root: the "
-            "results view serves only runs of the deployment's output root", path=str(root),
-            hint="read its folder on the workers' storage, or trigger the run without the DAG parameter "
-                 "output_root (the deployment's FLEETGEN_OUTPUT_ROOT is its default)")
+        raise _other_root(run_id, run_output_root, str(root))
     layout = RunLayout(root / name)
     if layout.root.is_symlink():
         raise PathOutsideRun(f"the folder of run {run_id} is a symlink; the results view does not follow it",
@@ -58,15 +88,47 @@ def served_run_layout(deployment_root: str | Path, run_id: str, run_output_root:
     return layout
 
 
+def _other_root(run_id: str, run_output_root: str, root: str) -> PathOutsideRun:
+    return PathOutsideRun(
+        f"the results of run {run_id} live under {run_output_root}, outside the deployment's output root: the "
+        "results view serves only runs of the deployment's output root", path=root,
+        hint="read its folder on the workers' storage, or trigger the run without the DAG parameter "
+             "output_root (the deployment's FLEETGEN_OUTPUT_ROOT is its default)")
+
+
+def _served_objects(deployment_root: str, name: str, run_id: str, run_output_root: str | None,
+                    run_conn_id: str | None, connect) -> RunObjects:
+    try:
+        root = parse_location(deployment_root, parameter="FLEETGEN_OUTPUT_ROOT")
+        conf_root = parse_location(run_output_root, parameter="output_root") if run_output_root else root
+    except ConfigError as error:
+        raise PathOutsideRun(error.message, path=deployment_root) from None
+    if conf_root != root:
+        raise _other_root(run_id, str(run_output_root), root.url)
+    conn_id = default_storage_conn_id()
+    if run_conn_id and run_conn_id != conn_id:
+        raise PathOutsideRun(
+            f"run {run_id} wrote through the connection {run_conn_id!r}, not the deployment's {conn_id!r}: the results "
+            "view reads only through the deployment's connection", path=root.url,
+            hint="trigger the run without the DAG parameter storage_conn_id (the deployment's FLEETGEN_STORAGE_CONN_ID "
+                 "is its default)")
+    return RunObjects(connect(root.child(name), conn_id))
+
+
+def _check_relative(relative: str, where: str) -> None:
+    """Refuse what is no plain relative path: absolute, ``..``, an empty segment, a backslash or a NUL."""
+    refuse = PathOutsideRun(f"{relative!r} is not a file of this run", path=where)
+    if not relative or "\x00" in relative or "\\" in relative or relative.startswith("/"):
+        raise refuse
+    if any(part in ("..", ".", "") for part in relative.split("/")):
+        raise refuse
+
+
 def resolve_in_run(layout: RunLayout, relative: str) -> Path:
     """The file of this run named by ``relative`` (a path inside the run's folder); refuses absolute paths,
     ``..``, backslashes, and symlinks that lead out of the folder."""
     refuse = PathOutsideRun(f"{relative!r} is not a file of this run", path=str(layout.root))
-    if not relative or "\x00" in relative or "\\" in relative or relative.startswith("/"):
-        raise refuse
-    parts = PurePosixPath(relative).parts
-    if any(part in ("..", "") for part in parts):
-        raise refuse
+    _check_relative(relative, str(layout.root))
     try:
         root = layout.root.resolve(strict=True)
         target = (root / relative).resolve(strict=True)
@@ -75,6 +137,11 @@ def resolve_in_run(layout: RunLayout, relative: str) -> Path:
     if not target.is_relative_to(root) or not target.is_file():
         raise refuse
     return target
+
+
+def run_failures(source: RunSource) -> list[dict]:
+    """The records of the run's ``failures.jsonl``, wherever the run is."""
+    return source.failures() if isinstance(source, RunObjects) else read_failures(source.failures)
 
 
 def render_markdown_html(text: str) -> str:
@@ -86,9 +153,10 @@ def render_markdown_html(text: str) -> str:
 
 @dataclass(frozen=True)
 class RunPages:
-    """The pages of one run; ``base`` is the URL of the run's folder in the view (ends with ``/``)."""
+    """The pages of one run (its folder, or its prefix on a store); ``base`` is the URL of the run's folder in the
+    view (ends with ``/``)."""
 
-    layout: RunLayout
+    layout: RunSource
     run_id: str
     base: str
 
@@ -99,18 +167,22 @@ class RunPages:
 
     def file(self, relative: str) -> tuple[bytes, str]:
         """A file of the run as (body, media type); Markdown comes back as an HTML page."""
-        path = resolve_in_run(self.layout, relative)
-        if path.suffix == ".md":
-            body = render_markdown_html(path.read_text(encoding="utf-8"))
+        if isinstance(self.layout, RunObjects):
+            data, file_name = self.layout.read(relative), PurePosixPath(relative).name
+        else:
+            path = resolve_in_run(self.layout, relative)
+            data, file_name = path.read_bytes(), path.name
+        if file_name.endswith(".md"):
+            body = render_markdown_html(data.decode("utf-8"))
             return _page(f"Report {self.run_id}", body, self.nav()).encode(), "text/html; charset=utf-8"
-        media = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        media = mimetypes.guess_type(file_name)[0] or "application/octet-stream"
         if media.startswith("text/") or media in ("application/json", "application/javascript"):
             media += "; charset=utf-8"
-        return path.read_bytes(), media
+        return data, media
 
     def failures(self) -> str:
         """``failures.jsonl`` as a table: task, error, where, what to check next."""
-        records = read_failures(self.layout.failures)
+        records = run_failures(self.layout)
         if not records:
             return _page(f"Failures {self.run_id}", f"<h1>Failures of {html.escape(self.run_id)}</h1>"
                          "<p>No task of this run has failed.</p>", self.nav())

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,12 @@ from fleetgen.errors import ConfigError
 # The Airflow connection an object store is reached through: the DAG parameter that names it and its default.
 STORAGE_CONN_PARAMETER = "storage_conn_id"
 DEFAULT_STORAGE_CONN_ID = "aws_default"
+# The deployment's connection to its object store: the DAG parameter's default and the one the results view uses.
+STORAGE_CONN_VARIABLE = "FLEETGEN_STORAGE_CONN_ID"
+
+
+def default_storage_conn_id() -> str:
+    return os.environ.get(STORAGE_CONN_VARIABLE) or DEFAULT_STORAGE_CONN_ID
 # Schemes the object seam (storage/objects.py) serves; gs:// and abfs:// are named so that their refusal says why.
 OBJECT_SCHEMES = ("s3",)
 PLANNED_SCHEMES = ("gs", "gcs", "abfs", "abfss", "az")

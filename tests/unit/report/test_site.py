@@ -225,3 +225,61 @@ def test_an_output_root_reached_through_a_symlink_still_serves_its_runs(tmp_path
     os.symlink(tmp_path / "real", tmp_path / "out")
     layout = served_run_layout(tmp_path / "out", "manual__1", str(tmp_path / "out"))
     assert layout.root == tmp_path / "real" / "manual__1"
+
+
+STORE_CONN_ID = "fleetgen_test_store"  # tests/conftest.py: the connection the seaweedfs fixture defines
+
+
+def _connect(location, conn_id):
+    from fleetgen.storage.objects import ObjectStore
+
+    return ObjectStore.connect(location, conn_id=conn_id, parameter="FLEETGEN_OUTPUT_ROOT")
+
+
+@pytest.fixture
+def stored_run(object_store, store_prefix, monkeypatch):
+    """A run's report and failures on the store, the deployment's output root being the store's prefix."""
+    monkeypatch.setenv("FLEETGEN_STORAGE_CONN_ID", STORE_CONN_ID)
+    object_store.put("manual__1/report/report.md", b"# Run\n\n| a | b |\n|---|---|\n| 1 | 2 |\n<script>x</script>\n")
+    object_store.put("manual__1/report/per_server.png", b"\x89PNG fake")
+    object_store.put("manual__1/failures.jsonl", json.dumps({"task": "load_fleet", "first_line": "no fleet"}).encode()
+                     + b"\n{torn")
+    object_store.put("other_run/secret.txt", b"another run")
+    object_store.put("manual__1.txt", b"beside the run")
+    return served_run_layout(store_prefix, "manual__1", store_prefix, None, connect=_connect)
+
+
+def test_a_run_on_the_store_is_served_from_its_prefix(stored_run, object_store):
+    pages = RunPages(stored_run, "manual__1", base="/x/")
+    body, media = pages.file("report/report.md")
+    assert media == "text/html; charset=utf-8" and b"<td>1</td>" in body and b"<script>" not in body
+    assert pages.file("report/per_server.png") == (b"\x89PNG fake", "image/png")
+    assert "<td>no fleet</td>" in pages.failures() and stored_run.where == object_store.url("manual__1")
+
+
+@pytest.mark.parametrize("relative", ["../other_run/secret.txt", "../manual__1.txt", "/manual__1/report/report.md",
+                                      "report//report.md", "./report/report.md", "report\\report.md", "", "nothere",
+                                      "report", "a\x00b"])
+def test_a_key_outside_the_runs_prefix_or_no_object_is_not_served_from_the_store(stored_run, relative):
+    with pytest.raises(PathOutsideRun, match="is not a file of this run") as refused:
+        RunPages(stored_run, "manual__1", base="/x/").file(relative)
+    assert refused.value.path == stored_run.where
+
+
+def test_a_run_on_the_store_whose_conf_names_another_root_or_connection_is_not_served(store_prefix, monkeypatch):
+    monkeypatch.setenv("FLEETGEN_STORAGE_CONN_ID", STORE_CONN_ID)
+    for conf_root in (f"{store_prefix}/deeper", "s3://other-bucket/runs", "/local/out"):
+        with pytest.raises(PathOutsideRun, match="outside the deployment's output root"):
+            served_run_layout(store_prefix, "manual__1", conf_root, connect=_connect)
+    with pytest.raises(PathOutsideRun, match="not the deployment's 'fleetgen_test_store'") as refused:
+        served_run_layout(store_prefix, "manual__1", None, "admin_conn", connect=_connect)
+    assert "storage_conn_id" in refused.value.hint
+    assert served_run_layout(store_prefix, "manual__1", None, STORE_CONN_ID,
+                             connect=lambda location, conn_id: (location.url, conn_id)).store == (
+        f"{store_prefix}/manual__1", STORE_CONN_ID)
+
+
+def test_a_run_without_failures_on_the_store_says_so(object_store, store_prefix, monkeypatch):
+    monkeypatch.setenv("FLEETGEN_STORAGE_CONN_ID", STORE_CONN_ID)
+    source = served_run_layout(store_prefix, "manual__2", connect=_connect)
+    assert "No task of this run has failed." in RunPages(source, "manual__2", base="/x/").failures()
