@@ -14,11 +14,14 @@ Starts a real S3-compatible store (SeaweedFS, devstack/seaweedfs.py) and 7 simul
   process's maximum RSS (VmHWM), interpreter and Airflow's Amazon provider included. The completion text is kept short:
   a resume reads the stats parts only.
 
-Not measured yet: validation reading from the store (it reads the local run folder; docs/object-storage.md §4).
+- validation: the same ``--completions`` validated (Great Expectations over the stats, validation/suite.py) from a
+  local run folder, and from the store as the ``validate`` task does it (airflow/run_storage.py): the run's copy
+  opened and every shard's committed stats and errors read into it, then the same suite; alternating order over
+  ``--rounds`` rounds, the ratio is store / local of the medians.
 
 Usage: python bench/object_store.py [--prompts 1400] [--rounds 2] [--completions 1000000] [--smoke]
-Last line: object_store utilization_ratio=<x> resume_1m_s=<s> resume_1m_mb=<mb> objects_per_1k=<n>
-           beyond_data_pct=<x>
+Last line: object_store utilization_ratio=<x> resume_1m_s=<s> resume_1m_mb=<mb> validate_ratio=<x>
+           objects_per_1k=<n> beyond_data_pct=<x>
 """
 
 from __future__ import annotations
@@ -198,9 +201,53 @@ def measure(args: argparse.Namespace, root: Path, seaweed) -> int:
         return 1
     print(f"resume of {resume['finished']:,} committed completions: {resume['seconds']:.2f} s "
           f"(imports {resume['imports_s']:.1f} s before it), peak RSS {resume['peak_kib'] // 1024} MiB")
+    validate_ratio = validation_ratio(seaweed, root, args.rounds)
     print(f"object_store utilization_ratio={ratio:.3f} resume_1m_s={resume['seconds']:.2f} "
-          f"resume_1m_mb={resume['peak_kib'] // 1024} objects_per_1k={per_1k:.1f} beyond_data_pct={beyond:.2f}")
+          f"resume_1m_mb={resume['peak_kib'] // 1024} validate_ratio={validate_ratio:.2f} "
+          f"objects_per_1k={per_1k:.1f} beyond_data_pct={beyond:.2f}")
     return 0
+
+
+def validation_ratio(seaweed, root: Path, rounds: int) -> float:
+    """Validation of the run committed under ``resume`` read from the store, over the same from a local folder."""
+    from fleetgen.airflow.run_storage import read_committed
+    from fleetgen.outputs import RunLayout
+    from fleetgen.storage.mirror import RunMirror
+    from fleetgen.validation.suite import validate_run
+    from fleetgen.validation.thresholds import ValidationThresholds
+
+    bucket = store_at(f"s3://{seaweed.bucket}")
+    run_store = bucket.below("resume")
+    local = RunLayout(root / "validate-local" / "resume")
+    local.kind_dir("stats").mkdir(parents=True)
+    with local.shard_file("stats", 0).open("wb") as handle:
+        ids = []
+        for line in committed_lines(run_store, 0, "stats"):
+            handle.write(line)
+            ids.append(json.loads(line)["id"])
+    thresholds = ValidationThresholds(max_tokens=4096)
+
+    def on_disk() -> None:
+        validate_run(local.root, ids, thresholds, build_docs=False)
+
+    def from_store() -> None:
+        mirror = RunMirror.open(bucket, "resume", root / "validate-store")
+        try:
+            for kind in ("stats", "errors"):
+                read_committed(mirror, run_store, kind)
+            validate_run(mirror.run_root, ids, thresholds, build_docs=False)
+        finally:
+            mirror.close()
+
+    times: dict[str, list[float]] = {"local": [], "store": []}
+    for round_number in range(rounds):
+        for where, run in (("local", on_disk), ("store", from_store))[::1 if round_number % 2 == 0 else -1]:
+            started = time.perf_counter()
+            run()
+            times[where].append(time.perf_counter() - started)
+            print(f"validation of {len(ids):,} completions, round {round_number + 1} {where}: "
+                  f"{times[where][-1]:.1f} s")
+    return statistics.median(times["store"]) / statistics.median(times["local"])
 
 
 if __name__ == "__main__":

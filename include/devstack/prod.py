@@ -197,8 +197,13 @@ class ProdStack:
         return env
 
     def worker_env(self, index: int) -> dict[str, str]:
+        """Each worker has a scratch folder of its own, as a pod has: a run on an object store shares nothing else."""
         return {**self.env(), HOSTNAME_ENV: self.workers[index],
-                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.api_port + 2 + index)}
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.api_port + 2 + index),
+                "FLEETGEN_SCRATCH_DIR": str(self.scratch_dir(self.workers[index]))}
+
+    def scratch_dir(self, worker: str) -> Path:
+        return self.root / "scratch" / worker
 
     def prepare(self, *, recreate_database: bool = False) -> "ProdStack":
         """Create and migrate the metadata DB, apply the fleet's connections, pool and variable."""

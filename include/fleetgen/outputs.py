@@ -201,7 +201,11 @@ class RunLayout:
 
     def gpu_sampler_claim(self, node: str) -> Path:
         """Which shard samples ``node``'s GPUs now (fleetgen.nodes.gpu_sampling.SamplerClaim)."""
-        return self.kind_dir("gpu") / f"{node}.sampler"
+        return self.root / self.gpu_sampler_claim_name(node)
+
+    @staticmethod
+    def gpu_sampler_claim_name(node: str) -> str:
+        return f"gpu/{node}.sampler"
 
     @property
     def reuse_index(self) -> Path:

@@ -18,8 +18,17 @@ SHARD_TASK = "generate.generate_shard"
 PROMPTS = 160
 
 
+STORE_CONN_ID = "fleetgen_test_store"  # tests/conftest.py: the connection the seaweedfs fixture defines
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, production_services):
+def store_root(seaweedfs) -> str:
+    """The prefix of the store this module's runs on object storage write under."""
+    return f"s3://{seaweedfs.bucket}/prod-stack-{os.getpid()}"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, production_services, store_root):
     from devstack.demo import SimEnvironment, free_port_block
     from devstack.prod import ProdStack, drop_database
 
@@ -29,7 +38,9 @@ def stack(tmp_path_factory, production_services):
     stack = ProdStack(environment=environment, database=f"fleetgen_e2e_{os.getpid()}",
                       queue=f"fleetgen-e2e-{os.getpid()}", api_port=free_port_block(4), worker_concurrency=1,
                       heartbeat_timeout_s=20, pool_slots=2, admin_password="e2e-pw",
-                      scheduled_runs=False)
+                      scheduled_runs=False,
+                      # the workers reach the store through the connection the seaweedfs fixture put in the env
+                      extra_env={"FLEETGEN_ALLOW_OUTPUT_ROOTS": store_root})
     try:
         stack.prepare(recreate_database=True).start()
         yield stack
@@ -303,3 +314,72 @@ def test_a_run_on_real_sglang_servers_through_celery(api, stack, tmp_path):
     assert report["totals"]["completions"] == 24 and report["simulated"] is False
     assert all(row["version"] == real.VERSION and row["matches"]["max_total_num_tokens"] for row in report["tuning"])
     assert len(report["tuning"]) == 2  # one real server on each node
+
+
+def _committed(run, shard_id: int) -> int:
+    """Completions the shard has committed on the store (the sum of its commits' parts)."""
+    from fleetgen.generate.commit_log import CommitLog
+
+    return sum(part.lines for part in CommitLog(run, shard_id).read().parts["completions"])
+
+
+def _committed_ids(run) -> dict[int, list[str]]:
+    from fleetgen.generate.commit_log import committed_lines, committed_shards
+
+    return {shard: [json.loads(line)["id"] for line in committed_lines(run, shard, "completions")]
+            for shard in committed_shards(run)}
+
+
+def test_a_run_on_the_store_with_a_scratch_folder_per_worker_survives_a_worker_killed_mid_shard(api, stack,
+                                                                                                 store_root):
+    """No folder shared between the workers, or with the API server: prompts and outputs on SeaweedFS, each worker
+    with its own scratch folder. A worker killed with SIGKILL mid-shard; the retry, on the other worker, resumes from
+    what the killed try committed, and every prompt ends with exactly one completion."""
+    from fleetgen.outputs import run_folder_name
+    from fleetgen.storage.location import parse_location
+    from fleetgen.storage.objects import ObjectStore
+
+    started = time.monotonic()
+    store = ObjectStore.connect(parse_location(store_root, parameter="output_root"), conn_id=STORE_CONN_ID,
+                                parameter="output_root")
+    store.put("inputs/prompts.jsonl", stack.environment.prompts_path.read_bytes())
+    run_id = _trigger(api, stack, time_scale=3.0, shard_size=80, prompts_path=f"{store_root}/inputs/prompts.jsonl",
+                      output_root=f"{store_root}/runs", storage_conn_id=STORE_CONN_ID)
+    run = store.below("runs", run_folder_name(run_id))
+    deadline, victim = time.monotonic() + 300, None
+    while victim is None:
+        assert time.monotonic() < deadline, f"no shard seen mid-way: {_states(_task_instances(api, run_id))}"
+        with stack.held(*stack.workers):  # nothing commits while both are held
+            mid = [shard for shard in (0, 1) if 1 <= _committed(run, shard) < 80]
+            running = {t["map_index"]: t["hostname"] for t in _task_instances(api, run_id)
+                       if t["task_id"] == SHARD_TASK and t["state"] == "running"}
+            if mid and mid[0] in running:
+                victim, worker = mid[0], running[mid[0]]
+                kept = _committed_ids(run)[victim]
+                stack.kill(worker, signal.SIGKILL)
+        time.sleep(0.5)
+    killed_at = time.monotonic()
+    finished, tis = _wait(api, stack, run_id, until=_finished, timeout_s=300)
+    print(f"\nrun {run_id} on the store: {finished['state']} in {time.monotonic() - started:.0f} s; killed {worker} "
+          f"during shard {victim} after {len(kept)} committed completions; finished "
+          f"{time.monotonic() - killed_at:.0f} s after the kill")
+    table = _who_ran_what(api, run_id)
+    stack.start_component(worker)
+    assert finished["state"] == "success", [(t["task_id"], t["map_index"], t["state"]) for t in tis]
+    tries = _shard_tries(api, run_id, victim)
+    assert tries[0]["hostname"] == worker and tries[0]["state"] == "failed"
+    assert tries[-1]["state"] == "success" and tries[-1]["hostname"] != worker, table
+    ids = _committed_ids(run)
+    every = [prompt for shard in sorted(ids) for prompt in ids[shard]]
+    expected = [json.loads(line)["id"] for line in stack.environment.prompts_path.read_text().splitlines()]
+    assert len(every) == len(set(every)) == PROMPTS and sorted(every) == sorted(expected)
+    assert ids[victim][:len(kept)] == kept  # what the killed try committed stands, first
+    failures = [json.loads(line) for line in run.get("failures.jsonl").splitlines()]
+    assert [f["task"] for f in failures if f.get("error") == "TryLost"] == [f"{SHARD_TASK}[{victim}]"]
+    report = json.loads(run.get("report/report.json"))
+    assert report["totals"]["completions"] == PROMPTS and report["timing"]["lost_tries"] == 1
+    # nothing of the run on a disk: not in the output root the workers share here, not left in the scratch folder of
+    # the worker that lived (the killed one's copy is what a dead pod leaves: its disk goes with it)
+    assert not _run_dir(stack, run_id).exists()
+    survivor = next(name for name in stack.workers if name != worker)
+    assert not any(stack.scratch_dir(survivor).glob("fleetgen-run-*"))

@@ -142,7 +142,7 @@ def _generate(shard: dict, readiness: list[dict], fleet: dict, model_identity: d
     serving = {server["host"] for server in ready}
     sampling = GpuSampling(nodes=[node.name for node in spec.nodes if node.name in serving], open_stream=open_stream,
                            layout=layout, shard_id=int(shard["shard_id"]), interval_s=settings.sample_interval_s,
-                           log=log) \
+                           log=log, claims=shared_run_files(layout)) \
         if settings.sample_interval_s > 0 else contextlib.nullcontext()
     store_run = current_store_run()
     with sampling:

@@ -97,7 +97,7 @@ def task_run(params: dict, run_id: str, *, reads: Iterable[str] = ()) -> Iterato
                 prompts_file = fetch_prompts(prompts, prompts_name, scratch / "prompts" / _base_name(prompts_name))
         for kind in COMMITTED_KINDS:
             if kind in reads:
-                _read_committed(mirror, store.below(folder), kind)
+                read_committed(mirror, store.below(folder), kind)
         run = StoreRun(mirror, store.below(folder), prompts, prompts_name, prompts_file)
         token = _current.set(run)
         failed = True
@@ -210,7 +210,9 @@ def shared_run_files(layout) -> RunFiles:
     return ObjectRunFiles(run.output) if run is not None else LocalRunFiles(layout.root)
 
 
-def _read_committed(mirror: RunMirror, run_store: ObjectStore, kind: str) -> None:
+def read_committed(mirror: RunMirror, run_store: ObjectStore, kind: str) -> None:
+    """Every shard's committed lines of ``kind`` (generate/commit_log.py) as ``<kind>/shard-NNNNN.jsonl`` of the
+    copy: what the stages read of a finished shard, never sent back."""
     from fleetgen.generate.commit_log import committed_lines, committed_shards
     from fleetgen.outputs import RunLayout
 

@@ -3,8 +3,8 @@
 A generating shard starts one thread per node (``GpuSampling``); each runs ``nvidia-smi`` in a loop on
 the node inside ONE remote shell (``remote.sampling_loop_command``) and appends a row per GPU per
 sample to ``gpu/shard-NNNNN.jsonl``: ``{"t", "node", "gpu", "util", "power_w", "mem_mib"}``
-(docs/output-formats.md §3.8). With several shards running, a claim file per node in the run folder
-(``gpu/<node>.sampler``, renewed at every sample) lets only one of them sample that node; another takes
+(docs/output-formats.md §3.8). With several shards running, a claim per node among the run's shared files
+(``gpu/<node>.sampler``, renewed every sample interval) lets only one of them sample that node; another takes
 over when the holder finishes or stops renewing. (A claim kept by renewing it, unlike a shard's output
 lease, which the kernel holds for the writing process: generate/lease.py.) Sampling never fails generation: a lost session is
 logged and reopened after one interval.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import math
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from typing import Protocol
 from fleetgen.generate.watch import JsonlAppender
 from fleetgen.nodes import remote
 from fleetgen.outputs import RunLayout
+from fleetgen.storage.run_files import LocalRunFiles, RunFiles
 
 SAMPLE_FIELDS = ("index", "utilization.gpu", "power.draw", "memory.used")
 SAMPLE_QUERY = f"nvidia-smi --query-gpu={','.join(SAMPLE_FIELDS)} --format=csv,noheader,nounits"
@@ -69,41 +71,45 @@ def parse_sample_lines(lines: Iterable[str], *, node: str) -> Iterator[dict]:
 
 
 class SamplerClaim:
-    """``gpu/<node>.sampler``: which shard samples a node now. Created exclusively; stale after ``stale_s``
-    without renewal (the holder died), then taken over."""
+    """``gpu/<node>.sampler`` among the run's shared files (``storage/run_files.py``: a folder every worker sees, or
+    the run's prefix on an object store): which shard samples a node now. Created only if absent; stale after
+    ``stale_s`` without renewal (the holder died), then taken over. A renewal rewrites it, at most every
+    ``renew_every_s`` (each one a PUT on a store)."""
 
-    def __init__(self, path: Path, owner: str, stale_s: float) -> None:
-        self.path = path
+    def __init__(self, files: RunFiles, name: str, owner: str, stale_s: float, *, renew_every_s: float = 0.0) -> None:
+        self.files = files
+        self.name = name
         self.owner = owner
         self.stale_s = stale_s
+        self.renew_every_s = renew_every_s
+        self._renewed_at = -math.inf
+
+    @property
+    def where(self) -> str:
+        return self.files.where(self.name)
 
     def acquire(self) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                try:
-                    if time.time() - self.path.stat().st_mtime < self.stale_s:
-                        return False
-                    self.path.unlink()  # the holder stopped renewing: take over
-                except FileNotFoundError:
-                    pass
+            if self.files.create(self.name, self.owner.encode()):
+                self._renewed_at = time.monotonic()
+                return True
+            current = self.files.read(self.name)
+            if current is None:  # released in between: try again
                 continue
-            with os.fdopen(fd, "w") as handle:
-                handle.write(self.owner)
-            return True
+            if time.time() - current.time < self.stale_s:
+                return False
+            self.files.delete(self.name)  # the holder stopped renewing: take over
         return False
 
     def renew(self) -> None:
-        os.utime(self.path)
+        if time.monotonic() - self._renewed_at >= self.renew_every_s:
+            self.files.write(self.name, self.owner.encode())
+            self._renewed_at = time.monotonic()
 
     def release(self) -> None:
-        try:
-            if self.path.read_text() == self.owner:
-                self.path.unlink()
-        except FileNotFoundError:
-            pass
+        current = self.files.read(self.name)
+        if current is not None and current.data == self.owner.encode():
+            self.files.delete(self.name)
 
 
 class NodeSampler(threading.Thread):
@@ -170,12 +176,16 @@ class GpuSampling:
     """Context manager: one ``NodeSampler`` per node while a shard generates."""
 
     def __init__(self, *, nodes: list[str], open_stream: Callable[[str, str], LineStream], layout: RunLayout,
-                 shard_id: int, interval_s: float, log: logging.Logger) -> None:
+                 shard_id: int, interval_s: float, log: logging.Logger, claims: RunFiles | None = None) -> None:
+        """``claims``: where the shards of the run claim the nodes (the run's folder unless given: its prefix on a
+        store)."""
         self.out = JsonlAppender(layout.shard_file("gpu", shard_id))
         owner = f"shard {shard_id} pid {os.getpid()} at {time.time():.3f}"
+        files = claims if claims is not None else LocalRunFiles(layout.root)
         self.samplers = [
             NodeSampler(node=node, open_stream=lambda command, node=node: open_stream(node, command), out=self.out,
-                        claim=SamplerClaim(layout.gpu_sampler_claim(node), owner, stale_s=3 * interval_s + 10),
+                        claim=SamplerClaim(files, RunLayout.gpu_sampler_claim_name(node), owner,
+                                           stale_s=3 * interval_s + 10, renew_every_s=interval_s),
                         interval_s=interval_s, log=log)
             for node in nodes]
 

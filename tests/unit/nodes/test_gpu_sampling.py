@@ -12,6 +12,7 @@ import time
 
 from fleetgen.generate.watch import JsonlAppender
 from fleetgen.nodes import remote
+from fleetgen.storage.run_files import LocalRunFiles, ObjectRunFiles
 from fleetgen.nodes.gpu_sampling import (MAX_LOOP_SECONDS, SAMPLE_QUERY, GpuSampling, SamplerClaim, NodeSampler,
                                          parse_sample_lines)
 from fleetgen.outputs import RunLayout
@@ -37,6 +38,11 @@ class LocalStream:
         self.process.kill()
         self.process.wait()
 
+
+
+def _claim(path, owner, *, stale_s):
+    """The claim ``path`` (a file of a run's folder on a disk every worker sees)."""
+    return SamplerClaim(LocalRunFiles(path.parent), path.name, owner, stale_s=stale_s)
 
 def node_env(tmp_path):
     node = create_node(tmp_path / "node", name="gpu-node", gpus=2)
@@ -110,8 +116,8 @@ def test_one_session_per_node_across_shards_and_a_takeover_when_the_holder_ends(
 
 def test_a_stale_claim_is_taken_over(tmp_path):
     path = tmp_path / "gpu" / "n.sampler"
-    holder = SamplerClaim(path, "shard 0", stale_s=0.2)
-    other = SamplerClaim(path, "shard 1", stale_s=0.2)
+    holder = _claim(path, "shard 0", stale_s=0.2)
+    other = _claim(path, "shard 1", stale_s=0.2)
     assert holder.acquire() and not other.acquire()
     time.sleep(0.3)
     assert other.acquire() and path.read_text() == "shard 1"
@@ -123,27 +129,44 @@ def test_a_claim_exactly_stale_s_old_is_taken_over(tmp_path, monkeypatch):
     from fleetgen.nodes import gpu_sampling
 
     path = tmp_path / "gpu" / "n.sampler"
-    assert SamplerClaim(path, "shard 0", stale_s=30).acquire()
+    assert _claim(path, "shard 0", stale_s=30).acquire()
     os.utime(path, (1_000.0, 1_000.0))
     monkeypatch.setattr(gpu_sampling.time, "time", lambda: 1_029.5)
-    assert not SamplerClaim(path, "shard 1", stale_s=30).acquire()
+    assert not _claim(path, "shard 1", stale_s=30).acquire()
     monkeypatch.setattr(gpu_sampling.time, "time", lambda: 1_030.0)
-    assert SamplerClaim(path, "shard 1", stale_s=30).acquire() and path.read_text() == "shard 1"
+    assert _claim(path, "shard 1", stale_s=30).acquire() and path.read_text() == "shard 1"
 
 
-def test_a_claim_that_keeps_changing_hands_is_not_taken_after_two_tries(tmp_path, monkeypatch):
-    """Each try finds the file there and gone again before it can be read (other shards taking it over)."""
-    from fleetgen.nodes import gpu_sampling
-
+def test_a_claim_that_keeps_changing_hands_is_not_taken_after_two_tries(tmp_path):
+    """Each try finds the claim there and gone again before it can be read (other shards taking it over)."""
     tries = []
 
-    def taken(path, flags, mode=0o777):
-        tries.append(path)
-        raise FileExistsError(path)
+    class ChangingHands(LocalRunFiles):
+        def create(self, name, data):
+            tries.append(name)
+            return False
 
-    monkeypatch.setattr(gpu_sampling.os, "open", taken)
-    claim = SamplerClaim(tmp_path / "gpu" / "n.sampler", "shard 0", stale_s=30)
-    assert claim.acquire() is False and len(tries) == 2
+        def read(self, name):
+            return None
+
+    claim = SamplerClaim(ChangingHands(tmp_path), "gpu/n.sampler", "shard 0", stale_s=30)
+    assert claim.acquire() is False and tries == ["gpu/n.sampler"] * 2
+
+
+def test_on_an_object_store_one_shard_holds_the_claim_until_it_goes_stale(object_store):
+    files = ObjectRunFiles(object_store)
+    holder = SamplerClaim(files, "gpu/n.sampler", "shard 0", stale_s=30, renew_every_s=3600)
+    other = SamplerClaim(files, "gpu/n.sampler", "shard 1", stale_s=30)
+    assert holder.acquire() and not other.acquire()
+    written = object_store.head("gpu/n.sampler").etag
+    holder.renew()  # within renew_every_s of the last write: no request
+    assert object_store.head("gpu/n.sampler").etag == written
+    other.stale_s = 0  # as if the holder had not renewed for stale_s
+    assert other.acquire() and object_store.get("gpu/n.sampler") == b"shard 1"
+    holder.release()  # not its claim any more: left alone
+    assert object_store.get("gpu/n.sampler") == b"shard 1"
+    other.release()
+    assert object_store.head("gpu/n.sampler") is None
 
 
 # In-memory sessions: each node's loop output as scripted lines, then a session that stays open until closed.
@@ -188,9 +211,10 @@ def test_every_gpu_of_every_node_is_sampled_into_the_shards_file_one_session_and
 
     sampling = GpuSampling(nodes=["n0", "n1"], open_stream=open_stream, layout=layout, shard_id=3, interval_s=0.5,
                            log=log)
-    assert [sampler.claim.path for sampler in sampling.samplers] == [layout.kind_dir("gpu") / "n0.sampler",
-                                                                    layout.kind_dir("gpu") / "n1.sampler"]
-    assert all(sampler.claim.stale_s == 3 * 0.5 + 10 for sampler in sampling.samplers)
+    assert [sampler.claim.where for sampler in sampling.samplers] == [str(layout.kind_dir("gpu") / "n0.sampler"),
+                                                                     str(layout.kind_dir("gpu") / "n1.sampler")]
+    assert all(sampler.claim.stale_s == 3 * 0.5 + 10 and sampler.claim.renew_every_s == 0.5
+               for sampler in sampling.samplers)
     with sampling:
         wait_until(lambda: [sampler.rows for sampler in sampling.samplers] == [2, 3], timeout_s=SHORT_WAIT_S)
         owners = {path.name: path.read_text() for path in layout.kind_dir("gpu").glob("*.sampler")}
@@ -224,7 +248,7 @@ class FlakyOpener:
 
 def _sampler(tmp_path, open_stream, *, interval_s=0.01, owner="shard 0"):
     out = JsonlAppender(tmp_path / "gpu" / "shard-00000.jsonl")
-    claim = SamplerClaim(tmp_path / "gpu" / "n.sampler", owner, stale_s=60)
+    claim = _claim(tmp_path / "gpu" / "n.sampler", owner, stale_s=60)
     return NodeSampler(node="n", open_stream=open_stream, out=out, claim=claim, interval_s=interval_s,
                        log=log), out
 
@@ -264,7 +288,7 @@ def test_a_failed_session_gives_the_claim_back_so_another_shard_may_sample(tmp_p
     sampler.start()
     try:
         wait_until(lambda: seen_claim and not claim_path.exists(), timeout_s=SHORT_WAIT_S)
-        other = SamplerClaim(claim_path, "shard 1", stale_s=60)
+        other = _claim(claim_path, "shard 1", stale_s=60)
         assert other.acquire()  # another shard takes it
     finally:
         sampler.stop()
@@ -275,7 +299,7 @@ def test_a_failed_session_gives_the_claim_back_so_another_shard_may_sample(tmp_p
 
 
 def test_a_node_another_shard_samples_is_not_opened_until_its_claim_is_free(tmp_path):
-    holder = SamplerClaim(tmp_path / "gpu" / "n.sampler", "shard 9", stale_s=60)
+    holder = _claim(tmp_path / "gpu" / "n.sampler", "shard 9", stale_s=60)
     assert holder.acquire()
     opener = FlakyOpener(failures=0, lines=samples(1.0, "0, 1, 2, 3"))
     sampler, out = _sampler(tmp_path, opener)
@@ -311,13 +335,13 @@ def test_each_row_renews_the_claim(tmp_path):
 
     class RenewSpy(SamplerClaim):
         def renew(self):
-            renewed.append(self.path.stat().st_mtime)
+            renewed.append((self.files.root / self.name).stat().st_mtime)
             super().renew()
 
     out = JsonlAppender(tmp_path / "gpu" / "shard-00000.jsonl")
     sampler = NodeSampler(node="n", open_stream=lambda command: ScriptedStream(samples(1.0, "0, 1, 2, 3",
                                                                                        "1, 1, 2, 3")),
-                          out=out, claim=RenewSpy(claim_path, "shard 0", stale_s=60), interval_s=0.01, log=log)
+                          out=out, claim=RenewSpy(LocalRunFiles(claim_path.parent), claim_path.name, "shard 0", stale_s=60), interval_s=0.01, log=log)
     sampler.start()
     try:
         wait_until(lambda: sampler.rows == 2, timeout_s=SHORT_WAIT_S)
@@ -330,8 +354,8 @@ def test_each_row_renews_the_claim(tmp_path):
 
 def test_renewing_keeps_a_claim_from_going_stale(tmp_path):
     path = tmp_path / "gpu" / "n.sampler"
-    holder = SamplerClaim(path, "shard 0", stale_s=30)
-    other = SamplerClaim(path, "shard 1", stale_s=30)
+    holder = _claim(path, "shard 0", stale_s=30)
+    other = _claim(path, "shard 1", stale_s=30)
     assert holder.acquire() and path.read_text() == "shard 0"
     os.utime(path, (time.time() - 60, time.time() - 60))  # not renewed for a minute
     holder.renew()
@@ -341,11 +365,11 @@ def test_renewing_keeps_a_claim_from_going_stale(tmp_path):
 
 
 def test_releasing_a_claim_that_is_gone_is_harmless(tmp_path):
-    claim = SamplerClaim(tmp_path / "gpu" / "n.sampler", "shard 0", stale_s=30)
+    claim = _claim(tmp_path / "gpu" / "n.sampler", "shard 0", stale_s=30)
     claim.release()
     assert claim.acquire() and claim.acquire() is False  # held, even by the same owner: one session per node
     claim.release()
-    assert not claim.path.exists()
+    assert not (claim.files.root / claim.name).exists()
 
 
 def test_rows_carry_the_latest_time_mark_and_skip_what_is_not_a_sample():
@@ -383,11 +407,12 @@ def test_a_shards_samplers_are_named_daemon_threads_that_warn_in_the_shards_log(
 
 
 def test_the_first_claim_of_a_run_creates_the_gpu_folder(tmp_path):
-    claim = SamplerClaim(tmp_path / "run" / "gpu" / "n.sampler", "shard 0", stale_s=30)
-    assert claim.acquire() and claim.path.read_text() == "shard 0"
+    claim = _claim(tmp_path / "run" / "gpu" / "n.sampler", "shard 0", stale_s=30)
+    path = claim.files.root / claim.name
+    assert claim.acquire() and path.read_text() == "shard 0"
     umask = os.umask(0)
     os.umask(umask)
-    assert claim.path.stat().st_mode & 0o777 == 0o644 & ~umask  # readable by whoever looks, writable by us
+    assert path.stat().st_mode & 0o777 == 0o644 & ~umask  # readable by whoever looks, writable by us
 
 
 def test_stopping_after_a_session_ended_is_harmless(tmp_path):
