@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,13 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetgen.errors import ObjectMissing, StoreConflict
-from fleetgen.outputs import ROOT_FILES, SHARD_KINDS
+from fleetgen.outputs import ROOT_FILES, SHARD_KINDS, ShardPaths
 from fleetgen.storage.objects import ObjectStore
 from fleetgen.storage.run_files import UPDATE_ROUNDS
 
 # Folders of a run no task reads back as files: the shards' commit logs and heartbeats (read through the store),
 # and what only the report writes and people read (the Parquet dataset, the Batch API files, the Data Docs).
 SKIPPED = ("shards/", "dataset/", "batch/", "validation/data_docs/")
+# But the tries each shard found dead (``shards/shard-NNNNN.lost.jsonl``, generate/liveness.py): the report reads them.
+LOST_TRIES = re.compile(rf"shards/shard-\d+\.{re.escape(ShardPaths.LOST_TRIES)}")
 # Small files downloaded side by side.
 DOWNLOAD_PARALLELISM = 8
 
@@ -78,8 +81,9 @@ class RunMirror:
         mirror = cls(store, run_folder, scratch)
         wanted = set(folders)
         skipped = SKIPPED + tuple(f"{kind}/" for kind in SHARD_KINDS if kind not in wanted)
-        names = [f"{run_folder}/{info.name[len(run_folder) + 1:]}" for info in store.iter_objects(run_folder + "/")
-                 if not info.name[len(run_folder) + 1:].startswith(skipped)]
+        relative = [info.name[len(run_folder) + 1:] for info in store.iter_objects(run_folder + "/")]
+        names = [f"{run_folder}/{name}" for name in relative
+                 if not name.startswith(skipped) or LOST_TRIES.fullmatch(name)]
         mirror.scratch.mkdir(parents=True, exist_ok=True)
         mirror.run_root.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(DOWNLOAD_PARALLELISM) as pool:

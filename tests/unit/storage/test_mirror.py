@@ -22,11 +22,13 @@ def test_open_downloads_the_runs_small_files_and_the_roots_own_but_not_the_shard
     for name in (f"{RUN}/plan.json", f"{RUN}/server-times/n_1.jsonl", "calibration.json", "tuning-trials.jsonl",
                  f"{RUN}/shards/shard-00000/log/000000000001.json", f"{RUN}/dataset/shard-00000.parquet",
                  f"{RUN}/batch/output.jsonl", f"{RUN}/validation/data_docs/index.html", f"{RUN}/validation/summary.json",
-                 f"{RUN}/gpu/shard-00000.jsonl", "other-run/plan.json"):
+                 f"{RUN}/gpu/shard-00000.jsonl", "other-run/plan.json", f"{RUN}/shards/shard-00000.lost.jsonl",
+                 f"{RUN}/shards/shard-00000.alive", f"{RUN}/shards/shard-00000/parts/x.lost.jsonl"):
         object_store.put(name, b"{}")
     mirror = _open(object_store, tmp_path)
     files = sorted(path.relative_to(mirror.scratch).as_posix() for path in mirror.scratch.rglob("*") if path.is_file())
     assert files == ["calibration.json", f"{RUN}/plan.json", f"{RUN}/server-times/n_1.jsonl",
+                     f"{RUN}/shards/shard-00000.lost.jsonl",  # the report reads the tries each shard found dead
                      f"{RUN}/validation/summary.json", "tuning-trials.jsonl"]
     assert mirror.run_root == tmp_path / "a" / RUN
     asked = _open(object_store, tmp_path, "b", folders=["gpu"])
