@@ -9,7 +9,7 @@ The stages read and write a run's folder with plain file operations (``outputs.R
 - the task runs on the scratch folder, worker-local and its own;
 - **sync** (when the task fails too: what it wrote is not lost): every file the task created, changed or deleted
   goes back. A file nobody changed meanwhile is replaced with ``If-Match`` on its base's ETag (a new one is created
-  with ``If-None-Match: *``; a file of a ``SKIPPED`` folder, which one task writes whole and no task reads back, is
+  with ``If-None-Match: *``; a file of ``WRITTEN_WHOLE``, which one task writes whole and no task reads back, is
   uploaded over whatever is there). When another task wrote it first, the two are merged the way the file is written:
   a JSONL file the task only appended to gets the appended lines added to the store's version; a JSON object gets
   the keys the task added, changed or removed applied to the store's version (where both changed a key, the
@@ -40,6 +40,9 @@ from fleetgen.storage.run_files import UPDATE_ROUNDS
 # Folders of a run no task reads back as files: the shards' commit logs and heartbeats (read through the store),
 # and what only the report writes and people read (the Parquet dataset, the Batch API files, the Data Docs).
 SKIPPED = ("shards/", "dataset/", "batch/", "validation/data_docs/")
+# Files one task writes whole and no task of the run reads back: a retry's upload replaces them (the report's
+# outputs, and the reuse index built once validation passed, generate/reuse.py).
+WRITTEN_WHOLE = ("dataset/", "batch/", "validation/data_docs/", "reuse/index")
 # But the tries each shard found dead (``shards/shard-NNNNN.lost.jsonl``, generate/liveness.py): the report reads them.
 LOST_TRIES = re.compile(rf"shards/shard-\d+\.{re.escape(ShardPaths.LOST_TRIES)}")
 # Small files downloaded side by side.
@@ -140,7 +143,7 @@ class RunMirror:
                 self.store.delete(name)
                 self._bases.pop(name, None)
                 continue
-            if name[len(self.run_folder) + 1:].startswith(SKIPPED):
+            if name[len(self.run_folder) + 1:].startswith(WRITTEN_WHOLE):
                 self.store.upload(name, path)
                 self._derived.add(name)  # sent once: a later sync sends it only if written again
                 continue

@@ -105,11 +105,15 @@ def test_a_file_both_tasks_rewrote_that_cannot_be_merged_is_a_conflict_naming_th
 
 def test_what_only_the_report_writes_is_written_over_by_its_retry_not_appended_to(object_store, tmp_path):
     object_store.put(f"{RUN}/batch/output.jsonl", b'{"custom_id": "p1"}\n')  # an earlier try's
+    object_store.put(f"{RUN}/reuse/index.json", b'{"completions": 1}')
     mirror = _open(object_store, tmp_path)
     (mirror.run_root / "batch").mkdir()
     (mirror.run_root / "batch" / "output.jsonl").write_bytes(b'{"custom_id": "p1"}\n')
-    assert mirror.sync() == [f"{RUN}/batch/output.jsonl"]
+    (mirror.run_root / "reuse").mkdir()
+    (mirror.run_root / "reuse" / "index.json").write_bytes(b'{"completions": 2}')
+    assert mirror.sync() == [f"{RUN}/batch/output.jsonl", f"{RUN}/reuse/index.json"]
     assert object_store.get(f"{RUN}/batch/output.jsonl") == b'{"custom_id": "p1"}\n'
+    assert object_store.get(f"{RUN}/reuse/index.json") == b'{"completions": 2}'
 
 
 def test_close_removes_the_scratch_copy(object_store, tmp_path):
