@@ -82,7 +82,7 @@ def _task(python_callable, *, kind=task, reads=(), **kwargs):
 # What the tasks that read more than the run's small files read of a run on an object store (airflow/run_storage.py).
 TRIAL_READS = ["stats", "metrics"]
 VALIDATE_READS = [PROMPTS, "stats", "errors"]
-REPORT_READS = ["completions", "stats", "errors", "events", "metrics", "gpu"]
+REPORT_READS = ["completions", "stats", "errors", "events", "metrics", "gpu", "reuse"]
 BATCH_READS = ["completions", "errors"]
 
 # The fleet description as the tasks that need it read it: load_fleet's XCom, pulled when the task renders.

@@ -26,7 +26,7 @@ def _rows(data: bytes) -> list[dict]:
     return [json.loads(line) for line in data.splitlines() if line.strip()]
 
 
-def test_a_run_on_the_store_writes_nothing_to_the_workers_disk_and_completes_every_prompt_once(
+def test_a_run_on_the_store_writes_nothing_to_the_workers_disk_and_completes_every_prompt_once_and_the_next_reuses_it(
         dag, sim_env, fleet_file, store_prefix, monkeypatch, tmp_path):
     root = parse_location(store_prefix, parameter="output_root")
     store = ObjectStore.connect(root, conn_id=STORE_CONN_ID, parameter="output_root")
@@ -68,3 +68,13 @@ def test_a_run_on_the_store_writes_nothing_to_the_workers_disk_and_completes_eve
     after = sorted(path.name for path in sim_env.output_root.iterdir()) if sim_env.output_root.exists() else []
     assert after == local_before
     assert not any(scratch.iterdir())
+
+    # the next night on the store reuses every unchanged completion of this one, found and read on the store
+    again = dag.test(run_conf={**conf, "reuse_completions": "always"})
+    assert again.state == "success", {(ti.task_id, ti.map_index): ti.state for ti in again.get_task_instances()}
+    second = store.below("runs", run_folder_name(again.run_id))
+    copied = [json.loads(line) for shard in committed_shards(second) for line in committed_lines(second, shard,
+                                                                                                 "completions")]
+    assert sorted(row["id"] for row in copied) == expected
+    assert {row["reused_from"] for row in copied} == {run_folder_name(dag_run.run_id)}
+    assert json.loads(second.get("report/report.json"))["reuse"]["reused"] == 120

@@ -9,7 +9,8 @@ from fleetgen.airflow import failures, lifecycle
 from fleetgen.airflow.context import mapped_values, run_context, run_type
 from fleetgen.airflow.node_shell import NodeShell
 from fleetgen.airflow.run_config import RunConfig
-from fleetgen.airflow.run_storage import current_store_run, planned_on_store, shard_prompts, shared_run_files
+from fleetgen.airflow.run_storage import (current_store_run, look_up_reuse_here, planned_on_store, shard_prompts,
+                                          shared_run_files)
 from fleetgen.nodes.fleet import FleetSpec, fleet_from_json
 
 log = logging.getLogger("fleetgen")
@@ -112,7 +113,6 @@ def _generate(shard: dict, readiness: list[dict], fleet: dict, model_identity: d
               stop_taking_at: float | None) -> dict:
     from fleetgen.airflow.sharing import running_shards_counter
     from fleetgen.generate import ShardRunOptions, run_shard, shard_endpoints
-    from fleetgen.generate.reuse import look_up_reuse
     from fleetgen.nodes.gpu_sampling import GpuSampling
 
     context, config, layout = run_context()
@@ -129,8 +129,8 @@ def _generate(shard: dict, readiness: list[dict], fleet: dict, model_identity: d
     settings = generation_settings(config, spec)
     lookup = None
     if config.generation.reuses(run_type(context)):
-        lookup = look_up_reuse(config.inputs.output_root, layout.root.name,
-                               generation_material(model_identity, settings), log=log)
+        lookup = look_up_reuse_here(config.inputs.output_root, layout, generation_material(model_identity, settings),
+                                    log)
         log.info("Reusing unchanged completions from %s", lookup.source.run_folder if lookup.source else
                  "no earlier run (none with the same model and sampling has a readable index)")
     source = lookup.source if lookup else None

@@ -35,7 +35,7 @@ SCRATCH_VARIABLE = "FLEETGEN_SCRATCH_DIR"
 # What a task may declare it reads from a run on a store, beside its small files: the whole prompts file, and the
 # shards' committed records and journals (generate/commit_log.py) or their GPU samples (plain objects).
 PROMPTS = "prompts"
-COMMITTED_KINDS = ("completions", "stats", "errors", "events", "metrics")
+COMMITTED_KINDS = ("completions", "stats", "errors", "events", "metrics", "reuse")
 OBJECT_KINDS = ("gpu",)
 READS = (PROMPTS, *COMMITTED_KINDS, *OBJECT_KINDS)
 
@@ -201,6 +201,19 @@ def scan_here(scan: dict, prompts_path) -> dict:
     if run is None or run.prompts is None:
         return scan
     return {**scan, "path": str(prompts_path)}
+
+
+def look_up_reuse_here(output_root, layout, material: dict, log: logging.Logger):
+    """The earlier run whose completions this one reuses (generate/reuse.py): among the runs of the output root on
+    disk, or of its prefix on a store (generate/reuse_store.py)."""
+    from fleetgen.generate.reuse import look_up_reuse
+    from fleetgen.generate.reuse_store import look_up_reuse_on_store
+
+    run = current_store_run()
+    if run is None:
+        return look_up_reuse(output_root, layout.root.name, material, log=log)
+    return look_up_reuse_on_store(run.mirror.store, run.mirror.run_folder, material,
+                                  run.mirror.scratch.parent / "reuse-sources", log=log)
 
 
 def shared_run_files(layout) -> RunFiles:

@@ -114,14 +114,15 @@ def reused_trial_prompts(config: RunConfig, spec: FleetSpec, layout: RunLayout, 
     measure the split. (0, None) when the caller's run reuses nothing (``reuse_completions``, its run type) or no
     earlier run holds the same model and sampling."""
     from fleetgen.airflow.generate_tasks import generation_material, generation_settings
-    from fleetgen.generate.reuse import look_up_reuse, prompt_hash
+    from fleetgen.airflow.run_storage import look_up_reuse_here
+    from fleetgen.generate.reuse import prompt_hash
     from fleetgen.prompts import scan as prompts
     from fleetgen.prompts.planned import iter_shard_positions
 
     if not identity or head <= 0:
         return 0, None
-    lookup = look_up_reuse(config.inputs.output_root, layout.root.name,
-                           generation_material(identity, generation_settings(config, spec)), log=log)
+    lookup = look_up_reuse_here(config.inputs.output_root, layout,
+                                generation_material(identity, generation_settings(config, spec)), log)
     source = lookup.source
     if source is None:
         return 0, None

@@ -35,7 +35,9 @@ from fleetgen.generate import jsonio
 from fleetgen.outputs import shard_stem
 from fleetgen.storage.objects import ObjectStore
 
-RECORD_KINDS = ("completions", "stats", "errors")
+# "reuse": per completion, its prompt's hash and where its line lies in the shard's committed completions (the parts
+# of that kind in commit order, read as one stream), for later runs to copy it (generate/reuse_store.py).
+RECORD_KINDS = ("completions", "stats", "errors", "reuse")
 # What the shard journals beside its records (generate/watch.py): committed in parts of the same commits.
 JOURNAL_KINDS = ("events", "metrics")
 PART_KINDS = RECORD_KINDS + JOURNAL_KINDS

@@ -29,6 +29,7 @@ from fleetgen.generate.commit_log import (JOURNAL_KINDS, PART_KINDS, CommitLog, 
 from fleetgen.generate.errors_readback import read_back_errors
 from fleetgen.generate.lease import LeaseHolder
 from fleetgen.generate.resume_mark import MarkedResume
+from fleetgen.generate.reuse import reuse_row
 from fleetgen.generate.store import PLAN_KEYS, ResumeReport, _STATS_ID
 from fleetgen.outputs import shard_stem
 from fleetgen.prompts.lines import fast_id
@@ -68,6 +69,7 @@ class ObjectShardStore(MarkedResume):
         self._committing = 0  # bytes handed to the committer, not yet committed
         self._pending_mark: tuple[int, int] | None = None
         self._committed_mark: tuple[int, int] | None = None
+        self._completions_end = 0  # where the next completion line starts in the shard's committed completions
         self._failure: BaseException | None = None
         self._closing = False
         self._changed = threading.Condition()
@@ -127,6 +129,7 @@ class ObjectShardStore(MarkedResume):
             if self.log_.commit(state.next_seq, record, token=self.token) is not None:
                 continue  # another try committed meanwhile: read again
             self._seq = state.next_seq
+            self._completions_end = sum(part.size for part in state.parts["completions"])
             self.mark = self._committed_mark = self.checked_mark(shard, mark)
             self._warn_takeover(state)
             return ResumeReport(finished=finished, failed=len(read_back.kept), torn_bytes={}, restored_stats=0,
@@ -182,9 +185,11 @@ class ObjectShardStore(MarkedResume):
 
     def record_completion(self, completion_line: bytes, stats_line: bytes, prompt_id: str, *,
                           prompt_hash: bytes | None = None) -> None:
-        """Buffer one finished prompt (text and stats row commit together). ``prompt_hash`` is accepted for the
-        local store's reuse rows; runs on an object store are not yet a reuse source (docs/object-storage.md §4)."""
-        self._add((("completions", completion_line), ("stats", stats_line)), prompt_id)
+        """Buffer one finished prompt (text and stats row commit together). With ``prompt_hash``, its reuse row too:
+        where the line lies in the shard's committed completions, read as one stream (the same row as on disk,
+        docs/output-formats.md §3.9)."""
+        lines = (("completions", completion_line), ("stats", stats_line))
+        self._add(lines, prompt_id, reuse_of=(prompt_hash, completion_line) if prompt_hash is not None else None)
 
     def record_failure(self, error_line: bytes, prompt_id: str) -> None:
         self._add((("errors", error_line),), prompt_id)
@@ -199,13 +204,19 @@ class ObjectShardStore(MarkedResume):
     def errors_where(self) -> str:
         return self.store.url(f"shards/{shard_stem(self.shard_id)}/parts/")
 
-    def _add(self, lines: tuple[tuple[str, bytes], ...], prompt_id: str | None) -> None:
+    def _add(self, lines: tuple[tuple[str, bytes], ...], prompt_id: str | None, *,
+             reuse_of: tuple[bytes, bytes] | None = None) -> None:
         with self._changed:
             self._raise_failure()
             while self._buffered + self._committing >= self.bounds.max_behind and self._failure is None:
                 self._changed.wait(1.0)
             self._raise_failure()
+            if reuse_of is not None:  # under the lock: the buffer's order is the commits' order
+                digest, line = reuse_of
+                lines += (("reuse", reuse_row(digest, self._completions_end, line)),)
             for kind, line in lines:
+                if kind == "completions":
+                    self._completions_end += len(line)
                 self._buffer[kind].append(line)
                 self._buffered += len(line)
             if prompt_id is not None:

@@ -44,7 +44,7 @@ from fleetgen.generate.records import stats_record
 from fleetgen.generate.settings import GenerationSettings
 from fleetgen.generate.write_errors import OutputErrorsAs, output_error
 from fleetgen.generate.resume_mark import MarkedResume
-from fleetgen.generate.reuse import line_checksum
+from fleetgen.generate.reuse import reuse_row
 from fleetgen.outputs import RunLayout
 from fleetgen.prompts.lines import fast_id
 
@@ -290,8 +290,7 @@ class ShardStore(MarkedResume):
         self._append("stats", stats_line)
         self.done_ids.add(prompt_id.encode())
         if prompt_hash is not None:
-            self._append("reuse", b'{"h":"%s","o":%d,"n":%d,"c":"%s"}\n' % (
-                prompt_hash.hex().encode(), offset, len(completion_line), line_checksum(completion_line).encode()))
+            self._append("reuse", reuse_row(prompt_hash, offset, completion_line))
 
     def record_failure(self, error_line: bytes, prompt_id: str) -> None:
         """Persist one failed prompt (``records.error_record``); this try does not send it again."""

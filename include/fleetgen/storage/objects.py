@@ -148,6 +148,20 @@ class ObjectStore:
                 return
             arguments["ContinuationToken"] = page["NextContinuationToken"]
 
+    def folders(self, prefix: str = "") -> Iterator[str]:
+        """The names of the "folders" right below ``prefix`` (``prefix`` empty or ending with ``/``): the common
+        prefixes of the keys up to their next ``/``, without it, in name order."""
+        base = self.location.key + "/" if self.location.key else ""
+        arguments = {"Bucket": self.location.bucket, "Prefix": base + prefix, "Delimiter": "/"}
+        while True:
+            with self._faults("list", self.url(prefix)):
+                page = self._client.list_objects_v2(**arguments)
+            for entry in page.get("CommonPrefixes", []):
+                yield entry["Prefix"][len(base) + len(prefix):].rstrip("/")
+            if not page.get("IsTruncated"):
+                return
+            arguments["ContinuationToken"] = page["NextContinuationToken"]
+
     def delete(self, name: str) -> None:
         with self._faults("delete", self.url(name)):
             self._client.delete_object(Bucket=self.location.bucket, Key=self._key(name))

@@ -21,13 +21,15 @@ def read_summary(layout: RunLayout) -> dict | None:
     return summary if isinstance(summary, dict) else None
 
 
-def why_not_passed(layout: RunLayout, summary: dict | None) -> str | None:
-    """None when ``summary`` says the validation passed; else why the run does not count as validated."""
+def why_not_passed(layout: RunLayout | str, summary: dict | None) -> str | None:
+    """None when ``summary`` says the validation passed; else why the run does not count as validated. ``layout``:
+    the run's folder, or where its summary is (a URL on an object store)."""
+    where = layout.validation_summary if isinstance(layout, RunLayout) else layout
     if summary is None:
-        return (f"no validation summary at {layout.validation_summary}: validate did not run to its end "
+        return (f"no validation summary at {where}: validate did not run to its end "
                 "(marked success by hand?)")
     if summary.get("success") is not True:
         failed = summary.get("failed_expectations") or []
         return (f"its validation did not pass ({len(failed)} expectation(s) failed: "
-                f"{', '.join(map(str, failed[:5])) or 'unknown'}; {layout.validation_summary})")
+                f"{', '.join(map(str, failed[:5])) or 'unknown'}; {where})")
     return None
