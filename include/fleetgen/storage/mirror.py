@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from fleetgen.errors import ObjectMissing, StoreConflict
 from fleetgen.outputs import ROOT_FILES, SHARD_KINDS, ShardPaths
@@ -59,7 +59,7 @@ class _Base:
 
 def _is_scratch_only(name: str) -> bool:
     """Locks and half-written temporaries of the file code: they mean nothing to another worker."""
-    base = name.rsplit("/", 1)[-1]
+    base = PurePosixPath(name).name
     return base.startswith(".") or base.endswith((".lock", ".partial", ".tmp"))
 
 
@@ -79,7 +79,7 @@ class RunMirror:
 
     @classmethod
     def open(cls, store: ObjectStore, run_folder: str, scratch: Path, *, folders: Iterable[str] = ()) -> RunMirror:
-        """Download the run's small files into ``scratch`` (an empty folder it creates); ``folders``: the per-shard
+        """Download the run's small files into ``scratch`` (an empty folder, made if need be); ``folders``: the per-shard
         folders (``outputs.SHARD_KINDS``, e.g. ``gpu``) the task reads as plain objects."""
         mirror = cls(store, run_folder, scratch)
         wanted = set(folders)
@@ -87,8 +87,7 @@ class RunMirror:
         relative = [info.name[len(run_folder) + 1:] for info in store.iter_objects(run_folder + "/")]
         names = [f"{run_folder}/{name}" for name in relative
                  if not name.startswith(skipped) or LOST_TRIES.fullmatch(name)]
-        mirror.scratch.mkdir(parents=True, exist_ok=True)
-        mirror.run_root.mkdir(parents=True, exist_ok=True)
+        mirror.run_root.mkdir(parents=True, exist_ok=True)  # and the scratch folder: it may exist, empty
         with ThreadPoolExecutor(DOWNLOAD_PARALLELISM) as pool:
             for name, base in pool.map(mirror._download, [*ROOT_FILES, *names]):
                 if base is not None:
@@ -141,7 +140,7 @@ class RunMirror:
             path = self.scratch / name
             if not path.exists():
                 self.store.delete(name)
-                self._bases.pop(name, None)
+                del self._bases[name]
                 continue
             if name[len(self.run_folder) + 1:].startswith(WRITTEN_WHOLE):
                 self.store.upload(name, path)
@@ -158,21 +157,22 @@ class RunMirror:
         the ETag and the bytes written."""
         base = self._bases.get(name)
         ours = data
+        etag = base.etag if base is not None else None  # None: create it
         for _ in range(UPDATE_ROUNDS):
             try:
-                if base is None:
+                if etag is None:
                     return self.store.put(name, data, if_absent=True), data
-                return self.store.put(name, data, if_match=base.etag), data
+                return self.store.put(name, data, if_match=etag), data
             except StoreConflict:
                 pass
             try:
                 current, info = self.store.get_with_info(name)
             except ObjectMissing:  # deleted in between: create it
-                base, data = None, ours
+                etag, data = None, ours
                 continue
-            data = merge(name, self._bases[name].data if name in self._bases else None, ours, current,
+            data = merge(name, base.data if base is not None else None, ours, current,
                          where=self.store.url(name), conn_id=self.store.conn_id)
-            base = _Base(info.etag, current)
+            etag = info.etag
         raise StoreConflict(f"could not write the object back: {UPDATE_ROUNDS} other writers changed it first",
                             path=self.store.url(name), conn_id=self.store.conn_id,
                             hint="too many tasks of the run write this object at once; clear the task to run it again")
@@ -192,26 +192,25 @@ def merge(name: str, base: bytes | None, ours: bytes, theirs: bytes, *, where: s
         try:
             old, new, current = (json.loads(text) if text else {} for text in (before, ours, theirs))
         except ValueError:
-            old = new = current = None
+            raise _unmergeable(where, conn_id) from None
         if all(isinstance(value, dict) for value in (old, new, current)):
             merged = dict(current)
-            for key in set(old) | set(new):
-                if old.get(key, _ABSENT) == new.get(key, _ABSENT):
-                    continue  # not ours to change
-                if old.get(key, _ABSENT) != current.get(key, _ABSENT):
-                    continue  # changed by the other writer too: theirs stands
-                if key in new:
-                    merged[key] = new[key]
+            for key in sorted(set(old) | set(new)):
+                was, now = old.get(key, _ABSENT), new.get(key, _ABSENT)
+                if was == now or current.get(key, _ABSENT) != was:
+                    continue  # not ours to change, or changed by the other writer too: theirs stands
+                if now is _ABSENT:
+                    del merged[key]
                 else:
-                    merged.pop(key, None)
+                    merged[key] = now
             return (json.dumps(merged, indent=1, sort_keys=True) + "\n").encode()
-    raise StoreConflict("another task wrote this object while this task changed it, and the two cannot be merged",
-                        path=where, conn_id=conn_id, hint="clear the task to run it again on the object as it is now")
+    raise _unmergeable(where, conn_id)
 
 
-class _Absent:
-    def __repr__(self) -> str:
-        return "<absent>"
+def _unmergeable(where: str, conn_id: str) -> StoreConflict:
+    return StoreConflict("another task wrote this object while this task changed it, and the two cannot be merged",
+                         path=where, conn_id=conn_id, hint="clear the task to run it again on the object as it is now")
 
 
-_ABSENT = _Absent()
+# A key missing from one version (a value of None is a value)
+_ABSENT = object()

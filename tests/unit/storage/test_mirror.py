@@ -19,7 +19,8 @@ def _open(store, tmp_path, name="a", **kwargs) -> RunMirror:
 
 def test_open_downloads_the_runs_small_files_and_the_roots_own_but_not_the_shards_or_what_only_people_read(
         object_store, tmp_path):
-    for name in (f"{RUN}/plan.json", f"{RUN}/server-times/n_1.jsonl", "calibration.json", "tuning-trials.jsonl",
+    (tmp_path / "a").mkdir()  # the scratch folder may exist, empty
+    for name in (f"{RUN}/plan.json", f"{RUN}/servers-stopped/deep/n1.json", f"{RUN}/server-times/n_1.jsonl", "calibration.json", "tuning-trials.jsonl",
                  f"{RUN}/shards/shard-00000/log/000000000001.json", f"{RUN}/dataset/shard-00000.parquet",
                  f"{RUN}/batch/output.jsonl", f"{RUN}/validation/data_docs/index.html", f"{RUN}/validation/summary.json",
                  f"{RUN}/gpu/shard-00000.jsonl", "other-run/plan.json", f"{RUN}/shards/shard-00000.lost.jsonl",
@@ -28,6 +29,7 @@ def test_open_downloads_the_runs_small_files_and_the_roots_own_but_not_the_shard
     mirror = _open(object_store, tmp_path)
     files = sorted(path.relative_to(mirror.scratch).as_posix() for path in mirror.scratch.rglob("*") if path.is_file())
     assert files == ["calibration.json", f"{RUN}/plan.json", f"{RUN}/server-times/n_1.jsonl",
+                     f"{RUN}/servers-stopped/deep/n1.json",
                      f"{RUN}/shards/shard-00000.lost.jsonl",  # the report reads the tries each shard found dead
                      f"{RUN}/validation/summary.json", "tuning-trials.jsonl"]
     assert mirror.run_root == tmp_path / "a" / RUN
@@ -46,8 +48,12 @@ def test_sync_creates_replaces_and_deletes_what_the_task_changed_and_nothing_els
     (mirror.run_root / "report").mkdir()
     (mirror.run_root / "report" / "report.md").write_bytes(b"# run\n")
     (mirror.run_root / ".calibration.json.lock").write_bytes(b"")  # scratch-only: locks, temporaries
-    (mirror.run_root / "rows.partial").write_bytes(b"x")
+    (mirror.run_root / "report" / "a").mkdir()
+    for name in ("rows.partial", "report/x.lock", "report/y.tmp", "report/a/.hidden.json", "report/a/z.partial"):
+        (mirror.run_root / name).write_bytes(b"x")
     mirror.write_derived("stats/shard-00000.jsonl", [b'{"id": "p1"}\n'])  # read from the commit log: never sent
+    mirror.write_derived("stats/shard-00001.jsonl", [b'{"id": "p2"}\n'])
+    mirror.write_derived("deep/er/rows.jsonl", [b"{}\n"])
     kept_etag = object_store.head(f"{RUN}/kept.json").etag
 
     assert mirror.sync() == [f"{RUN}/changed.json", f"{RUN}/deleted.json", f"{RUN}/report/report.md"]
@@ -90,6 +96,49 @@ def test_keys_two_tasks_record_side_by_side_are_all_kept_and_the_first_writer_of
                                                                  "both": "a"}
 
 
+def test_a_file_synced_twice_merges_with_what_another_task_wrote_in_between(object_store, tmp_path):
+    mirror, other = _open(object_store, tmp_path, "a"), _open(object_store, tmp_path, "b")
+    (mirror.run_root / "failures.jsonl").write_bytes(b"1\n")
+    mirror.sync()
+    (other.run_root / "failures.jsonl").write_bytes(b"2\n")  # created by the other meanwhile: merged after ours
+    other.sync()
+    with (mirror.run_root / "failures.jsonl").open("ab") as handle:
+        handle.write(b"3\n")
+    mirror.sync()
+    assert object_store.get(f"{RUN}/failures.jsonl") == b"1\n2\n3\n"
+
+
+def test_a_file_deleted_by_another_task_meanwhile_is_created_again(object_store, tmp_path):
+    object_store.put(f"{RUN}/plan-notes.json", b'{"a": 1}')
+    mirror = _open(object_store, tmp_path)
+    object_store.delete(f"{RUN}/plan-notes.json")
+    (mirror.run_root / "plan-notes.json").write_bytes(b'{"a": 2}')
+    mirror.sync()
+    assert object_store.get(f"{RUN}/plan-notes.json") == b'{"a": 2}'
+
+
+def test_a_file_other_writers_keep_changing_gives_up_naming_the_object(object_store, tmp_path, monkeypatch):
+    from fleetgen.storage import mirror as mirror_module
+
+    object_store.put(f"{RUN}/failures.jsonl", b"1\n")
+    mirror = _open(object_store, tmp_path)
+    (mirror.run_root / "failures.jsonl").write_bytes(b"1\n2\n")
+    rounds = []
+
+    def always_lost(name, data, **conditions):
+        rounds.append(conditions)
+        raise StoreConflict("lost", path=name)
+
+    monkeypatch.setattr(object_store, "put", always_lost)
+    monkeypatch.setattr(mirror_module, "UPDATE_ROUNDS", 3)
+    with pytest.raises(StoreConflict, match="could not write the object back: 3 other writers changed it first") \
+            as caught:
+        mirror.sync()
+    assert len(rounds) == 3 and caught.value.path == object_store.url(f"{RUN}/failures.jsonl")
+    assert caught.value.conn_id == object_store.conn_id
+    assert caught.value.hint == "too many tasks of the run write this object at once; clear the task to run it again"
+
+
 def test_a_file_both_tasks_rewrote_that_cannot_be_merged_is_a_conflict_naming_the_object(object_store, tmp_path):
     object_store.put(f"{RUN}/notes.md", b"one\n")
     first, second = _open(object_store, tmp_path, "a"), _open(object_store, tmp_path, "b")
@@ -98,7 +147,7 @@ def test_a_file_both_tasks_rewrote_that_cannot_be_merged_is_a_conflict_naming_th
     first.sync()
     with pytest.raises(StoreConflict, match="another task wrote this object while this task changed it") as caught:
         second.sync()
-    assert caught.value.path == object_store.url(f"{RUN}/notes.md")
+    assert caught.value.path == object_store.url(f"{RUN}/notes.md") and caught.value.conn_id == object_store.conn_id
     assert caught.value.hint == "clear the task to run it again on the object as it is now"
     assert object_store.get(f"{RUN}/notes.md") == b"two\n"
 
@@ -114,6 +163,7 @@ def test_what_only_the_report_writes_is_written_over_by_its_retry_not_appended_t
     assert mirror.sync() == [f"{RUN}/batch/output.jsonl", f"{RUN}/reuse/index.json"]
     assert object_store.get(f"{RUN}/batch/output.jsonl") == b'{"custom_id": "p1"}\n'
     assert object_store.get(f"{RUN}/reuse/index.json") == b'{"completions": 2}'
+    assert mirror.sync() == []  # sent once: not again unless written again
 
 
 def test_close_removes_the_scratch_copy(object_store, tmp_path):
@@ -121,6 +171,7 @@ def test_close_removes_the_scratch_copy(object_store, tmp_path):
     mirror = _open(object_store, tmp_path)
     mirror.close()
     assert not mirror.scratch.exists()
+    mirror.close()  # twice: harmless
 
 
 @pytest.mark.parametrize(("name", "base", "ours", "theirs", "merged"), [
@@ -128,6 +179,12 @@ def test_close_removes_the_scratch_copy(object_store, tmp_path):
     ("a.jsonl", None, b"2\n", b"1", b"1\n2\n"),  # theirs without a last newline: ours starts on a line of its own
     ("a.json", b'{"k": 1}', b"{}", b'{"k": 1, "j": 2}', b'{\n "j": 2\n}\n'),  # a key ours removed
     ("a.json", b'{"k": 1}', b'{"k": 1}', b'{"k": 3}', b'{\n "k": 3\n}\n'),  # nothing of ours changed
+    ("a.json", None, b'{"k": 1}', b'{"j": 2}', b'{\n "j": 2,\n "k": 1\n}\n'),  # both created it
+    ("a.json", b'{"k": null}', b"{}", b'{"k": null, "j": 1}', b'{\n "j": 1\n}\n'),  # a null removed is removed
+    ("a.json", b'{"a": 1, "b": 1}', b'{"a": 1, "b": 2}', b'{"a": 1, "b": 1, "c": 3}',
+     b'{\n "a": 1,\n "b": 2,\n "c": 3\n}\n'),  # a key left alone before the one changed
+    ("a.json", b'{"a": 1, "b": 1}', b'{"a": 2, "b": 2}', b'{"a": 3, "b": 1}',
+     b'{\n "a": 3,\n "b": 2\n}\n'),  # theirs stands on a, ours applies on b
 ])
 def test_merge_applies_the_tasks_change_to_what_the_other_task_wrote(name, base, ours, theirs, merged):
     assert merge(name, base, ours, theirs, where="s3://b/k", conn_id="c") == merged
@@ -142,4 +199,6 @@ def test_merge_applies_the_tasks_change_to_what_the_other_task_wrote(name, base,
 def test_merge_refuses_what_is_not_an_append_or_a_change_of_keys(name, base, ours, theirs):
     with pytest.raises(StoreConflict) as caught:
         merge(name, base, ours, theirs, where="s3://b/k", conn_id="c")
+    assert caught.value.message == ("another task wrote this object while this task changed it, and the two cannot "
+                                    "be merged")
     assert caught.value.path == "s3://b/k" and caught.value.conn_id == "c"
