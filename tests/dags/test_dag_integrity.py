@@ -1,6 +1,8 @@
 """The DAG folder imports cleanly, fast, without I/O, and the DAG is wired as the job reads."""
 
 import inspect
+import json
+import os
 import subprocess
 import sys
 
@@ -174,6 +176,29 @@ def test_a_run_whose_output_root_lies_outside_the_deployments_fails_its_first_ta
         dag.get_task("load_fleet").python_callable()
     assert isinstance(caught.value.__cause__, ConfigError) and "lies outside" in caught.value.__cause__.message
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_run_on_a_store_that_refuses_the_connections_keys_fails_its_first_task_for_good_naming_it(
+        dagbag, monkeypatch, seaweedfs, store_prefix):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from fleetgen.airflow import context
+    from fleetgen.errors import StoreDenied
+
+    dag = dagbag.dags["sglang_generation"]
+    connection = json.loads(os.environ["AIRFLOW_CONN_FLEETGEN_TEST_STORE"])
+    connection["password"] = "a-wrong-secret-value"
+    monkeypatch.setenv("AIRFLOW_CONN_FLEETGEN_WRONG_KEY", json.dumps(connection))
+    monkeypatch.setenv("FLEETGEN_OUTPUT_ROOT", store_prefix)
+    params = {**{name: dag.params[name] for name in dag.params}, "output_root": store_prefix,
+              "prompts_path": f"{store_prefix}/prompts.jsonl", "storage_conn_id": "fleetgen_wrong_key"}
+    monkeypatch.setattr(context, "task_context", lambda: {"params": params, "run_id": "manual__1", "ti": None})
+    with pytest.raises(AirflowFailException, match="fleetgen_wrong_key") as caught:  # not retried
+        dag.get_task("load_fleet").python_callable()
+    error = caught.value.__cause__
+    assert isinstance(error, StoreDenied) and error.path.startswith(store_prefix) and error.conn_id == \
+        "fleetgen_wrong_key"
+    assert "a-wrong-secret-value" not in str(caught.value)
 
 
 def test_the_trial_round_runs_between_the_first_servers_and_the_rest_of_the_job(dagbag):

@@ -263,3 +263,58 @@ def test_a_failing_store_names_the_answer_and_what_a_retry_does(proxied):
     assert failing.value.hint == ("the store is overloaded or failing (503 SlowDown, 500): the task's retry resumes "
                                   "from what was committed; if it persists, check the store's health")
     assert failing.value.path == store.url("x.json")
+
+
+def test_folders_are_the_names_right_below_a_prefix_past_one_page(object_store, monkeypatch):
+    for name in ("run-a/x.json", "run-a/deep/y.json", "run-b/z.json", "top.json", "run-c/shards/s/1.json"):
+        object_store.put(name, b"{}")
+    assert list(object_store.folders()) == ["run-a", "run-b", "run-c"]
+    assert list(object_store.folders("run-a/")) == ["deep"]
+    assert list(object_store.folders("nothing/")) == []
+    client = object_store._client
+    pages = []
+    list_objects = client.list_objects_v2
+
+    def one_at_a_time(**arguments):  # a store answering one common prefix a page
+        pages.append(arguments.get("ContinuationToken"))
+        return list_objects(**arguments, MaxKeys=1)
+
+    monkeypatch.setattr(client, "list_objects_v2", one_at_a_time)
+    assert list(object_store.folders()) == ["run-a", "run-b", "run-c"] and len(pages) >= 3
+
+
+def test_a_download_streams_the_object_or_a_range_and_says_the_whole_objects_size(object_store, tmp_path):
+    import io
+
+    data = bytes(range(256)) * 40
+    object_store.put("big.bin", data)
+    whole, part = io.BytesIO(), io.BytesIO()
+    info = object_store.download("big.bin", whole, chunk=1000)
+    assert whole.getvalue() == data and (info.name, info.size) == ("big.bin", len(data))
+    assert info.etag == object_store.head("big.bin").etag and info.modified > 0
+    ranged = object_store.download("big.bin", part, start=100, end=3000, chunk=7)
+    assert part.getvalue() == data[100:3000] and ranged.size == len(data)
+    tail = io.BytesIO()
+    assert object_store.download("big.bin", tail, start=10_000).size == len(data) and tail.getvalue() == data[10_000:]
+    head = io.BytesIO()
+    object_store.download("big.bin", head, end=5)
+    assert head.getvalue() == data[:5]
+
+
+def test_an_upload_writes_a_local_file_as_the_whole_object(object_store, tmp_path):
+    path = tmp_path / "out.parquet"
+    path.write_bytes(b"PAR1" * 1000)
+    etag = object_store.upload("dataset/out.parquet", path)
+    assert object_store.get("dataset/out.parquet") == b"PAR1" * 1000
+    assert object_store.head("dataset/out.parquet").etag == etag
+    path.write_bytes(b"again")
+    object_store.upload("dataset/out.parquet", path)  # over what is there
+    assert object_store.get("dataset/out.parquet") == b"again"
+
+
+def test_a_missing_object_downloaded_is_named(object_store):
+    import io
+
+    with pytest.raises(ObjectMissing) as caught:
+        object_store.download("nowhere.bin", io.BytesIO())
+    assert caught.value.path == object_store.url("nowhere.bin")
