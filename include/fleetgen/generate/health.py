@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from fleetgen.storage.run_files import LocalRunFiles, RunFiles, run_files
 
 # On an object store the file is looked at this often from a thread of its own, not from the dispatch loop.
 STORE_POLL_S = 0.5
+# How long closing waits for the store's writer to record the transitions published last.
+CLOSE_WAIT_S = 30.0
 
 DOWN, UP = "down", "up"
 
@@ -75,16 +78,28 @@ class SharedHealth:
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
+        self._writes: queue.SimpleQueue | None = None  # on a store: transitions for the writer thread, in order
+        self._writer: threading.Thread | None = None
         if not isinstance(self.files, LocalRunFiles):
             self._poller = threading.Thread(target=self._poll, name="servers-health", daemon=True)
             self._poller.start()
+            self._writes = queue.SimpleQueue()
+            self._writer = threading.Thread(target=self._write_queued, name="servers-health-writer", daemon=True)
+            self._writer.start()
 
     def publish(self, server: str, state: str, reason: str, *, hung: bool = False) -> float:
         """Record a transition this shard observed; returns its ``at``. A failure to write is logged
-        and ignored: the shard goes on with its own view."""
+        and ignored: the shard goes on with its own view. On an object store the write (a read-modify-write of
+        a few requests) is handed to a thread of its own, in order: the dispatch loop does not wait on it."""
         at = time.time()
         entry = {"state": state, "at": at, "reason": reason, "by": self.who, **({"hung": True} if hung else {})}
+        if self._writes is not None:
+            self._writes.put((server, entry))
+        else:
+            self._write(server, entry)
+        return at
 
+    def _write(self, server: str, entry: dict) -> None:
         def change(old: bytes | None) -> bytes:
             servers = self._servers(old)
             servers[server] = entry
@@ -94,8 +109,11 @@ class SharedHealth:
             self.files.update(self.name, change)
         except (OSError, StoreError) as exc:
             self.log.warning("%s: could not record server %s as %s in %s (%s); other shards will find out "
-                             "for themselves", self.who, server, state, self.path, exc)
-        return at
+                             "for themselves", self.who, server, entry["state"], self.path, exc)
+
+    def _write_queued(self) -> None:
+        while (item := self._writes.get()) is not None:
+            self._write(*item)
 
     def changed_entries(self) -> dict[str, HealthEntry] | None:
         """Every server's latest entry if the file changed since the last call, else None."""
@@ -135,8 +153,12 @@ class SharedHealth:
                     self._polled = entries
 
     def close(self) -> None:
-        """Stop the store's poller (nothing to do on a shared folder)."""
+        """Stop the store's poller, and its writer once it wrote what was published (nothing to do on a shared
+        folder)."""
         self._stop.set()
+        if self._writer is not None:
+            self._writes.put(None)
+            self._writer.join(timeout=CLOSE_WAIT_S)
 
     def _servers(self, data: bytes | None) -> dict:
         if data is None:

@@ -272,3 +272,36 @@ def test_writers_take_the_lock_for_their_read_modify_write(tmp_path):
         assert not done.wait(0.1)  # the second writer waits for the lock
     other.join(5)
     assert done.is_set() and set(servers_health(tmp_path)) == {"a:1", "b:1"}
+
+
+def test_on_an_object_store_a_transition_is_written_off_the_callers_thread_in_order(object_store, monkeypatch):
+    from fleetgen.storage.run_files import ObjectRunFiles
+
+    files = ObjectRunFiles(object_store)
+    writer = SharedHealth(files, who="shard 0 (try 1)", log=logging.getLogger("test"))
+    gate, callers = threading.Event(), []
+    update = files.update
+
+    def held_update(name, change):  # the store answers only once the gate opens
+        callers.append(threading.current_thread().name)
+        gate.wait(10)
+        update(name, change)
+
+    monkeypatch.setattr(files, "update", held_update)
+    started = time.monotonic()
+    writer.publish("a:1", "down", "refused")
+    writer.publish("a:1", "up", "health and a trial request answered")
+    assert time.monotonic() - started < 1  # the caller did not wait on the store
+    gate.set()
+    writer.close()  # waits until what was published is written
+    assert json.loads(object_store.get("servers-health.json"))["servers"]["a:1"]["state"] == "up"
+    assert callers == ["servers-health-writer"] * 2
+    reader = SharedHealth(files, who="shard 1 (try 1)", log=logging.getLogger("test"))
+    try:
+        deadline = time.monotonic() + 10
+        while (entries := reader.changed_entries()) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert entries["a:1"].state == "up" and entries["a:1"].by == "shard 0 (try 1)"
+    finally:
+        reader.close()
