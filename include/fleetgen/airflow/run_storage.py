@@ -182,9 +182,7 @@ def run_url(layout, relative: str = "") -> str:
     """Where the run's outputs (or ``relative`` among them) are, as a person or a downstream DAG finds them: a URL
     of the run's prefix on a store, else a path of its folder."""
     run = current_store_run()
-    if run is not None:
-        return run.output.url(relative)
-    return str(layout.root / relative) if relative else str(layout.root)
+    return run.output.url(relative) if run is not None else str(layout.root / relative)
 
 
 def scan_as_stored(scan: dict) -> dict:

@@ -94,11 +94,12 @@ def look_up_reuse_on_store(root: ObjectStore, current_run_folder: str, material:
             skipped.append({"run": run, "reason": f"cannot read {root.url(f'{run}/{_INDEX_META}')}: {exc}"})
 
     def not_passed(run: str) -> str | None:
+        where = root.url(f"{run}/{_SUMMARY}")
         try:
             summary = json.loads(root.get(f"{run}/{_SUMMARY}"))
         except (ObjectMissing, ValueError):
-            summary = None
-        return why_not_passed(root.url(f"{run}/{_SUMMARY}"), summary if isinstance(summary, dict) else None)
+            return why_not_passed(where, None)
+        return why_not_passed(where, summary if isinstance(summary, dict) else None)
 
     def open_source(run: str, meta: dict) -> StoreReuseSource:
         local = RunLayout(scratch / run)
@@ -108,8 +109,8 @@ def look_up_reuse_on_store(root: ObjectStore, current_run_folder: str, material:
                 root.download(f"{run}/{_INDEX}", handle)
         except StoreError as exc:
             raise SourceUnusable(f"cannot read {root.url(f'{run}/{_INDEX}')}: {exc.message}") from None
-        source = ReuseSource.open(local.root, meta, log)
-        return StoreReuseSource(layout=source.layout, index=source.index, run_folder=run, log=log,
+        checked = ReuseSource.open(local.root, meta)  # the downloaded index whole: its size and SHA-256 as recorded
+        return StoreReuseSource(layout=checked.layout, index=checked.index, run_folder=run, log=log,
                                 run_store=root.below(run))
 
     return choose_source(candidates, material, skipped=skipped, not_passed=not_passed, open_source=open_source,

@@ -120,6 +120,7 @@ def test_a_copy_of_the_prompts_has_the_objects_time_on_every_worker(object_store
     modified = object_store.head("p.jsonl").modified
     whole = fetch_prompts(object_store, "p.jsonl", tmp_path / "a" / "p.jsonl")
     part = fetch_prompts(object_store, "p.jsonl", tmp_path / "b" / "p.jsonl", start=10, end=20)
+    assert whole.stat().st_atime_ns == round(modified) * 10**9  # before a read sets it
     assert whole.read_bytes() == PROMPTS and part.stat().st_size == len(PROMPTS)
     assert whole.stat().st_mtime_ns == part.stat().st_mtime_ns == round(modified) * 10**9
 
@@ -135,3 +136,111 @@ def test_the_runs_layout_on_a_store_is_only_reached_through_its_copy(on_store):
     with pytest.raises(ConfigError, match="is on an object store"):
         RunConfig.from_params(on_store).layout(RUN_ID)
     assert RunLayout  # the local layout is the copy's (run_context)
+
+
+def test_what_a_task_did_not_declare_is_not_fetched_and_the_prompts_stay_a_url(on_store, in_task, object_store):
+    from fleetgen.storage.location import ObjectLocation
+
+    in_task(on_store)
+    with task_run(on_store, RUN_ID) as run:
+        _, config, layout = run_context()
+        assert isinstance(config.inputs.prompts_path, ObjectLocation) and run.prompts_file is None
+        assert config.inputs.output_root == run.mirror.scratch and not layout.kind_dir("stats").exists()
+
+
+def test_a_prompts_copy_is_named_after_the_objects_key(on_store, in_task, object_store, store_prefix):
+    object_store.put("in/Night 2 (all).JSONL", PROMPTS)
+    params = {**on_store, "prompts_path": f"{store_prefix}/in/Night 2 (all).JSONL"}
+    in_task(params)
+    with task_run(params, RUN_ID, reads=["prompts"]):
+        path = run_context()[1].inputs.prompts_path
+        assert path.name == "Night_2_all_.JSONL" and path.read_bytes() == PROMPTS
+        shard = shard_prompts({"shard_id": 0, "start": 0, "end": 10})
+        assert shard["input_path"].endswith("/shard-0-Night_2_all_.JSONL")
+
+
+def test_a_prompts_key_without_a_name_is_copied_as_prompts_jsonl(object_store, tmp_path):
+    from fleetgen.airflow.run_storage import _base_name
+
+    assert _base_name("in/") == "prompts.jsonl" and _base_name("a/b/c.jsonl") == "c.jsonl"
+
+
+def test_the_scratch_folder_is_made_where_the_deployment_says(on_store, in_task, monkeypatch, tmp_path):
+    monkeypatch.setenv("FLEETGEN_SCRATCH_DIR", str(tmp_path / "deep" / "er"))
+    in_task(on_store)
+    with task_run(on_store, RUN_ID) as run:
+        assert run.mirror.scratch.parent.parent == tmp_path / "deep" / "er"
+    with task_run(on_store, RUN_ID) as run:  # again: the folder exists
+        assert run.mirror.scratch.is_dir()
+
+
+def test_a_missing_prompts_bucket_names_the_parameter(on_store, in_task):
+    from fleetgen.errors import StoreBucketMissing
+
+    params = {**on_store, "prompts_path": "s3://no-such-bucket-for-prompts/p.jsonl"}
+    in_task(params)
+    with pytest.raises(StoreBucketMissing) as caught:
+        with task_run(params, RUN_ID, reads=["prompts"]):
+            pass
+    assert "prompts_path" in caught.value.hint
+
+
+def test_the_reads_a_task_declares_are_what_its_copy_holds(on_store, in_task, object_store):
+    from fleetgen.airflow.run_storage import on_run_storage
+
+    run_store = object_store.below("runs", RUN_ID)
+    run_store.put(plan_name(0), b"{}")
+    run_store.put(part_name(0, 1, "t", "errors"), b'{"id": "p1"}\n')
+    run_store.put(commit_name(0, 1), json.dumps({"seq": 1, "token": "t", "kind": "open", "parts": {
+        "errors": {"name": part_name(0, 1, "t", "errors"), "lines": 1, "bytes": 13}}}).encode())
+    in_task(on_store)
+
+    def task(argument, *, keyword):
+        _, _, layout = run_context()
+        return argument, keyword, layout.shard_file("errors", 0).read_bytes()
+
+    assert on_run_storage(task, reads=["errors"])(1, keyword=2) == (1, 2, b'{"id": "p1"}\n')
+    assert on_run_storage(task, reads=("errors",)).__wrapped__ is task
+    with pytest.raises(ValueError, match="unknown reads"):
+        on_run_storage(task, reads=["everything"])(1, keyword=2)
+
+
+def test_on_local_disk_the_plan_and_the_scan_name_the_file_itself(tmp_path):
+    assert planned_on_store({"input_path": "/p.jsonl"}) == {"input_path": "/p.jsonl"}
+    assert scan_here({"path": "/p.jsonl"}, tmp_path / "x") == {"path": "/p.jsonl"}
+
+
+def test_the_shared_files_are_the_runs_prefix_on_a_store_and_its_folder_on_disk(on_store, in_task, object_store,
+                                                                                 tmp_path):
+    from fleetgen.airflow.run_storage import shared_run_files
+    from fleetgen.storage.run_files import LocalRunFiles, ObjectRunFiles
+
+    files = shared_run_files(RunLayout(tmp_path / "run"))
+    assert isinstance(files, LocalRunFiles) and files.root == tmp_path / "run"
+    in_task(on_store)
+    with task_run(on_store, RUN_ID):
+        files = shared_run_files(run_context()[2])
+        assert isinstance(files, ObjectRunFiles) and files.where("x.json") == object_store.url(f"runs/{RUN_ID}/x.json")
+
+
+def test_reuse_is_looked_up_among_the_runs_of_the_output_root_where_it_is(on_store, in_task, object_store, tmp_path,
+                                                                          monkeypatch):
+    import logging
+
+    from fleetgen.airflow.run_storage import look_up_reuse_here
+    from fleetgen.generate import reuse, reuse_store
+
+    seen = []
+    monkeypatch.setattr(reuse, "look_up_reuse", lambda *args, **kwargs: seen.append(("disk", args, kwargs)))
+    monkeypatch.setattr(reuse_store, "look_up_reuse_on_store",
+                        lambda *args, **kwargs: seen.append(("store", args, kwargs)))
+    log = logging.getLogger("test")
+    look_up_reuse_here(tmp_path, RunLayout(tmp_path / "night2"), {"m": 1}, log)
+    assert seen.pop() == ("disk", (tmp_path, "night2", {"m": 1}), {"log": log})
+    in_task(on_store)
+    with task_run(on_store, RUN_ID) as run:
+        look_up_reuse_here(run.mirror.scratch, run_context()[2], {"m": 1}, log)
+        kind, args, kwargs = seen.pop()
+    assert (kind, args[0].url(), args[1:3], kwargs) == ("store", object_store.url("runs"), (RUN_ID, {"m": 1}),
+                                                         {"log": log})
+    assert args[3] == run.mirror.scratch.parent / "reuse-sources"

@@ -52,12 +52,14 @@ def shard(shard_id: int, count: int) -> dict:
 
 
 def source_run(root, run: str, shards: dict[int, list[Prompt]], tmp_path, *, passed: bool = True) -> None:
-    """A run on the store whose shards committed their completions with reuse rows, validated, its index written
-    by the report's copy of the run and sent back."""
+    """A run on the store whose shards committed their completions with reuse rows, 3 a part (one try each, so the
+    parts are what the test says), validated, its index written by the report's copy of the run and sent back."""
     for shard_id, prompts in shards.items():
-        writer, _ = ObjectShardStore.open(root.below(run), shard(shard_id, len(prompts)), try_number=1, bounds=SMALL)
-        record(writer, prompts)
-        writer.close()
+        for number, first in enumerate(range(0, len(prompts), 3), 1):
+            writer, _ = ObjectShardStore.open(root.below(run), shard(shard_id, len(prompts)), try_number=number,
+                                              bounds=SMALL)
+            record(writer, prompts[first:first + 3])
+            writer.close()
     mirror = RunMirror.open(root, run, tmp_path / f"copy-{run}")
     from fleetgen.airflow.run_storage import read_committed
 
@@ -101,18 +103,23 @@ def test_a_later_run_on_the_store_copies_the_newest_validated_runs_lines(object_
     source_run(object_store, "night1", {0: [ask(n) for n in range(7)], 1: [ask(n) for n in range(7, 10)]}, tmp_path)
     source_run(object_store, "night2", {0: [ask(n) for n in range(10)]}, tmp_path, passed=False)  # newer, failed
     object_store.put("night3/reuse/index.json", b"{torn")
-    lookup = look_up_reuse_on_store(object_store, "night4", MATERIAL, tmp_path / "sources",
-                                    log=logging.getLogger("test"))
+    object_store.put("night0/plan-notes.json", b"{}")  # listed first: no index, and tonight's own folder
+    object_store.put("a-run-without-index/plan-notes.json", b"{}")
+    with caplog.at_level(logging.WARNING, logger="test"):
+        lookup = look_up_reuse_on_store(object_store, "night0", MATERIAL, tmp_path / "sources",
+                                        log=logging.getLogger("test"))
+    assert "reuse: passing over run night2: its validation did not pass" in caplog.text
     assert lookup.source is not None and lookup.source.run_folder == "night1"
     reasons = {skipped["run"]: skipped["reason"] for skipped in lookup.skipped}
     assert reasons["night2"] == ("its validation did not pass (1 expectation(s) failed: rows; "
                                  f"{object_store.url('night2/validation/summary.json')})")
     assert reasons["night3"].startswith(f"cannot read {object_store.url('night3/reuse/index.json')}: ")
     assert set(reasons) == {"night2", "night3"}
+    assert lookup.source.layout.reuse_index == tmp_path / "sources" / "night1" / "reuse" / "index.npy"
     recorder = Recorder()
-    wanted = [ask(n) for n in (9, 0, 3, 12)]  # 12: in no earlier run
-    assert copy_reused(recorder, ((n, 0, 0, prompt) for n, prompt in enumerate(wanted)), lookup.source) == 3
-    assert [prompt_id for _, prompt_id in recorder.recorded] == ["p0009", "p0000", "p0003"]
+    wanted = [ask(n) for n in (9, 0, 3, 6, 4, 12)]  # 12: in no earlier run; shard 0's parts hold 0-2, 3-5 and 6
+    assert copy_reused(recorder, ((n, 0, 0, prompt) for n, prompt in enumerate(wanted)), lookup.source) == 5
+    assert [prompt_id for _, prompt_id in recorder.recorded] == ["p0009", "p0000", "p0003", "p0006", "p0004"]
     assert all(json.loads(line)["reused_from"] == "night1" for line, _ in recorder.recorded)
     assert json.loads(recorder.recorded[0][0])["content"] == "answer to p0009"
 
@@ -141,9 +148,38 @@ def test_a_source_part_gone_since_it_was_indexed_regenerates_its_prompts(object_
     with caplog.at_level(logging.WARNING):
         copied = copy_reused(Recorder(), ((n, 0, 0, ask(n)) for n in range(4)), lookup.source)
     assert copied == 0 and lookup.source.regenerated[SOURCE_UNREADABLE] == 4
-    assert sum("cannot read shard 0 of run night1" in record.getMessage() for record in caplog.records) == 1
+    warned = [record.getMessage() for record in caplog.records if "cannot read shard 0 of run night1" in
+              record.getMessage()]
+    assert len(warned) == 1 and "(no such object to read)" in warned[0]
 
 
 @pytest.fixture(autouse=True)
 def _quiet_connection_logs(caplog):
     caplog.set_level(logging.WARNING, logger="airflow")
+
+
+def test_the_last_two_parts_read_are_kept_in_memory(object_store, tmp_path, monkeypatch):
+    source_run(object_store, "night1", {0: [ask(n) for n in range(9)]}, tmp_path)  # parts 0-2, 3-5, 6-8
+    lookup = look_up_reuse_on_store(object_store, "night2", MATERIAL, tmp_path / "sources")
+    gets = []
+    run_store = lookup.source.run_store
+    get = run_store.get
+    monkeypatch.setattr(run_store, "get", lambda name, **kwargs: (gets.append(name), get(name, **kwargs))[1])
+    order = [0, 3, 1, 6, 2]  # A B A C A: A stays kept as the most recent
+    assert copy_reused(Recorder(), ((n, 0, 0, ask(p)) for n, p in enumerate(order)), lookup.source) == 5
+    parts = [name for name in gets if "/parts/" in name]
+    assert len(parts) == 3 and len(set(parts)) == 3, parts
+
+
+def test_a_summary_that_is_not_an_object_or_an_index_that_is_gone_passes_the_run_over(object_store, tmp_path):
+    source_run(object_store, "night1", {0: [ask(0)]}, tmp_path)
+    source_run(object_store, "night2", {0: [ask(0)]}, tmp_path)
+    object_store.put("night1/validation/summary.json", b"[true]")
+    object_store.delete("night2/reuse/index.npy")
+    lookup = look_up_reuse_on_store(object_store, "night3", MATERIAL, tmp_path / "sources")
+    reasons = {skipped["run"]: skipped["reason"] for skipped in lookup.skipped}
+    assert lookup.source is None
+    assert reasons["night1"].startswith(f"no validation summary at {object_store.url('night1/validation/summary.json')}")
+    assert reasons["night2"].startswith(f"cannot read {object_store.url('night2/reuse/index.npy')}: no such object")
+    again = look_up_reuse_on_store(object_store, "night3", MATERIAL, tmp_path / "sources")  # the same scratch
+    assert again.skipped == lookup.skipped

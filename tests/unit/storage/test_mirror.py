@@ -19,7 +19,7 @@ def _open(store, tmp_path, name="a", **kwargs) -> RunMirror:
 
 def test_open_downloads_the_runs_small_files_and_the_roots_own_but_not_the_shards_or_what_only_people_read(
         object_store, tmp_path):
-    (tmp_path / "a").mkdir()  # the scratch folder may exist, empty
+    (tmp_path / "a" / RUN).mkdir(parents=True)  # the scratch folder may exist, empty
     for name in (f"{RUN}/plan.json", f"{RUN}/servers-stopped/deep/n1.json", f"{RUN}/server-times/n_1.jsonl", "calibration.json", "tuning-trials.jsonl",
                  f"{RUN}/shards/shard-00000/log/000000000001.json", f"{RUN}/dataset/shard-00000.parquet",
                  f"{RUN}/batch/output.jsonl", f"{RUN}/validation/data_docs/index.html", f"{RUN}/validation/summary.json",
@@ -180,6 +180,7 @@ def test_close_removes_the_scratch_copy(object_store, tmp_path):
     ("a.json", b'{"k": 1}', b"{}", b'{"k": 1, "j": 2}', b'{\n "j": 2\n}\n'),  # a key ours removed
     ("a.json", b'{"k": 1}', b'{"k": 1}', b'{"k": 3}', b'{\n "k": 3\n}\n'),  # nothing of ours changed
     ("a.json", None, b'{"k": 1}', b'{"j": 2}', b'{\n "j": 2,\n "k": 1\n}\n'),  # both created it
+    ("a.json", None, b'{"a": 1}', b'{"z": 2}', b'{\n "a": 1,\n "z": 2\n}\n'),  # written in key order
     ("a.json", b'{"k": null}', b"{}", b'{"k": null, "j": 1}', b'{\n "j": 1\n}\n'),  # a null removed is removed
     ("a.json", b'{"a": 1, "b": 1}', b'{"a": 1, "b": 2}', b'{"a": 1, "b": 1, "c": 3}',
      b'{\n "a": 1,\n "b": 2,\n "c": 3\n}\n'),  # a key left alone before the one changed
