@@ -15,6 +15,7 @@ import functools
 import logging
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -85,20 +86,10 @@ def task_run(params: dict, run_id: str, *, reads: Iterable[str] = ()) -> Iterato
     folder = run_folder_name(run_id)
     store = connect(root, conn_id, "output_root")
     scratch = Path(tempfile.mkdtemp(prefix="fleetgen-run-", dir=_scratch_dir()))
-    mirror = RunMirror.open(store, folder, scratch / "root", folders=[kind for kind in OBJECT_KINDS if kind in reads])
-    try:
-        prompts_location = config.inputs.prompts_path
-        prompts, prompts_name, prompts_file = None, "", None
-        if is_object_location(prompts_location):
-            prompts = connect(ObjectLocation(prompts_location.scheme, prompts_location.bucket), conn_id,
-                              "prompts_path")
-            prompts_name = prompts_location.key
-            if PROMPTS in reads:
-                prompts_file = fetch_prompts(prompts, prompts_name, scratch / "prompts" / _base_name(prompts_name))
-        for kind in COMMITTED_KINDS:
-            if kind in reads:
-                read_committed(mirror, store.below(folder), kind)
-        run = StoreRun(mirror, store.below(folder), prompts, prompts_name, prompts_file)
+    try:  # the scratch folder goes, whatever fails
+        mirror = RunMirror.open(store, folder, scratch / "root", folders=[kind for kind in OBJECT_KINDS
+                                                                          if kind in reads])
+        run = _store_run(mirror, store.below(folder), config, conn_id, reads)
         token = _current.set(run)
         failed = True
         try:
@@ -115,10 +106,23 @@ def task_run(params: dict, run_id: str, *, reads: Iterable[str] = ()) -> Iterato
                     raise
                 log.exception("what this failed task wrote could not all be sent back to %s", store.url(folder))
     finally:
-        mirror.close()
-        import shutil
-
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _store_run(mirror: RunMirror, output: ObjectStore, config, conn_id: str, reads: Iterable[str]) -> StoreRun:
+    """What the task reads of the run, in its copy: the prompts and the shards' committed records it declared."""
+    location = config.inputs.prompts_path
+    prompts, prompts_name, prompts_file = None, "", None
+    if is_object_location(location):
+        prompts = connect(ObjectLocation(location.scheme, location.bucket), conn_id, "prompts_path")
+        prompts_name = location.key
+        if PROMPTS in reads:
+            prompts_file = fetch_prompts(prompts, prompts_name, mirror.scratch.parent / "prompts" /
+                                         _base_name(prompts_name))
+    for kind in COMMITTED_KINDS:
+        if kind in reads:
+            read_committed(mirror, output, kind)
+    return StoreRun(mirror, output, prompts, prompts_name, prompts_file)
 
 
 def _scratch_dir() -> Path:

@@ -118,7 +118,7 @@ def test_a_shard_reads_its_range_and_the_blocks_it_checks_from_a_sparse_copy(on_
 def test_a_copy_of_the_prompts_has_the_objects_time_on_every_worker(object_store, tmp_path):
     object_store.put("p.jsonl", PROMPTS)
     modified = object_store.head("p.jsonl").modified
-    whole = fetch_prompts(object_store, "p.jsonl", tmp_path / "a" / "p.jsonl")
+    whole = fetch_prompts(object_store, "p.jsonl", tmp_path / "a" / "deeper" / "p.jsonl")
     part = fetch_prompts(object_store, "p.jsonl", tmp_path / "b" / "p.jsonl", start=10, end=20)
     assert whole.stat().st_atime_ns == round(modified) * 10**9  # before a read sets it
     assert whole.read_bytes() == PROMPTS and part.stat().st_size == len(PROMPTS)
@@ -244,3 +244,17 @@ def test_reuse_is_looked_up_among_the_runs_of_the_output_root_where_it_is(on_sto
     assert (kind, args[0].url(), args[1:3], kwargs) == ("store", object_store.url("runs"), (RUN_ID, {"m": 1}),
                                                          {"log": log})
     assert args[3] == run.mirror.scratch.parent / "reuse-sources"
+
+
+def test_a_store_that_fails_while_the_copy_is_made_leaves_no_scratch_folder(on_store, in_task, monkeypatch, tmp_path):
+    from fleetgen.errors import StoreUnreachable
+    from fleetgen.storage import mirror
+
+    def unreachable(*args, **kwargs):
+        raise StoreUnreachable("could not list the objects: the store does not answer", path="s3://x")
+
+    monkeypatch.setattr(mirror.RunMirror, "open", unreachable)
+    with pytest.raises(StoreUnreachable):
+        with task_run(on_store, RUN_ID):
+            pass
+    assert os.listdir(tmp_path / "scratch") == []

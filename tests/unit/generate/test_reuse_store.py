@@ -148,8 +148,8 @@ def test_a_source_part_gone_since_it_was_indexed_regenerates_its_prompts(object_
     with caplog.at_level(logging.WARNING):
         copied = copy_reused(Recorder(), ((n, 0, 0, ask(n)) for n in range(4)), lookup.source)
     assert copied == 0 and lookup.source.regenerated[SOURCE_UNREADABLE] == 4
-    warned = [record.getMessage() for record in caplog.records if "cannot read shard 0 of run night1" in
-              record.getMessage()]
+    warned = [record.getMessage() for record in caplog.records
+              if record.getMessage().startswith("reuse: cannot read shard 0 of run night1")]
     assert len(warned) == 1 and "(no such object to read)" in warned[0]
 
 
@@ -174,12 +174,24 @@ def test_the_last_two_parts_read_are_kept_in_memory(object_store, tmp_path, monk
 def test_a_summary_that_is_not_an_object_or_an_index_that_is_gone_passes_the_run_over(object_store, tmp_path):
     source_run(object_store, "night1", {0: [ask(0)]}, tmp_path)
     source_run(object_store, "night2", {0: [ask(0)]}, tmp_path)
+    source_run(object_store, "night4", {0: [ask(0)]}, tmp_path)
     object_store.put("night1/validation/summary.json", b"[true]")
     object_store.delete("night2/reuse/index.npy")
+    object_store.delete("night4/validation/summary.json")
     lookup = look_up_reuse_on_store(object_store, "night3", MATERIAL, tmp_path / "sources")
     reasons = {skipped["run"]: skipped["reason"] for skipped in lookup.skipped}
     assert lookup.source is None
     assert reasons["night1"].startswith(f"no validation summary at {object_store.url('night1/validation/summary.json')}")
     assert reasons["night2"].startswith(f"cannot read {object_store.url('night2/reuse/index.npy')}: no such object")
+    assert reasons["night4"].startswith(f"no validation summary at {object_store.url('night4/validation/summary.json')}")
     again = look_up_reuse_on_store(object_store, "night3", MATERIAL, tmp_path / "sources")  # the same scratch
     assert again.skipped == lookup.skipped
+
+
+def test_the_newest_run_is_the_one_whose_index_says_it_was_written_last(object_store, tmp_path):
+    source_run(object_store, "night1", {0: [ask(0)]}, tmp_path)
+    source_run(object_store, "night2", {0: [ask(0)]}, tmp_path)
+    meta = json.loads(object_store.get("night2/reuse/index.json"))
+    object_store.put("night2/reuse/index.json", json.dumps({**meta, "written_at": 1.0}).encode())  # uploaded later
+    lookup = look_up_reuse_on_store(object_store, "night3", MATERIAL, tmp_path / "sources")
+    assert lookup.source.run_folder == "night1"
