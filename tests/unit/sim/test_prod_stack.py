@@ -37,7 +37,7 @@ def test_secrets_are_generated_once_private_and_a_valid_fernet_key(tmp_path):
     assert len({first["jwt_secret"], first["api_secret_key"], first["fernet_key"]}) == 3
 
 
-def test_every_component_shares_the_deployment_settings_and_workers_differ_only_in_name_and_log_port(tmp_path):
+def test_every_component_shares_the_deployment_settings_and_workers_differ_only_in_name_log_port_and_scratch(tmp_path):
     environment = SimEnvironment(root=tmp_path, nodes=2, gpus_per_node=1)
     environment.ssh_ports, environment.base_port = [2201, 2202], 30000
     (tmp_path / "api_key").write_text("k")
@@ -50,7 +50,8 @@ def test_every_component_shares_the_deployment_settings_and_workers_differ_only_
     assert int(shared["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"]) < 300
     workers = [stack.worker_env(index) for index in range(2)]
     differing = {key for key in set(workers[0]) | set(workers[1]) if workers[0].get(key) != workers[1].get(key)}
-    assert differing == {prod.HOSTNAME_ENV, "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"}
+    assert differing == {prod.HOSTNAME_ENV, "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", "FLEETGEN_SCRATCH_DIR"}
+    assert workers[0]["FLEETGEN_SCRATCH_DIR"] != workers[1]["FLEETGEN_SCRATCH_DIR"]  # a scratch folder of its own
     ports = {int(w["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"]) for w in workers}
     assert len(ports) == 2 and int(shared["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"]) not in ports
     for key in ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY", "AIRFLOW__CORE__FERNET_KEY"):
