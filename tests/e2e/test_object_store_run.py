@@ -2,7 +2,6 @@
 between tasks: every task works on a private copy of the run (airflow/run_storage.py), and every prompt still ends
 with exactly one completion."""
 
-import io
 import json
 
 import pytest
@@ -27,7 +26,7 @@ def _rows(data: bytes) -> list[dict]:
 
 
 def test_a_run_on_the_store_writes_nothing_to_the_workers_disk_and_completes_every_prompt_once_and_the_next_reuses_it(
-        dag, sim_env, fleet_file, store_prefix, monkeypatch, tmp_path):
+        dag, sim_env, fleet_file, seaweedfs, store_prefix, monkeypatch, tmp_path):
     root = parse_location(store_prefix, parameter="output_root")
     store = ObjectStore.connect(root, conn_id=STORE_CONN_ID, parameter="output_root")
     prompts = sim_env.prompts_path.read_bytes()
@@ -54,12 +53,17 @@ def test_a_run_on_the_store_writes_nothing_to_the_workers_disk_and_completes_eve
     report = json.loads(run.get("report/report.json"))
     assert report["totals"]["completions"] == 120 and report["throughput"]["tokens_per_s"] > 0
     assert sorted(line["custom_id"] for line in _rows(run.get("batch/output.jsonl"))) == expected
-    import pyarrow.parquet
+    import pyarrow.dataset
+    import s3fs
 
     names = [info.name for info in run.list("dataset/")]
     assert names and all(name.endswith(".parquet") for name in names)
-    dataset = [row for name in names for row in pyarrow.parquet.read_table(io.BytesIO(run.get(name))).to_pylist()]
-    assert sorted(row["id"] for row in dataset) == expected
+    # the dataset as a downstream job reads it: straight from the store, through fsspec's S3 filesystem
+    filesystem = s3fs.S3FileSystem(key=seaweedfs.access_key, secret=seaweedfs.secret_key,
+                                   endpoint_url=seaweedfs.endpoint_url)
+    dataset = pyarrow.dataset.dataset(run.url("dataset").removeprefix("s3://"), format="parquet",
+                                      filesystem=filesystem).to_table()
+    assert sorted(dataset.column("id").to_pylist()) == expected
     # the readiness checks' readbacks, merged from side-by-side tasks into one object, and the output root's own
     assert len(json.loads(run.get("calibration.json"))) == len(report["tuning"])
     assert json.loads(store.get("runs/calibration.json"))
