@@ -49,8 +49,11 @@ def test_a_run_on_the_store_writes_nothing_to_the_workers_disk_and_completes_eve
            for row in _rows(b"".join(committed_lines(run, shard, "completions")))]
     assert sorted(ids) == expected and len(ids) == len(set(ids)) == 120
     # what the readers wrote back: the validation, the report, the Batch API files and the Parquet dataset
-    assert json.loads(run.get("validation/summary.json"))["rows"] == 120
+    summary = json.loads(run.get("validation/summary.json"))
+    assert summary["rows"] == 120 and summary["out_dir"] == run.url()  # where people find it, not a task's copy
+    assert summary["data_docs"] == run.url("validation/data_docs/index.html")
     report = json.loads(run.get("report/report.json"))
+    assert report["out_dir"] == run.url()
     assert report["totals"]["completions"] == 120 and report["throughput"]["tokens_per_s"] > 0
     assert sorted(line["custom_id"] for line in _rows(run.get("batch/output.jsonl"))) == expected
     import pyarrow.dataset

@@ -29,7 +29,8 @@ def validate(prompt_scan: dict, shard_results: list[dict]) -> dict:
     planned = read_planned_prompts(scan_here(prompt_scan, config.inputs.prompts_path))
     try:
         summary = validate_run(layout.root, planned.ids, config.validation, own_max_tokens=planned.own_max_tokens,
-                               run_name=context["run_id"])  # the Data Docs name the Airflow run
+                               run_name=context["run_id"],  # the Data Docs name the Airflow run
+                               location=run_url(layout))
     except ValidationFailed as failure:
         # The small JSON summary goes to XCom first, so the report and on-call can read it; then fail.
         context["ti"].xcom_push(key="validation_summary", value=failure.summary)
@@ -93,7 +94,7 @@ def report(plans: list[dict], readiness: list[dict], shard_results: list[dict], 
     summary = build_report(layout.root, run_id=context["run_id"], plan=list(plans), readiness=mapped_values(readiness),
                            shard_results=mapped_values(trial_results or []) + mapped_values(shard_results),
                            validation=validation, previous_report=previous,
-                           gpu_hour_price=config.report.prices())
+                           gpu_hour_price=config.report.prices(), location=run_url(layout))
     for asset in context["task"].outlets:  # the finished dataset, for downstream training DAGs
         on_store = current_store_run() is not None  # the completions are then in the shards' commit logs
         context["outlet_events"][asset].extra = {"run_id": context["run_id"], "out_dir": run_url(layout),

@@ -317,9 +317,10 @@ def _net_of_dead_tries(report: dict, lost: list[dict]) -> None:
 def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, readiness: list[dict] | None,
                  shard_results: list[dict] | None, validation: dict | None,
                  previous_report: str | Path | None, wall_seconds: float | None = None,
-                 gpu_hour_price: GpuHourPrice | None = None) -> dict:
+                 gpu_hour_price: GpuHourPrice | None = None, location: str | None = None) -> dict:
     """Write ``<out>/report/{report.json, report.md, *.png}``; return a small JSON-safe summary. ``gpu_hour_price``:
-    the run's prices (DAG parameter gpu_hour_price); without, GPU-hours and no money."""
+    the run's prices (DAG parameter gpu_hour_price); without, GPU-hours and no money. ``location``: where people
+    find the run, when ``out_dir`` is a working copy of it (a run on an object store)."""
     out = Path(out_dir)
     folder = RunLayout(out).report_dir
     folder.mkdir(parents=True, exist_ok=True)
@@ -327,7 +328,7 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
     errors = load_errors(out)
     now = dt.datetime.now(dt.timezone.utc)
     max_tokens = ((validation or {}).get("thresholds") or {}).get("max_tokens")
-    report = {"schema": REPORT_SCHEMA, "run_id": run_id, "out_dir": str(out),
+    report = {"schema": REPORT_SCHEMA, "run_id": run_id, "out_dir": location or str(out),
               "generated_at": now.isoformat(timespec="seconds"), "generated_at_epoch": now.timestamp(),
               "run_succeeded": bool(validation and validation.get("success") is True)}
     # Completions copied from an earlier run count in validation, not in tonight's throughput.
@@ -379,9 +380,11 @@ def build_report(out_dir: str | Path, *, run_id: str, plan: list[dict] | None, r
     json_path, md_path = folder / "report.json", folder / "report.md"
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     md_path.write_text(render_markdown(report))
-    log.info("report %s: %.1f completion tokens/s (%s), %d completions", json_path,
+    json_where, md_where = ((f"{location}/{path.relative_to(out).as_posix()}" if location else str(path))
+                            for path in (json_path, md_path))
+    log.info("report %s: %.1f completion tokens/s (%s), %d completions", json_where,
              report["throughput"]["tokens_per_s"], report["timing"]["basis"], report["totals"]["completions"])
-    return {"report_json": str(json_path), "report_md": str(md_path),
+    return {"report_json": json_where, "report_md": md_where,
             "tokens_per_s": report["throughput"]["tokens_per_s"], "basis": report["timing"]["basis"],
             "per_server": {name: row["tokens_per_s"] for name, row in report["per_server"].items()},
             "per_gpu": {name: row["tokens_per_s"] for name, row in report["per_gpu"].items()},

@@ -268,8 +268,11 @@ def _with_token_share(stats: pd.DataFrame, max_tokens: int, own_max_tokens: Mapp
 
 def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: ValidationThresholds, *,
                  build_docs: bool = True, raise_on_failure: bool = True, run_name: str | None = None,
-                 own_max_tokens: Mapping[str, int] | None = None) -> dict:
+                 own_max_tokens: Mapping[str, int] | None = None, location: str | None = None) -> dict:
     """Validate a run's stats against ``thresholds``; return a small JSON-safe summary.
+
+    ``location``: where people find the run, when ``out_dir`` is a working copy of it (a run on an object store,
+    airflow/run_storage.py): the summary, the log and the error name the run's files there.
 
     ``own_max_tokens``: the prompts whose ``sampling.max_tokens`` replaces the run's, by id
     (``fleetgen.prompts.planned.read_planned_prompts``); their completions are bounded by it.
@@ -280,6 +283,10 @@ def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: V
     """
     started = time.monotonic()
     out = Path(out_dir)
+
+    def shown(path: str | Path) -> str:
+        return f"{location}/{Path(path).relative_to(out).as_posix()}" if location else str(path)
+
     stats, stats_info = load_stats(out, with_info=True)
     errors = load_errors(out)
     coverage, expected_duplicates = _coverage(stats["id"], errors["id"], expected_ids)
@@ -295,7 +302,7 @@ def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: V
     failed = [entry for entry in entries if not entry["success"]]
     summary = json_safe({
         "success": not failed,
-        "out_dir": str(out),
+        "out_dir": location or str(out),
         "rows": len(stats),
         "expected": int(coverage["expected"].sum()),
         "expected_duplicate_ids": expected_duplicates,
@@ -311,14 +318,14 @@ def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: V
         "thresholds": thresholds.to_dict(),
         "expectations": entries,
         "failed_expectations": [entry["name"] for entry in failed],
-        "data_docs": docs_index,
+        "data_docs": shown(docs_index) if docs_index else None,
         "seconds": round(time.monotonic() - started, 3),
     })
     summary_path = RunLayout(out).validation_summary
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     log.info("validated %s: %d rows, %d expected ids, %d of %d expectations failed (%.1f s)",
-             out, summary["rows"], summary["expected"], len(failed), len(entries), summary["seconds"])
+             summary["out_dir"], summary["rows"], summary["expected"], len(failed), len(entries), summary["seconds"])
     if failed:
         for entry in failed:
             log.warning("expectation failed %s", _describe(entry)[2:])
@@ -327,8 +334,8 @@ def validate_run(out_dir: str | Path, expected_ids: Iterable[str], thresholds: V
                      f"({summary['rows']} completion rows, {summary['expected']} prompts)"]
             lines += [_describe(entry) for entry in failed]
             raise ValidationFailed(
-                "\n".join(lines), summary=summary, path=str(out),
-                hint=(f"open {docs_index or summary_path} for every expectation; "
+                "\n".join(lines), summary=summary, path=summary["out_dir"],
+                hint=(f"open {summary['data_docs'] or shown(summary_path)} for every expectation; "
                       "missing ids usually mean a shard did not finish (clear its generate task: it resumes); "
                       "errors are listed in errors/*.jsonl: clearing a shard's generate task, once the servers are "
                       'fixed, sends its "fault": "server" prompts again (then clear validate); "fault": "prompt" '

@@ -159,7 +159,8 @@ def test_the_report_indexes_the_completions_and_builds_from_every_shard_and_serv
     assert out_dir == root and kwargs == {"run_id": RUN_ID, "plan": plans, "readiness": readiness,
                                           "shard_results": shards, "validation": written,
                                           "previous_report": "/out/earlier/report/report.json",
-                                          "gpu_hour_price": run.config.report.prices()}
+                                          "gpu_hour_price": run.config.report.prices(),
+                                          "location": str(root)}  # on local disk, the run's folder itself
     assert summary["tokens_per_s"] == 12.5
 
 

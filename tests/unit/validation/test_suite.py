@@ -456,3 +456,22 @@ def test_a_row_without_its_own_max_tokens_stays_bounded_by_the_runs(tmp_path):
 def test_without_prompts_of_their_own_max_tokens_the_bound_names_only_the_runs():
     check = next(check for check in suite._checks(THRESHOLDS, ["id"]) if check.name == "completion_tokens_in_range")
     assert check.bound == f"0 rows outside [1, {MAX_TOKENS}]"
+
+
+def test_a_working_copy_of_a_run_is_named_by_where_people_find_the_run(tmp_path):
+    data = rows()
+    data[4]["finish_reason"] = "abort"
+    out = write_run(tmp_path / "copy", data)
+    with pytest.raises(ValidationFailed) as caught:
+        validate_run(out, ids(), THRESHOLDS, location="s3://runs/night1")
+    summary = caught.value.summary
+    assert summary["out_dir"] == "s3://runs/night1" and caught.value.path == "s3://runs/night1"
+    assert summary["data_docs"] == "s3://runs/night1/validation/data_docs/index.html"
+    assert caught.value.hint.startswith("open s3://runs/night1/validation/data_docs/index.html for every expectation")
+    without_docs = validate_run(out, ids(), THRESHOLDS, location="s3://runs/night1", build_docs=False,
+                                raise_on_failure=False)
+    assert without_docs["data_docs"] is None
+    with pytest.raises(ValidationFailed) as plain:
+        validate_run(out, ids(), THRESHOLDS, build_docs=False)
+    assert plain.value.path == str(out)
+    assert plain.value.hint.startswith(f"open {out / 'validation' / 'summary.json'} for every expectation")
