@@ -182,7 +182,7 @@ def test_a_missing_prompts_bucket_names_the_parameter(on_store, in_task):
     with pytest.raises(StoreBucketMissing) as caught:
         with task_run(params, RUN_ID, reads=["prompts"]):
             pass
-    assert "prompts_path" in caught.value.hint
+    assert "the DAG parameter prompts_path (the URL)" in caught.value.hint
 
 
 def test_the_reads_a_task_declares_are_what_its_copy_holds(on_store, in_task, object_store):

@@ -189,9 +189,12 @@ def test_a_summary_that_is_not_an_object_or_an_index_that_is_gone_passes_the_run
 
 
 def test_the_newest_run_is_the_one_whose_index_says_it_was_written_last(object_store, tmp_path):
+    import time
+
     source_run(object_store, "night1", {0: [ask(0)]}, tmp_path)
     source_run(object_store, "night2", {0: [ask(0)]}, tmp_path)
     meta = json.loads(object_store.get("night2/reuse/index.json"))
-    object_store.put("night2/reuse/index.json", json.dumps({**meta, "written_at": 1.0}).encode())  # uploaded later
+    time.sleep(1.1)  # the store's Last-Modified has whole seconds: night2's object is then the newest by far
+    object_store.put("night2/reuse/index.json", json.dumps({**meta, "written_at": 1.0}).encode())
     lookup = look_up_reuse_on_store(object_store, "night3", MATERIAL, tmp_path / "sources")
     assert lookup.source.run_folder == "night1"
