@@ -36,7 +36,9 @@ SCRATCH_VARIABLE = "FLEETGEN_SCRATCH_DIR"
 # What a task may declare it reads from a run on a store, beside its small files: the whole prompts file, and the
 # shards' committed records and journals (generate/commit_log.py) or their GPU samples (plain objects).
 PROMPTS = "prompts"
-COMMITTED_KINDS = ("completions", "stats", "errors", "events", "metrics", "reuse")
+# commit_log.PART_KINDS, spelled out: importing it here would load numpy when the DAG is parsed (a test holds them
+# equal)
+COMMITTED_KINDS = ("completions", "stats", "errors", "reuse", "events", "metrics")
 OBJECT_KINDS = ("gpu",)
 READS = (PROMPTS, *COMMITTED_KINDS, *OBJECT_KINDS)
 

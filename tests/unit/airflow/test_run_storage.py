@@ -258,3 +258,10 @@ def test_a_store_that_fails_while_the_copy_is_made_leaves_no_scratch_folder(on_s
         with task_run(on_store, RUN_ID):
             pass
     assert os.listdir(tmp_path / "scratch") == []
+
+
+def test_a_task_may_read_every_kind_a_shard_commits():
+    from fleetgen.airflow.run_storage import COMMITTED_KINDS
+    from fleetgen.generate.commit_log import PART_KINDS
+
+    assert COMMITTED_KINDS == PART_KINDS
