@@ -155,5 +155,6 @@ def test_the_trials_steady_windows_measure_what_the_simulated_server_delivered(t
     assert judged.median == pytest.approx(delivered, rel=0.05), (judged, delivered)
     # no window is the warm-up (nothing finished yet, then the first batch at once) or the drain
     assert all(rate == pytest.approx(delivered, rel=0.15) for rate in rates), (rates, delivered)
-    assert judged.upper < full_batch, (judged, full_batch)
+    # the measured rate, not its noise-widened upper bound: a busy machine's late samples widen the MAD, not the rate
+    assert judged.median < full_batch, (judged, full_batch)
     assert max(row["running"] for row in rows) == cap and rows[-1]["running"] < 0.9 * cap  # it drained
