@@ -74,12 +74,9 @@ class ObjectStore:
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
         """The object's bytes, or bytes ``start`` up to (not including) ``end`` of it."""
-        arguments = {"Bucket": self.location.bucket, "Key": self._key(name)}
-        if start is not None or end is not None:
-            first = start or 0
-            if end is not None and end <= first:
-                return b""
-            arguments["Range"] = f"bytes={first}-{'' if end is None else end - 1}"
+        if end is not None and end <= (start or 0):
+            return b""
+        arguments = self._read_arguments(name, start, end)
         with self._faults("read", self.url(name)):
             return self._client.get_object(**arguments)["Body"].read()
 
@@ -87,16 +84,20 @@ class ObjectStore:
                  chunk: int = 1 << 20) -> ObjectInfo:
         """Copy the object (or bytes ``start`` up to ``end``) into the open binary ``handle`` a chunk at a time, not
         holding it in memory; returns what the answer said of the whole object (its size from Content-Range)."""
-        arguments = {"Bucket": self.location.bucket, "Key": self._key(name)}
-        if start is not None or end is not None:
-            arguments["Range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
         with self._faults("read", self.url(name)):
-            answer = self._client.get_object(**arguments)
+            answer = self._client.get_object(**self._read_arguments(name, start, end))
             for data in answer["Body"].iter_chunks(chunk):
                 handle.write(data)
         total = answer.get("ContentRange", "").rpartition("/")[2]
         size = int(total) if total.isdigit() else int(answer["ContentLength"])
         return ObjectInfo(name, size, answer["ETag"], answer["LastModified"].timestamp())
+
+    def _read_arguments(self, name: str, start: int | None, end: int | None) -> dict:
+        """A GET of the object, or of bytes ``start`` up to (not including) ``end`` of it (an HTTP Range)."""
+        arguments = {"Bucket": self.location.bucket, "Key": self._key(name)}
+        if start is not None or end is not None:
+            arguments["Range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
+        return arguments
 
     def get_with_info(self, name: str) -> tuple[bytes, ObjectInfo]:
         """The object's bytes and what the same answer said of it (one request)."""
@@ -136,28 +137,30 @@ class ObjectStore:
         return list(self.iter_objects(prefix))
 
     def iter_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        base = self.location.key + "/" if self.location.key else ""
-        arguments = {"Bucket": self.location.bucket, "Prefix": base + prefix}
-        while True:
-            with self._faults("list", self.url(prefix)):
-                page = self._client.list_objects_v2(**arguments)
+        base = self._base()
+        for page in self._pages(prefix):
             for entry in page.get("Contents", []):
                 yield ObjectInfo(entry["Key"][len(base):], int(entry["Size"]), entry["ETag"],
                                  entry["LastModified"].timestamp())
-            if not page.get("IsTruncated"):
-                return
-            arguments["ContinuationToken"] = page["NextContinuationToken"]
 
     def folders(self, prefix: str = "") -> Iterator[str]:
         """The names of the "folders" right below ``prefix`` (``prefix`` empty or ending with ``/``): the common
         prefixes of the keys up to their next ``/``, without it, in name order."""
-        base = self.location.key + "/" if self.location.key else ""
-        arguments = {"Bucket": self.location.bucket, "Prefix": base + prefix, "Delimiter": "/"}
+        start = len(self._base()) + len(prefix)
+        for page in self._pages(prefix, Delimiter="/"):
+            for entry in page.get("CommonPrefixes", []):
+                yield entry["Prefix"][start:].rstrip("/")
+
+    def _base(self) -> str:
+        return self.location.key + "/" if self.location.key else ""
+
+    def _pages(self, prefix: str, **options) -> Iterator[dict]:
+        """Every page of a listing of ``prefix`` (past S3's 1,000 keys a page)."""
+        arguments = {"Bucket": self.location.bucket, "Prefix": self._base() + prefix, **options}
         while True:
             with self._faults("list", self.url(prefix)):
                 page = self._client.list_objects_v2(**arguments)
-            for entry in page.get("CommonPrefixes", []):
-                yield entry["Prefix"][len(base) + len(prefix):].rstrip("/")
+            yield page
             if not page.get("IsTruncated"):
                 return
             arguments["ContinuationToken"] = page["NextContinuationToken"]
