@@ -14,7 +14,14 @@ parameter given (its default unless the arm sets it):
    ``max_running_requests`` for a cap candidate). When the winner is the incumbent, arm 2 is that job;
 5. ``tie``: the trial on with three ``tuning_candidates`` whose change the simulator's speed does not see
    (``TIE_CANDIDATES``). Listed candidates come before the defaults, and the 7 servers spare 3 challengers, so every
-   challenger is as fast as the incumbent: the incumbent must be kept.
+   challenger is as fast as the incumbent: the incumbent must be kept. Only its decision is read, so it runs on a
+   job of its own, ``--tie-prompts`` long, with a share that gives its trial as many prompts as arm 1's.
+
+The job: the seed's size, a night of hundreds of thousands of prompts, at the DAG's own ``tuning_trial_share``
+(3 %). A trial of the seed workload (requests of ~2,600 output tokens at 71 running per server) needs about 5,000
+prompts for its challengers to give 3 windows each, so the default job (170,000 prompts) is the one the DAG's
+default share is sized for; a smaller ``--prompts`` needs a larger ``--trial-share`` and pays the trial and the
+relaunch round over fewer prompts.
 
 Figures, all from the runs' own outputs, the same way for every run. A run's output tokens/s per GPU is its report's
 ``throughput.tokens_per_s_generation`` (its completions' tokens over first request start to last finish: shard
@@ -28,19 +35,17 @@ boundaries, the tail and, with a trial, the relaunch round included) over its GP
   It charges the challengers' speed on the trial's share and the relaunch round: the trial's drain, the decision,
   the losers' stop, load and readiness, during which the rest of the job waits; or, when the trial measured that
   the round would cost more than it gains (``tuning_trial_relaunch`` at its default, docs/tuning-trial.md §7), the
-  losers' lower speed for the rest of the job. The simulator runs generation
-  ``--time-scale`` times faster than the wall clock, not Airflow's tasks nor a server's load (``--load-seconds``,
-  wall seconds), so the round weighs that many times more here than on GPUs; the bench prints the job's simulated
-  length and the round's wall seconds beside the ratio. A night of hours against a round of minutes comes nearer 1;
+  losers' lower speed for the rest of the job. The simulator runs generation ``--time-scale`` times faster than the
+  wall clock; a server's load is given in simulated seconds (``--load-sim-s``) and passed on in wall seconds, but
+  Airflow's tasks run at wall speed, so the round's task hops weigh ``--time-scale`` times more here than on GPUs;
+  the bench prints the job's simulated length and the round's wall seconds beside the ratio;
 - ``tie_kept_incumbent`` = yes when arm 5 kept the incumbent.
 
 The trial's windows, time cap and sampling interval are given in simulated seconds (``--window-sim-s``,
 ``--trial-max-sim-s``, ``--sample-sim-s``: the DAG's defaults, 60 s, 1,800 s and 5 s) and passed to the DAG in wall
-seconds (divided by ``--time-scale``), so a window holds as many completions as on GPUs. On the seed workload
-(requests of ~2,600 output tokens at 71 running per server) a trial needs about 5,000 prompts for its challengers to
-give 3 windows each, hence a ``--trial-share`` above the DAG's 3 % on a job this size.
+seconds (divided by ``--time-scale``), so a window holds as many completions as on GPUs.
 
-Usage: python bench/tuning_trial.py [--prompts 40000] [--trial-share 0.125] [--tries 3] [--time-scale 10] [--smoke]
+Usage: python bench/tuning_trial.py [--prompts 170000] [--trial-share 0.03] [--tries 3] [--time-scale 20] [--smoke]
 Last line: ``tuning_trial chosen=<name> gain_vs_incumbent=<x> gain_vs_auto=<x> trial_share=<x> whole_job_ratio=<x>
 tie_kept_incumbent=<yes|no>``
 """
@@ -63,8 +68,10 @@ from devstack.demo import DAGS_TEST_ENV, SimEnvironment, airflow_env, prepare_ai
 from fleetgen.airflow.run_config import RunConfig
 from fleetgen.outputs import RunLayout
 from fleetgen.tuning.plan import INCUMBENT
+from sglang_sim.synthetic import write_synthetic_prompts
 
 DAG_ID = "sglang_generation"
+TRIAL_SHARE_MAX = next(spec.high for spec in RunConfig.settings() if spec.name == "tuning_trial_share")
 BENCH_NAME = "tuning_trial"
 # Flags the simulated server accepts and whose value its speed does not read (include/sglang_sim/engine.py): in SGLang
 # --stream-interval sets how often a streamed response is sent and --schedule-policy lpm orders the waiting queue by
@@ -74,8 +81,9 @@ TIE_CANDIDATES = [{"name": "stream_interval_4", "flags": {"--stream-interval": 4
                   {"name": "schedule_lpm", "flags": {"--schedule-policy": "lpm"}}]
 # The smoke run's caps at 8 running requests: a trial needs a warm-up turnover and three windows' worth of
 # completions per server (tuning/trial_plan.py prompts_needed), a few dozen prompts at that cap.
-SMOKE = {"prompts": 240, "gpus": 3, "tries": 1, "trial_share": 0.5, "max_running_requests": 8, "time_scale": 20.0,
-         "load_seconds": 1.0, "window_sim_s": 20.0, "sample_sim_s": 4.0, "output_mean_tokens": 600.0}
+SMOKE = {"prompts": 240, "tie_prompts": 240, "gpus": 3, "tries": 1, "trial_share": 0.5, "max_running_requests": 8,
+         "time_scale": 20.0, "load_sim_s": 20.0, "window_sim_s": 20.0, "sample_sim_s": 4.0,
+         "output_mean_tokens": 600.0}
 
 
 def load_dag(env: dict):
@@ -108,6 +116,11 @@ def output_to(log_path: Path):
             os.dup2(saved[1], 2)
             for fd in saved:
                 os.close(fd)
+
+
+def dag_default(name: str):
+    """The DAG's own default of parameter ``name``."""
+    return next(spec.default_value() for spec in RunConfig.settings() if spec.name == name)
 
 
 def full_conf(**params) -> dict:
@@ -199,18 +212,20 @@ def score_lines(figures: dict) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=40000)
+    parser.add_argument("--prompts", type=int, default=170000)
+    parser.add_argument("--tie-prompts", type=int, default=20000, help="the tie arm's job (only its decision is read)")
     parser.add_argument("--gpus", type=int, default=7)
     parser.add_argument("--tries", type=int, default=3, help="runs of the trial arm, to compare their decisions")
-    parser.add_argument("--trial-share", type=float, default=0.125, help="tuning_trial_share")
+    parser.add_argument("--trial-share", type=float, default=dag_default("tuning_trial_share"),
+                        help="tuning_trial_share (default: the DAG's)")
     parser.add_argument("--window-sim-s", type=float, default=60.0, help="tuning_trial_window_s, simulated seconds")
     parser.add_argument("--sample-sim-s", type=float, default=5.0, help="sample_interval_s, simulated seconds")
     parser.add_argument("--trial-max-sim-s", type=float, default=1800.0,
                         help="tuning_trial_max_s, simulated seconds (0: no time cap)")
     parser.add_argument("--shard-size", type=int, default=0, help="0: the trial in one shard, the rest in four")
     parser.add_argument("--max-running-requests", type=int, default=0, help="the DAG parameter (0: the tuner decides)")
-    parser.add_argument("--time-scale", type=float, default=10.0, help="simulated seconds per wall second")
-    parser.add_argument("--load-seconds", type=float, default=5.0, help="wall seconds a server takes to load")
+    parser.add_argument("--time-scale", type=float, default=20.0, help="simulated seconds per wall second")
+    parser.add_argument("--load-sim-s", type=float, default=50.0, help="simulated seconds a server takes to load")
     parser.add_argument("--output-mean-tokens", type=float, default=None,
                         help="the simulator's mean output length (default: its own, the seed workload's)")
     parser.add_argument("--dir", default=".bench-tuning-trial")
@@ -218,7 +233,7 @@ def main() -> int:
     args = parse_args(parser, SMOKE)
     root = Path(args.dir).resolve()
     shutil.rmtree(root, ignore_errors=True)
-    sim = {"time_scale": args.time_scale, "load_seconds": args.load_seconds}
+    sim = {"time_scale": args.time_scale, "load_seconds": args.load_sim_s / args.time_scale}
     if args.output_mean_tokens:
         sim["output_mean_tokens"] = args.output_mean_tokens
     environment = SimEnvironment(root=root, gpus_per_node=args.gpus, prompts=args.prompts, sim=sim).prepare().start()
@@ -274,7 +289,11 @@ def main() -> int:
             print(f"fixed: {trial['winner']} from the start: server.extra_args {document['server']['extra_args']}"
                   + "".join(f", {name} {value}" for name, value in params.items()), flush=True)
             _, fixed_report = arm("fixed", document, tuning_trial=False, **params)
-        tie_dir, tie_report = arm("tie", tuning_trial=True, tuning_candidates=TIE_CANDIDATES)
+        tie_share = min(TRIAL_SHARE_MAX, trial_prompts / args.tie_prompts)  # the same trial on a job of its own
+        tie_path = write_synthetic_prompts(root / "tie-prompts.jsonl", args.tie_prompts)
+        tie_dir, tie_report = arm("tie", tuning_trial=True, tuning_candidates=TIE_CANDIDATES,
+                                  prompts_path=str(tie_path), tuning_trial_share=tie_share,
+                                  shard_size=max(1, math.ceil(args.tie_prompts * tie_share)))
         tie = trial_figures(tie_dir, tie_report)
         print("\n".join([f"  {tie['reason']}", *score_lines(tie)]))
     finally:
