@@ -120,3 +120,14 @@ def object_store(store_prefix):
 
     return ObjectStore.connect(parse_location(store_prefix, parameter="output_root"), conn_id=STORE_CONN_ID,
                                parameter="output_root")
+
+
+@pytest.fixture(params=["disk", "store"])
+def run_files(request, tmp_path):
+    """A run's shared small files (storage/run_files.py) on a folder every worker sees, or on an object store: a test
+    taking it runs on both."""
+    from fleetgen.storage.run_files import LocalRunFiles, ObjectRunFiles
+
+    if request.param == "disk":
+        return LocalRunFiles(tmp_path / "run")
+    return ObjectRunFiles(request.getfixturevalue("object_store"))

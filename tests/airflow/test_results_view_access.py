@@ -4,27 +4,19 @@ files of its folder in the deployment's output root, and nothing a triggering us
 ``output_root``, the run id, another DAG) reaches a file outside it."""
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from fleetgen.outputs import RunLayout
+from tests.airflow.api_server import DAG_ID, PROJECT_ROOT, api_server
 
 pytestmark = pytest.mark.slow
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DAG_ID = "sglang_generation"
 OTHER_DAG_ID = "fleetgen_other_dag"
 USERS = {"admin": ("admin", "admin-pw"), "trigger": ("user", "trigger-pw"), "watcher": ("viewer", "watcher-pw")}
 LEGIT_RUN = "manual__2026-05-01T02:00:00+00:00"
 REPORT = "# Report of the legitimate run\n\n| server | cap |\n|---|---|\n| node0:30000 | 71 |\n"
-API_CAP_S = 300  # the first answers of an API server on a busy 2-core machine take many seconds
 
 
 def _other_dag_file() -> str:
@@ -33,59 +25,19 @@ def _other_dag_file() -> str:
             "    EmptyOperator(task_id='nothing')\n")
 
 
-def _token(base: str, user: str) -> str:
-    deadline = time.monotonic() + API_CAP_S
-    response = None
-    while True:
-        try:
-            response = httpx.post(f"{base}/auth/token", json={"username": user, "password": USERS[user][1]},
-                                  timeout=60)
-        except httpx.TransportError:
-            pass
-        if response is not None and response.status_code in (200, 201):
-            return response.json()["access_token"]
-        assert time.monotonic() < deadline, f"no token for {user} in {API_CAP_S} s (last: {response})"
-        time.sleep(1)
-
-
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory):
     """An API server with our DAG, a second DAG and the results plugin; ``clients`` by user name."""
-    from devstack.sessions import STOP_GRACE_S, terminate_sessions
-    from sglang_sim.sshd import free_port, wait_for_port
-
     root = tmp_path_factory.mktemp("results-view")
-    home, dags, output_root = root / "airflow", root / "dags", root / "fleetgen-output"
-    for folder in (home, dags, output_root):
+    dags, output_root = root / "dags", root / "fleetgen-output"
+    for folder in (dags, output_root):
         folder.mkdir()
     shutil.copy(PROJECT_ROOT / "dags" / "sglang_generation.py", dags)
     (dags / "other_dag.py").write_text(_other_dag_file())
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-           "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": base, "AIRFLOW__API__WORKERS": "1",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{name}:{role}" for name, (role, _) in USERS.items()),
-           "FLEETGEN_OUTPUT_ROOT": str(output_root)}
-    airflow_cli = str(Path(sys.executable).parent / "airflow")
-    subprocess.run([airflow_cli, "db", "migrate"], env=env, check=True, capture_output=True)
-    subprocess.run([airflow_cli, "dags", "reserialize"], env=env, check=True, capture_output=True)
-    (home / "simple_auth_manager_passwords.json.generated").write_text(
-        json.dumps({name: password for name, (_, password) in USERS.items()}))
-    (home / "airflow.cfg").touch()  # the file the issue read through the view; present whatever Airflow wrote
-    log = (home / "api-server.log").open("wb")
-    server = subprocess.Popen([airflow_cli, "api-server", "--port", str(port), "--host", "127.0.0.1"], env=env,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_for_port("127.0.0.1", port, timeout_s=120)
-        clients = {name: httpx.Client(base_url=base, headers={"Authorization": f"Bearer {_token(base, name)}"},
-                                      timeout=120) for name in USERS}
-        yield {"home": home, "output_root": output_root, "clients": clients, "base": base}
-        for client in clients.values():
-            client.close()
-    finally:
-        terminate_sessions([server.pid], signal.SIGTERM, STOP_GRACE_S)
-        server.wait(timeout=10)
+    with api_server(root, USERS, dags_folder=dags, plugins=True,
+                    env={"FLEETGEN_OUTPUT_ROOT": str(output_root)}) as server:
+        (server.home / "airflow.cfg").touch()  # the file the issue read through the view, whatever Airflow wrote
+        yield {"home": server.home, "output_root": output_root, "clients": server.clients, "base": server.base}
 
 
 def _trigger(client, run_id: str, conf: dict, dag_id: str = DAG_ID) -> None:

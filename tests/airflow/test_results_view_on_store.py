@@ -8,17 +8,13 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.airflow.api_server import DAG_ID, PROJECT_ROOT, api_server
+
 pytestmark = pytest.mark.slow
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DAG_ID = "sglang_generation"
 STORE_CONN_ID = "fleetgen_test_store"  # tests/conftest.py: the connection the seaweedfs fixture defines
 USERS = {"trigger": ("user", "trigger-pw"), "watcher": ("viewer", "watcher-pw")}
 RUN_ID = "manual__2026-12-01T02:00:00+00:00"
@@ -28,23 +24,6 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
 SHOTS = PROJECT_ROOT / "out" / "browser"
 WAIT_CAP_MS = 180_000
-
-
-def _token(base: str, user: str) -> str:
-    """A user's token, once the API server answers (its first answers on a busy machine take many seconds)."""
-    import time
-
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            response = httpx.post(f"{base}/auth/token", json={"username": user, "password": USERS[user][1]},
-                                  timeout=60)
-            if response.status_code in (200, 201):
-                return response.json()["access_token"]
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, f"no token for {user}"
-        time.sleep(1)
 
 
 def _png() -> bytes:
@@ -64,9 +43,6 @@ def _png() -> bytes:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, seaweedfs):
     """An API server whose FLEETGEN_OUTPUT_ROOT is a prefix of the store; its own folder holds nothing of a run."""
-    from devstack.sessions import STOP_GRACE_S, terminate_sessions
-    from sglang_sim.sshd import free_port, wait_for_port
-
     from fleetgen.storage.location import parse_location
     from fleetgen.storage.objects import ObjectStore
 
@@ -74,35 +50,12 @@ def deployment(tmp_path_factory, seaweedfs):
     store = ObjectStore.connect(parse_location(prefix, parameter="output_root"), conn_id=STORE_CONN_ID,
                                 parameter="output_root")
     root = tmp_path_factory.mktemp("results-view-store")
-    home, dags = root / "airflow", root / "dags"
-    for folder in (home, dags):
-        folder.mkdir()
+    dags = root / "dags"
+    dags.mkdir()
     shutil.copy(PROJECT_ROOT / "dags" / "sglang_generation.py", dags)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-           "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": base, "AIRFLOW__API__WORKERS": "1",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{name}:{role}" for name, (role, _) in USERS.items()),
-           "FLEETGEN_OUTPUT_ROOT": prefix, "FLEETGEN_STORAGE_CONN_ID": STORE_CONN_ID}
-    airflow_cli = str(Path(sys.executable).parent / "airflow")
-    subprocess.run([airflow_cli, "db", "migrate"], env=env, check=True, capture_output=True)
-    subprocess.run([airflow_cli, "dags", "reserialize"], env=env, check=True, capture_output=True)
-    (home / "simple_auth_manager_passwords.json.generated").write_text(
-        json.dumps({name: password for name, (_, password) in USERS.items()}))
-    log = (home / "api-server.log").open("wb")
-    server = subprocess.Popen([airflow_cli, "api-server", "--port", str(port), "--host", "127.0.0.1"], env=env,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_for_port("127.0.0.1", port, timeout_s=120)
-        clients = {name: httpx.Client(base_url=base, headers={"Authorization": f"Bearer {_token(base, name)}"},
-                                      timeout=120) for name in USERS}
-        yield {"store": store, "prefix": prefix, "clients": clients, "base": base}
-        for client in clients.values():
-            client.close()
-    finally:
-        terminate_sessions([server.pid], signal.SIGTERM, STOP_GRACE_S)
-        server.wait(timeout=10)
+    with api_server(root, USERS, dags_folder=dags, plugins=True,
+                    env={"FLEETGEN_OUTPUT_ROOT": prefix, "FLEETGEN_STORAGE_CONN_ID": STORE_CONN_ID}) as server:
+        yield {"store": store, "prefix": prefix, "clients": server.clients, "base": server.base}
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,12 @@ import pytest
 
 from fleetgen.errors import StoreConflict
 from fleetgen.storage import run_files as run_files_module
-from fleetgen.storage.run_files import LocalRunFiles, ObjectRunFiles
+from fleetgen.storage.run_files import ObjectRunFiles
 
 
-@pytest.fixture(params=["local", "object"])
-def files(request, tmp_path):
-    if request.param == "local":
-        return LocalRunFiles(tmp_path / "run")
-    return ObjectRunFiles(request.getfixturevalue("object_store"))
+@pytest.fixture
+def files(run_files):
+    return run_files
 
 
 def test_a_file_reads_back_whole_with_its_time_and_a_version_that_changes_with_it(files):

@@ -9,16 +9,13 @@ import threading
 import pytest
 
 from fleetgen.errors import ConfigError
-from fleetgen.storage.run_files import LocalRunFiles, ObjectRunFiles
+from fleetgen.storage.run_files import LocalRunFiles
 from fleetgen.tuning.trial_clock import stop_taking_at, trial_began
 
 
-@pytest.fixture(params=["disk", "store"])
-def files(request, tmp_path):
-    """The run's shared files on a disk every worker sees, or on an object store."""
-    if request.param == "disk":
-        return LocalRunFiles(tmp_path / "run")
-    return ObjectRunFiles(request.getfixturevalue("object_store"))
+@pytest.fixture
+def files(run_files):
+    return run_files
 
 
 def test_the_first_shard_to_start_sets_the_trials_start_and_later_ones_read_it(files):
