@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 # Where the workers keep a task's copy of a run on a store: the deployment's choice, else the system's temp folder.
 SCRATCH_VARIABLE = "FLEETGEN_SCRATCH_DIR"
+SCRATCH_PREFIX = "fleetgen-run-"  # then the host and the process id (scratch_prefix)
 # What a task may declare it reads from a run on a store, beside its small files: the whole prompts file, and the
 # shards' committed records and journals (generate/commit_log.py) or their GPU samples (plain objects).
 PROMPTS = "prompts"
@@ -87,7 +89,7 @@ def task_run(params: dict, run_id: str, *, reads: Iterable[str] = ()) -> Iterato
     conn_id = config.inputs.storage_conn_id
     folder = run_folder_name(run_id)
     store = connect(root, conn_id, "output_root")
-    scratch = Path(tempfile.mkdtemp(prefix="fleetgen-run-", dir=_scratch_dir()))
+    scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix(os.getpid()), dir=_scratch_dir()))
     try:  # the scratch folder goes, whatever fails
         mirror = RunMirror.open(store, folder, scratch / "root", folders=[kind for kind in OBJECT_KINDS
                                                                           if kind in reads])
@@ -130,7 +132,44 @@ def _store_run(mirror: RunMirror, output: ObjectStore, config, conn_id: str, rea
 def _scratch_dir() -> Path:
     base = scratch_base()
     base.mkdir(parents=True, exist_ok=True)
+    swept = sweep_scratch(base)
+    if swept:
+        log.info("removed the copies of %d task(s) on %s that ended without removing them (killed): %s", len(swept),
+                 base, ", ".join(swept))
     return base
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", socket.gethostname()) or "host"
+
+
+def scratch_prefix(pid: int) -> str:
+    """The name a task's copy starts with: its worker's host and process, so that a later task on the same worker
+    can tell a copy whose task is gone (killed: SIGKILL, out of memory, a lost pod's process) from a running one."""
+    return f"{SCRATCH_PREFIX}{_host()}-{int(pid)}-"
+
+
+def sweep_scratch(base: Path) -> list[str]:
+    """Remove the copies under ``base`` that a task of this host made and whose process no longer runs; the names
+    removed. A copy of another host (a folder shared between workers) or of a running process is left alone."""
+    own = re.compile(rf"{re.escape(SCRATCH_PREFIX + _host())}-(\d+)-")
+    swept = []
+    for entry in sorted(base.iterdir()) if base.is_dir() else ():
+        found = own.match(entry.name)
+        if found and entry.is_dir() and not _process_runs(int(found.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+            swept.append(entry.name)
+    return swept
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it runs
+        return True
+    return True
 
 
 def _base_name(key: str) -> str:

@@ -174,6 +174,34 @@ def test_the_scratch_folder_is_made_where_the_deployment_says(on_store, in_task,
         assert run.mirror.scratch.is_dir()
 
 
+def _ended_pid() -> int:
+    """The id of a process that ran and is gone."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_task_on_the_store_removes_the_copies_of_tasks_killed_on_its_worker_and_no_other(
+        on_store, in_task, tmp_path):
+    from fleetgen.airflow.run_storage import scratch_prefix
+
+    scratch = tmp_path / "scratch"
+    killed = scratch / (scratch_prefix(_ended_pid()) + "x1")
+    running = scratch / (scratch_prefix(os.getppid()) + "x2")  # a live process of this host
+    other_host = scratch / (scratch_prefix(_ended_pid()).replace("fleetgen-run-", "fleetgen-run-elsewhere") + "x3")
+    not_ours = scratch / "fleetgen-runner-notes"
+    for folder in (killed, running, other_host, not_ours):
+        (folder / "root").mkdir(parents=True)
+    in_task(on_store)
+    with task_run(on_store, RUN_ID) as run:
+        assert run.mirror.scratch.parent.name.startswith(scratch_prefix(os.getpid()))
+        assert sorted(entry.name for entry in scratch.iterdir()) == sorted(
+            [run.mirror.scratch.parent.name, running.name, other_host.name, not_ours.name])
+
+
 def test_a_missing_prompts_bucket_names_the_parameter(on_store, in_task):
     from fleetgen.errors import StoreBucketMissing
 
@@ -265,3 +293,16 @@ def test_a_task_may_read_every_kind_a_shard_commits():
     from fleetgen.generate.commit_log import PART_KINDS
 
     assert COMMITTED_KINDS == PART_KINDS
+
+
+def test_a_copy_of_another_users_process_counts_as_running(monkeypatch, tmp_path):
+    from fleetgen.airflow import run_storage
+
+    def refused(pid, signal):
+        raise PermissionError(1, "Operation not permitted")
+
+    copy = tmp_path / (run_storage.scratch_prefix(4242) + "x")
+    copy.mkdir()
+    monkeypatch.setattr(run_storage.os, "kill", refused)
+    assert run_storage.sweep_scratch(tmp_path) == [] and copy.is_dir()
+    assert run_storage.sweep_scratch(tmp_path / "absent") == []
