@@ -71,7 +71,8 @@ GENERATED_DATASET = Asset(name="sglang_generation_completions", uri="file:///fle
 def _task(python_callable, *, kind=task, reads=(), **kwargs):
     """A task documented by its callable's docstring (a mapped task does not take it by itself) whose deterministic
     errors fail it at once (fail_fast), run on its run's storage (on_run_storage: on an object store, a private copy
-    of the run holding what ``reads`` names, airflow/run_storage.py). Every Python task goes through here, so that
+    of the run holding what ``reads`` names, airflow/run_storage.py; ``reads=None``: a task that only shapes its
+    arguments and touches no file of the run, so no copy). Every Python task goes through here, so that
     these rules live in one place. fail_fast
     changes nothing for node_names, flatten and run_outcome, which raise none of those errors (run_outcome's RunFailed
     is not one); go_live's only one, a ConfigError from the run's params, load_fleet raises first."""
@@ -116,7 +117,7 @@ with DAG(
     # The fleet description reaches the tasks that need it through a template, not as an argument: one edge
     # from load_fleet instead of one to nearly every task, so the graph reads like the job.
     fleet = _task(tasks.load_fleet, task_id="load_fleet")()
-    nodes = _task(tasks.node_names, task_id="node_names")(fleet)
+    nodes = _task(tasks.node_names, task_id="node_names", reads=None)(fleet)
 
     with TaskGroup("tune") as tune:
         inventories = _task(tasks.probe_gpus, task_id="probe_gpus", map_index_template=NODE_LABEL).partial(
@@ -140,7 +141,7 @@ with DAG(
         launched = _task(server_tasks.launch_servers, task_id="launch_servers",
                          map_index_template=NODE_LABEL).partial(
             fleet=FLEET, plans=plans, stopped=stopped).expand(node=nodes)
-        to_wait = _task(server_tasks.flatten, task_id="servers_to_wait")(launched)
+        to_wait = _task(server_tasks.flatten, task_id="servers_to_wait", reads=None)(launched)
         readiness = WaitReadyOperator.partial(
             task_id="wait_ready", fleet=FLEET, retries=0,  # its timeout: the run's ready_timeout_s
             map_index_template=SERVER_LABEL, doc_md=WAIT_READY_DOC,
@@ -165,7 +166,7 @@ with DAG(
             plans, readiness.output, trial_shards, prompt_scan)
         trial_results >> decided
         # Skips only the relaunch group's first task (the rest follows by its trigger rules).
-        needed = _task(trial_tasks.relaunch_needed, kind=task.short_circuit, task_id="relaunch_needed",
+        needed = _task(trial_tasks.relaunch_needed, kind=task.short_circuit, task_id="relaunch_needed", reads=None,
                        ignore_downstream_trigger_rules=False)(plans, decided)
 
     with TaskGroup("relaunch") as relaunch:
@@ -175,15 +176,15 @@ with DAG(
         launched_again = _task(server_tasks.launch_servers, task_id="launch_servers",
                                map_index_template=NODE_LABEL).partial(
             fleet=FLEET, plans=decided, stopped=stopped_again).expand(node=nodes)
-        to_wait_again = _task(server_tasks.flatten, task_id="servers_to_wait")(launched_again)
+        to_wait_again = _task(server_tasks.flatten, task_id="servers_to_wait", reads=None)(launched_again)
         readiness_again = WaitReadyOperator.partial(
             task_id="wait_ready", fleet=FLEET, retries=0, map_index_template=SERVER_LABEL, doc_md=WAIT_READY_DOC,
             resume_settle_s=os.environ.get("FLEETGEN_RESUME_SETTLE_S"),
         ).expand(server=to_wait_again)
         needed >> stopped_again
         # none_failed: the first round's servers when the relaunch round was skipped.
-        in_use = _task(trial_tasks.servers_in_use, task_id="servers_in_use", trigger_rule="none_failed")(
-            readiness.output, readiness_again.output)
+        in_use = _task(trial_tasks.servers_in_use, task_id="servers_in_use", trigger_rule="none_failed",
+                       reads=None)(readiness.output, readiness_again.output)
 
     with generate:
         shards = _task(generate_tasks.plan_shards, task_id="plan_shards", reads=[PROMPTS])(
@@ -194,11 +195,11 @@ with DAG(
 
     with TaskGroup("validate") as validate_group:
         # none_failed: the trial's shard task is skipped on a night without a trial.
-        validation = _task(validate_tasks.validate, task_id="validate", reads=VALIDATE_READS, retries=0, trigger_rule="none_failed")(
-            prompt_scan, results)
+        validation = _task(validate_tasks.validate, task_id="validate", reads=VALIDATE_READS, retries=0,
+                           trigger_rule="none_failed")(prompt_scan, results)
         trial_results >> validation
-        run_report = _task(validate_tasks.report, task_id="report", reads=REPORT_READS, retries=1, outlets=[GENERATED_DATASET],
-                           trigger_rule="none_failed")(
+        run_report = _task(validate_tasks.report, task_id="report", reads=REPORT_READS, retries=1,
+                           outlets=[GENERATED_DATASET], trigger_rule="none_failed")(
             decided, in_use, results, validation, identity, FLEET, trial_results)
         batch_files = _task(validate_tasks.batch_api_files, task_id="batch_api_files", reads=BATCH_READS, retries=1)()
         validation >> batch_files

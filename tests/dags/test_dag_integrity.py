@@ -143,6 +143,17 @@ def test_every_python_task_runs_its_callable_through_fail_fast(dagbag):
         assert wrapped.__module__.startswith("fleetgen.airflow.") and t.python_callable.__name__ == wrapped.__name__
 
 
+
+def test_only_the_tasks_that_shape_their_arguments_run_without_a_copy_of_the_run(dagbag):
+    """A task declared to touch no file of the run (reads=None) runs without a copy of a run on a store: only those
+    that compute from their arguments alone."""
+    dag = dagbag.dags["sglang_generation"]
+    without = {t.task_id for t in dag.tasks if getattr(t, "python_callable", None) is not None
+               and t.python_callable.__wrapped__.reads is None}
+    assert without == {"node_names", "servers.servers_to_wait", "relaunch.servers_to_wait", "trial.relaunch_needed",
+                       "relaunch.servers_in_use"}
+
+
 @pytest.mark.parametrize("task_id", ["load_fleet", "tune.go_live"])
 def test_a_bad_run_configuration_fails_the_task_at_once_keeping_fleetgens_error(dagbag, monkeypatch, task_id):
     from airflow.sdk.exceptions import AirflowFailException

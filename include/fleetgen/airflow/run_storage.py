@@ -303,15 +303,20 @@ def current_task_run(*, reads: Iterable[str] = ()) -> Iterator[StoreRun | None]:
         yield run
 
 
-def on_run_storage(function, *, reads: Iterable[str] = ()):
-    """``function`` (a task callable, or an operator's method) run inside ``task_run`` for the current task's run."""
-    reads = tuple(reads)
+def on_run_storage(function, *, reads: Iterable[str] | None = ()):
+    """``function`` (a task callable, or an operator's method) run inside ``task_run`` for the current task's run;
+    ``reads=None`` declares a callable that touches none of the run's files (it shapes its arguments): it runs as it
+    is, with no copy of a run on a store. ``wrapper.reads`` keeps the declaration."""
+    reads = None if reads is None else tuple(reads)
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
+        if reads is None:
+            return function(*args, **kwargs)
         with current_task_run(reads=reads):
             return function(*args, **kwargs)
 
+    wrapper.reads = reads
     return wrapper
 
 

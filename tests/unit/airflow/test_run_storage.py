@@ -306,3 +306,15 @@ def test_a_copy_of_another_users_process_counts_as_running(monkeypatch, tmp_path
     monkeypatch.setattr(run_storage.os, "kill", refused)
     assert run_storage.sweep_scratch(tmp_path) == [] and copy.is_dir()
     assert run_storage.sweep_scratch(tmp_path / "absent") == []
+
+
+def test_a_callable_that_reads_no_run_files_runs_without_a_copy(on_store, in_task, monkeypatch):
+    from fleetgen.airflow import run_storage
+
+    in_task(on_store)
+    seen = []
+    plain = run_storage.on_run_storage(lambda value: seen.append(current_store_run()) or value * 2, reads=None)
+    with_copy = run_storage.on_run_storage(lambda: seen.append(current_store_run()), reads=["stats"])
+    assert plain(21) == 42 and plain.reads is None and seen == [None]
+    with_copy()
+    assert seen[1] is not None and with_copy.reads == ("stats",)
