@@ -195,7 +195,26 @@ def trial_figures(run_dir: Path, report: dict) -> dict:
     return {"winner": decision["winner"], "reason": decision["reason"], "share": trial_gpu_s / job_gpu_s,
             "round_s": min(after) - trial_last if after else None, "scores": decision["scores"],
             "unscored": decision.get("unscored", {}), "caps": caps,
+            "servers": Counter(entry["candidate"] for entry in decision["servers"].values()),
+            "job_s": report["timing"]["generation_seconds"],
             "relaunch": (decision.get("relaunch") or {}).get("reason", "not recorded")}
+
+
+def trial_costs(figures: dict) -> dict | None:
+    """What the trial cost the whole job, as shares of it, from the trial run's own figures: its GPU-seconds share at
+    its split fleet's measured speed below the winner's (``trial``; a candidate the trial did not judge counted at
+    the winner's speed, so this is a lower bound), and the relaunch round, during which the whole fleet waited
+    (``round``). ``1 - trial - round`` is what ``whole_job_ratio`` should be if nothing else differs between the
+    two runs. None when the winner has no score (no trial was judged)."""
+    winner = figures["scores"].get(figures["winner"])
+    if not winner:
+        return None
+    servers = figures["servers"]
+    speeds = [(figures["scores"].get(name) or winner)["median"] / winner["median"] * count
+              for name, count in servers.items()]
+    trial = figures["share"] * (1 - sum(speeds) / sum(servers.values()))
+    round_share = (figures["round_s"] or 0.0) / figures["job_s"]
+    return {"trial": trial, "round": round_share, "expected_ratio": 1 - trial - round_share}
 
 
 def score_lines(figures: dict) -> list[str]:
@@ -305,6 +324,10 @@ def main() -> int:
     chosen, incumbent, auto = per_gpu_rate(fixed_report), per_gpu_rate(incumbent_report), per_gpu_rate(auto_report)
     ratios = [per_gpu_rate(report) / chosen for _, report, _ in tries]
     round_s = "none" if trial["round_s"] is None else f"{trial['round_s']:.1f} s"
+    costs = trial_costs(trial)
+    if costs is not None:
+        print(f"what the trial cost the job: its share at its split fleet's speed {costs['trial']:.1%}, the relaunch "
+              f"round {costs['round']:.1%}; 1 - both = {costs['expected_ratio']:.3f}")
     simulated_min = trial_report["timing"]["generation_seconds"] * args.time_scale / 60
     print(f"the trial run: {simulated_min:,.0f} simulated minutes of generation, its relaunch round (the trial's last "
           f"completion to the next request) {round_s} wall; whole job against the winner fixed, per try: "

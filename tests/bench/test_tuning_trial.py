@@ -65,3 +65,16 @@ def test_tuning_trial_smoke_reports_the_choice_its_gains_its_share_and_the_tie(r
     assert 0 < figures["trial_share"][0] < 1, figures
     # the tie's challengers change nothing the simulator's speed reads: the incumbent is kept
     assert figures["tie_kept_incumbent"] == "yes", figures
+
+
+def test_the_trials_cost_is_its_share_at_its_fleets_speed_and_the_round_the_fleet_waited(bench):
+    figures = {"winner": "fast", "share": 0.1, "round_s": 10.0, "job_s": 500.0,
+               "servers": {"incumbent": 3, "fast": 1},
+               "scores": {"incumbent": {"median": 80.0}, "fast": {"median": 100.0}}}
+    costs = bench.trial_costs(figures)
+    # the fleet ran at (3 x 0.8 + 1) / 4 = 0.85 of the winner over a tenth of the job; the round was 2 % of it
+    assert costs["trial"] == pytest.approx(0.1 * 0.15) and costs["round"] == pytest.approx(0.02)
+    assert costs["expected_ratio"] == pytest.approx(1 - 0.015 - 0.02)
+    unjudged = {**figures, "servers": {"incumbent": 3, "fast": 1, "slow": 1}}
+    assert bench.trial_costs(unjudged)["trial"] == pytest.approx(0.1 * (1 - 4.4 / 5))  # counted at the winner's
+    assert bench.trial_costs({**figures, "winner": "other"}) is None
