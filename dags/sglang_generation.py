@@ -17,7 +17,7 @@ from fleetgen.airflow import failures, generate_tasks, server_tasks, tasks, tria
 from fleetgen.airflow.context import fail_fast
 from fleetgen.airflow.operators import WAIT_READY_DOC, WaitReadyOperator
 from fleetgen.airflow.params import dag_params
-from fleetgen.airflow.run_storage import PROMPTS, on_run_storage
+from fleetgen.airflow.run_storage import PREVIOUS_REPORTS, PREVIOUS_RUN, PROMPTS, on_run_storage
 from fleetgen.tuning.planner import MAX_BACKOFF_ATTEMPTS
 from fleetgen.airflow.task_labels import NODE_LABEL, SERVER_LABEL, SHARD_LABEL
 
@@ -83,7 +83,10 @@ def _task(python_callable, *, kind=task, reads=(), **kwargs):
 # What the tasks that read more than the run's small files read of a run on an object store (airflow/run_storage.py).
 TRIAL_READS = ["stats", "metrics"]
 VALIDATE_READS = [PROMPTS, "stats", "errors"]
-REPORT_READS = ["completions", "stats", "errors", "events", "metrics", "gpu", "reuse"]
+# The plan learns from the previous successful run (its measured prompt tokens, KV demand and caps), the report
+# compares with it and with the newest earlier run under SGLang's own sizing.
+PLAN_READS = [PROMPTS, PREVIOUS_RUN]
+REPORT_READS = ["completions", "stats", "errors", "events", "metrics", "gpu", "reuse", PREVIOUS_REPORTS]
 BATCH_READS = ["completions", "errors"]
 
 # The fleet description as the tasks that need it read it: load_fleet's XCom, pulled when the task renders.
@@ -128,7 +131,7 @@ with DAG(
         identity = _task(tasks.model_identity, task_id="model_identity")(
             FLEET)
         # The model identity keys the tuning trials of earlier nights (tuning/trial_history.py).
-        plans = _task(tasks.derive_plan, task_id="derive_plan", reads=[PROMPTS])(
+        plans = _task(tasks.derive_plan, task_id="derive_plan", reads=PLAN_READS)(
             FLEET, inventories, prompt_scan, identity)
         live = _task(tasks.go_live, kind=task.short_circuit, task_id="go_live")()
         plans >> live

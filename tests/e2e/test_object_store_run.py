@@ -84,4 +84,12 @@ def test_a_run_on_the_store_writes_nothing_to_the_workers_disk_and_completes_eve
                                                                                                  "completions")]
     assert sorted(row["id"] for row in copied) == expected
     assert {row["reused_from"] for row in copied} == {run_folder_name(dag_run.run_id)}
-    assert json.loads(second.get("report/report.json"))["reuse"]["reused"] == 120
+    second_report = json.loads(second.get("report/report.json"))
+    assert second_report["reuse"]["reused"] == 120
+    # and learns from it as on disk: the report compares with it, the plan steps from its measured demand
+    assert second_report["comparison"]["available"], second_report["comparison"]
+    assert second_report["comparison"]["previous_run_id"] == dag_run.run_id
+    first_caps = {row["server"]: row["workload"]["cap"] for row in report["tuning"]}
+    steps = {row["server"]: row["workload"] for row in second_report["tuning"]}
+    assert {server: step["previous_cap"] for server, step in steps.items()} == first_caps, steps
+    assert not any(step["reason"].startswith("no workload statistics") for step in steps.values()), steps

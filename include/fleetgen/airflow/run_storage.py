@@ -38,11 +38,16 @@ SCRATCH_PREFIX = "fleetgen-run-"  # then the host and the process id (scratch_pr
 # What a task may declare it reads from a run on a store, beside its small files: the whole prompts file, and the
 # shards' committed records and journals (generate/commit_log.py) or their GPU samples (plain objects).
 PROMPTS = "prompts"
+# The output root's earlier runs, for the tasks that learn from them (report/previous.py finds the one they use, as
+# on disk): every earlier run's report; with the previous run, also what the tuner reads of the newest successful
+# one (its prompts' identity, its workload plan and its committed stats).
+PREVIOUS_REPORTS = "previous_reports"
+PREVIOUS_RUN = "previous_run"
 # commit_log.PART_KINDS, spelled out: importing it here would load numpy when the DAG is parsed (a test holds them
 # equal)
 COMMITTED_KINDS = ("completions", "stats", "errors", "reuse", "events", "metrics")
 OBJECT_KINDS = ("gpu",)
-READS = (PROMPTS, *COMMITTED_KINDS, *OBJECT_KINDS)
+READS = (PROMPTS, PREVIOUS_REPORTS, PREVIOUS_RUN, *COMMITTED_KINDS, *OBJECT_KINDS)
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,10 @@ def _store_run(mirror: RunMirror, output: ObjectStore, config, conn_id: str, rea
     for kind in COMMITTED_KINDS:
         if kind in reads:
             read_committed(mirror, output, kind)
+    if PREVIOUS_REPORTS in reads or PREVIOUS_RUN in reads:
+        previous = read_earlier_runs(mirror, whole_previous=PREVIOUS_RUN in reads)
+        log.info("earlier runs of %s: %s", mirror.store.url(), f"the previous successful one is {previous}"
+                 if previous else "none succeeded")
     return StoreRun(mirror, output, prompts, prompts_name, prompts_file)
 
 
@@ -264,6 +273,31 @@ def shared_run_files(layout) -> RunFiles:
     folder."""
     run = current_store_run()
     return ObjectRunFiles(run.output) if run is not None else LocalRunFiles(layout.root)
+
+
+def read_earlier_runs(mirror: RunMirror, *, whole_previous: bool) -> str | None:
+    """Every earlier run's report under the mirrored output root into the copy, read-only; with ``whole_previous``
+    also, of the newest successful one, what the tuner learns from: its prompts' identity, its workload plan and its
+    committed stats. The folder of that run, or None."""
+    from fleetgen.generate.commit_log import committed_lines, committed_shards
+    from fleetgen.outputs import RunLayout, run_root_of_report
+    from fleetgen.report.previous import find_previous_report
+
+    relative = RunLayout(Path())  # names relative to a run's folder
+    folders = [folder for folder in mirror.store.folders() if folder != mirror.run_folder]
+    mirror.copy_read_only(f"{folder}/{relative.report_json.as_posix()}" for folder in folders)
+    found = find_previous_report(mirror.scratch, mirror.run_folder)
+    if found is None:
+        return None
+    folder = run_root_of_report(found).name
+    if whole_previous:
+        mirror.copy_read_only(f"{folder}/{path.as_posix()}" for path in (relative.prompts_identity,
+                                                                         relative.workload_plan))
+        previous = mirror.store.below(folder)
+        for shard_id in committed_shards(previous):
+            mirror.write_read_only(f"{folder}/{relative.shard_file('stats', shard_id).as_posix()}",
+                                   committed_lines(previous, shard_id, "stats"))
+    return folder
 
 
 def read_committed(mirror: RunMirror, run_store: ObjectStore, kind: str) -> None:

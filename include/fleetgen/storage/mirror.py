@@ -115,6 +115,28 @@ class RunMirror:
         self._derived.add(relative)
         return path
 
+    def copy_read_only(self, names: Iterable[str]) -> list[str]:
+        """Download ``names`` (relative to the output root: files of the root's other runs) for the task to read, never
+        to be sent back; the names found, in the order given (a missing object is left out)."""
+        names = [self._read_only(name) for name in names]
+        with ThreadPoolExecutor(DOWNLOAD_PARALLELISM) as pool:
+            return [name for name, base in pool.map(self._download, names) if base is not None]
+
+    def write_read_only(self, name: str, chunks: Iterable[bytes]) -> Path:
+        """Write ``name`` (relative to the output root: a file of another run) from ``chunks``; never sent back."""
+        path = self.scratch / self._read_only(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as handle:
+            for chunk in chunks:
+                handle.write(chunk)
+        return path
+
+    def _read_only(self, name: str) -> str:
+        """``name``, refused when it is a file the mirror sends back (the run's own or a root file)."""
+        if name in ROOT_FILES or name.startswith(self.run_folder + "/"):
+            raise ValueError(f"{name} is a file of the mirrored run, not a read-only copy")
+        return name
+
     def _local_names(self) -> set[str]:
         names = set()
         for folder, _, files in os.walk(self.scratch):

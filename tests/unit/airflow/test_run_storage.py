@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -318,3 +319,65 @@ def test_a_callable_that_reads_no_run_files_runs_without_a_copy(on_store, in_tas
     assert plain(21) == 42 and plain.reads is None and seen == [None]
     with_copy()
     assert seen[1] is not None and with_copy.reads == ("stats",)
+
+
+def _earlier_run(run_store, *, succeeded: bool, at: float, stats: bytes | None = None) -> None:
+    """A finished run on the store: its report, and its files the tuner reads."""
+    from fleetgen.report.previous import REPORT_SCHEMA
+
+    run_store.put("report/report.json", json.dumps({"schema": REPORT_SCHEMA, "run_succeeded": succeeded,
+                                                    "generated_at_epoch": at}).encode())
+    relative = RunLayout(Path())
+    run_store.put(relative.prompts_identity.as_posix(), b'{"path": "s3://b/p.jsonl"}')
+    run_store.put(relative.workload_plan.as_posix(), b'{"node0:30000": {"cap": 80}}')
+    if stats is not None:
+        run_store.put(plan_name(0), b"{}")
+        run_store.put(part_name(0, 1, "t", "stats"), stats)
+        run_store.put(commit_name(0, 1), json.dumps({"seq": 1, "token": "t", "kind": "open", "parts": {
+            "stats": {"name": part_name(0, 1, "t", "stats"), "lines": 1, "bytes": len(stats)}}}).encode())
+
+
+def test_a_task_that_learns_from_the_previous_run_reads_it_from_the_store_and_writes_nothing_of_it_back(
+        on_store, in_task, object_store):
+    from fleetgen.airflow.run_storage import PREVIOUS_RUN
+    from fleetgen.outputs import run_root_of_report
+    from fleetgen.report.previous import find_previous_report
+
+    _earlier_run(object_store.below("runs", "night1"), succeeded=True, at=100.0, stats=b'{"id": "p1"}\n')
+    _earlier_run(object_store.below("runs", "night2"), succeeded=False, at=200.0)  # newer, but it failed
+    before = {info.name: info.etag for info in object_store.iter_objects("runs/")}
+    in_task(on_store)
+    with task_run(on_store, RUN_ID, reads=[PREVIOUS_RUN]):
+        _, config, layout = run_context()
+        found = find_previous_report(config.inputs.output_root, layout.root.name)
+        previous = RunLayout(run_root_of_report(found))
+        assert previous.root.name == "night1"
+        assert previous.shard_file("stats", 0).read_bytes() == b'{"id": "p1"}\n'
+        assert json.loads(previous.workload_plan.read_text()) == {"node0:30000": {"cap": 80}}
+        assert previous.prompts_identity.is_file()
+        assert (config.inputs.output_root / "night2" / "report" / "report.json").is_file()
+    assert {info.name: info.etag for info in object_store.iter_objects("runs/")} == before
+
+
+def test_a_task_that_compares_with_earlier_runs_reads_their_reports_only(on_store, in_task, object_store):
+    from fleetgen.airflow.run_storage import PREVIOUS_REPORTS
+
+    _earlier_run(object_store.below("runs", "night1"), succeeded=True, at=100.0, stats=b'{"id": "p1"}\n')
+    in_task(on_store)
+    with task_run(on_store, RUN_ID, reads=[PREVIOUS_REPORTS]):
+        root = run_context()[1].inputs.output_root
+        assert sorted(path.relative_to(root).as_posix() for path in (root / "night1").rglob("*")
+                      if path.is_file()) == ["night1/report/report.json"]
+    with task_run(on_store, RUN_ID):  # a task that declares neither gets no earlier run
+        root = run_context()[1].inputs.output_root
+        assert not (root / "night1").exists()
+
+
+def test_no_earlier_successful_run_reads_no_more_than_the_reports(on_store, in_task, object_store):
+    from fleetgen.airflow.run_storage import PREVIOUS_RUN
+
+    _earlier_run(object_store.below("runs", "night2"), succeeded=False, at=200.0)
+    in_task(on_store)
+    with task_run(on_store, RUN_ID, reads=[PREVIOUS_RUN]):
+        root = run_context()[1].inputs.output_root
+        assert [path.name for path in (root / "night2").rglob("*") if path.is_file()] == ["report.json"]

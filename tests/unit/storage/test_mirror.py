@@ -166,6 +166,23 @@ def test_what_only_the_report_writes_is_written_over_by_its_retry_not_appended_t
     assert mirror.sync() == []  # sent once: not again unless written again
 
 
+def test_another_runs_files_are_copied_to_be_read_and_never_sent_back(object_store, tmp_path):
+    object_store.put("night1/report/report.json", b'{"old": 1}')
+    mirror = _open(object_store, tmp_path)
+    assert mirror.copy_read_only(["night1/report/report.json", "night9/report/report.json"]) == [
+        "night1/report/report.json"]  # a run without a report is left out
+    mirror.write_read_only("night1/stats/shard-00000.jsonl", [b'{"id": 1}\n'])
+    (mirror.scratch / "night1" / "report" / "report.json").write_text("changed here")
+    assert mirror.changes() == [] and mirror.sync() == []
+    assert object_store.get("night1/report/report.json") == b'{"old": 1}'
+    assert object_store.head("night1/stats/shard-00000.jsonl") is None
+    for own in (f"{RUN}/report/report.json", "calibration.json"):  # the run's own files and the root's go back: refused
+        with pytest.raises(ValueError, match="not a read-only copy"):
+            mirror.copy_read_only([own])
+        with pytest.raises(ValueError, match="not a read-only copy"):
+            mirror.write_read_only(own, [b"x"])
+
+
 def test_close_removes_the_scratch_copy(object_store, tmp_path):
     object_store.put(f"{RUN}/plan.json", b"{}")
     mirror = _open(object_store, tmp_path)
