@@ -26,7 +26,7 @@ from pathlib import Path
 from fleetgen.errors import ConfigError, ObjectMissing
 from fleetgen.outputs import run_folder_name
 from fleetgen.storage.location import STORAGE_CONN_PARAMETER, ObjectLocation, is_object_location
-from fleetgen.storage.mirror import RunMirror
+from fleetgen.storage.mirror import RunMirror, is_plain_name
 from fleetgen.storage.objects import ObjectStore
 from fleetgen.storage.run_files import LocalRunFiles, ObjectRunFiles, RunFiles
 
@@ -284,7 +284,7 @@ def read_earlier_runs(mirror: RunMirror, *, whole_previous: bool) -> str | None:
     from fleetgen.report.previous import find_previous_report
 
     relative = RunLayout(Path())  # names relative to a run's folder
-    folders = [folder for folder in mirror.store.folders() if folder != mirror.run_folder]
+    folders = [folder for folder in mirror.store.folders() if folder != mirror.run_folder and is_plain_name(folder)]
     mirror.copy_read_only(f"{folder}/{relative.report_json.as_posix()}" for folder in folders)
     found = find_previous_report(mirror.scratch, mirror.run_folder)
     if found is None:

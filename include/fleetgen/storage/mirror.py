@@ -57,6 +57,21 @@ class _Base:
     data: bytes | None
 
 
+def is_plain_name(name: str) -> bool:
+    """Whether ``name`` (an object's name below the output root) is relative and climbs nowhere: a key of the store
+    such as ``../x`` or ``./x`` names no file of the copy."""
+    parts = name.split("/")
+    return bool(name) and all(part not in ("", ".", "..") for part in parts)
+
+
+def _write_chunks(path: Path, chunks: Iterable[bytes]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk)
+    return path
+
+
 def _is_scratch_only(name: str) -> bool:
     """Locks and half-written temporaries of the file code: they mean nothing to another worker."""
     base = PurePosixPath(name).name
@@ -107,13 +122,8 @@ class RunMirror:
     def write_derived(self, name: str, chunks: Iterable[bytes]) -> Path:
         """Write ``name`` (relative to the run's folder) from ``chunks`` for the task to read; never sent back."""
         relative = f"{self.run_folder}/{name}"
-        path = self.scratch / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("wb") as handle:
-            for chunk in chunks:
-                handle.write(chunk)
         self._derived.add(relative)
-        return path
+        return _write_chunks(self.scratch / relative, chunks)
 
     def copy_read_only(self, names: Iterable[str]) -> list[str]:
         """Download ``names`` (relative to the output root: files of the root's other runs) for the task to read, never
@@ -124,17 +134,15 @@ class RunMirror:
 
     def write_read_only(self, name: str, chunks: Iterable[bytes]) -> Path:
         """Write ``name`` (relative to the output root: a file of another run) from ``chunks``; never sent back."""
-        path = self.scratch / self._read_only(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("wb") as handle:
-            for chunk in chunks:
-                handle.write(chunk)
-        return path
+        return _write_chunks(self.scratch / self._read_only(name), chunks)
 
     def _read_only(self, name: str) -> str:
-        """``name``, refused when it is a file the mirror sends back (the run's own or a root file)."""
+        """``name``, refused when it is a file the mirror sends back (the run's own or a root file) or would lie
+        outside the copy."""
         if name in ROOT_FILES or name.startswith(self.run_folder + "/"):
             raise ValueError(f"{name} is a file of the mirrored run, not a read-only copy")
+        if not is_plain_name(name):
+            raise ValueError(f"{name!r} is not a plain relative name")
         return name
 
     def _local_names(self) -> set[str]:

@@ -381,3 +381,18 @@ def test_no_earlier_successful_run_reads_no_more_than_the_reports(on_store, in_t
     with task_run(on_store, RUN_ID, reads=[PREVIOUS_RUN]):
         root = run_context()[1].inputs.output_root
         assert [path.name for path in (root / "night2").rglob("*") if path.is_file()] == ["report.json"]
+
+
+def test_a_folder_name_of_the_store_that_climbs_out_of_the_copy_is_passed_over(on_store, in_task, object_store,
+                                                                                 monkeypatch):
+    from fleetgen.airflow.run_storage import PREVIOUS_REPORTS
+    from fleetgen.storage.objects import ObjectStore
+
+    _earlier_run(object_store.below("runs", "night1"), succeeded=True, at=100.0)
+    listed = ObjectStore.folders
+    monkeypatch.setattr(ObjectStore, "folders", lambda self, prefix="": ["..", ".", *listed(self, prefix)])
+    in_task(on_store)
+    with task_run(on_store, RUN_ID, reads=[PREVIOUS_REPORTS]):
+        root = run_context()[1].inputs.output_root
+        assert (root / "night1" / "report" / "report.json").is_file()
+        assert not (root.parent / "report").exists()

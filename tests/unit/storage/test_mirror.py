@@ -181,6 +181,11 @@ def test_another_runs_files_are_copied_to_be_read_and_never_sent_back(object_sto
             mirror.copy_read_only([own])
         with pytest.raises(ValueError, match="not a read-only copy"):
             mirror.write_read_only(own, [b"x"])
+    for climbing in ("../report/report.json", "./x/y", "night1//y", "/etc/x", ""):  # no file of the copy
+        with pytest.raises(ValueError, match="not a plain relative name"):
+            mirror.copy_read_only([climbing])
+        with pytest.raises(ValueError, match="not a plain relative name"):
+            mirror.write_read_only(climbing, [b"x"])
 
 
 def test_close_removes_the_scratch_copy(object_store, tmp_path):
