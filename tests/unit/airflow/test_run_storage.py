@@ -189,18 +189,27 @@ def test_a_task_on_the_store_removes_the_copies_of_tasks_killed_on_its_worker_an
         on_store, in_task, tmp_path):
     from fleetgen.airflow.run_storage import scratch_prefix
 
+    import subprocess
+    import sys
+
     scratch = tmp_path / "scratch"
     killed = scratch / (scratch_prefix(_ended_pid()) + "x1")
-    running = scratch / (scratch_prefix(os.getppid()) + "x2")  # a live process of this host
+    # a live process of this host, this test's own: whatever a wrong sweep signals, nothing else is hit
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    running = scratch / (scratch_prefix(alive.pid) + "x2")
     other_host = scratch / (scratch_prefix(_ended_pid()).replace("fleetgen-run-", "fleetgen-run-elsewhere") + "x3")
     not_ours = scratch / "fleetgen-runner-notes"
     for folder in (killed, running, other_host, not_ours):
         (folder / "root").mkdir(parents=True)
     in_task(on_store)
-    with task_run(on_store, RUN_ID) as run:
-        assert run.mirror.scratch.parent.name.startswith(scratch_prefix(os.getpid()))
-        assert sorted(entry.name for entry in scratch.iterdir()) == sorted(
-            [run.mirror.scratch.parent.name, running.name, other_host.name, not_ours.name])
+    try:
+        with task_run(on_store, RUN_ID) as run:
+            assert run.mirror.scratch.parent.name.startswith(scratch_prefix(os.getpid()))
+            assert sorted(entry.name for entry in scratch.iterdir()) == sorted(
+                [run.mirror.scratch.parent.name, running.name, other_host.name, not_ours.name])
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 def test_a_missing_prompts_bucket_names_the_parameter(on_store, in_task):
