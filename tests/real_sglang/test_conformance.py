@@ -401,7 +401,7 @@ def _sglang_retraction_template(hybrid: bool) -> str:
 
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["dense", "hybrid"])
-def test_the_simulators_retraction_line_is_sglangs(hybrid, capfd):
+def test_the_simulators_retraction_line_is_sglangs(hybrid, capsys):
     """A pool too small for four requests retracts (tests/unit/sim/test_sim_engine.py); a hybrid pool adds the
     Mamba slots it freed."""
     from sglang_sim.engine import BatchEngine, SimClock
@@ -418,7 +418,9 @@ def test_the_simulators_retraction_line_is_sglangs(hybrid, capfd):
         await asyncio.gather(*(engine.submit(100, 1500, 1500) for _ in range(4)))
 
     asyncio.run(scenario())
-    lines = [m for m in probes.log_messages(capfd.readouterr().err) if m.startswith("KV cache pool is full")]
+    # capsys, not capfd: the simulator writes through sys.stderr, and a server process an earlier test of this worker
+    # left running also writes to file descriptor 2, whose lines could interleave with this one
+    lines = [m for m in probes.log_messages(capsys.readouterr().err) if m.startswith("KV cache pool is full")]
     assert lines and probes.template(lines[0]) == _sglang_retraction_template(hybrid)
 
 
