@@ -186,7 +186,7 @@ def _ended_pid() -> int:
 
 
 def test_a_task_on_the_store_removes_the_copies_of_tasks_killed_on_its_worker_and_no_other(
-        on_store, in_task, tmp_path):
+        on_store, in_task, tmp_path, caplog):
     from fleetgen.airflow.run_storage import scratch_prefix
 
     import subprocess
@@ -194,19 +194,28 @@ def test_a_task_on_the_store_removes_the_copies_of_tasks_killed_on_its_worker_an
 
     scratch = tmp_path / "scratch"
     killed = scratch / (scratch_prefix(_ended_pid()) + "x1")
+    killed_too = scratch / (scratch_prefix(_ended_pid()) + "x0")
     # a live process of this host, this test's own: whatever a wrong sweep signals, nothing else is hit
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    # (it dies of any signal a wrong check sends, even where its parent ignores SIGHUP, as under nohup)
+    alive = subprocess.Popen([sys.executable, "-c", "import signal, time\nfor number in (signal.SIGHUP, signal.SIGINT, "
+                              "signal.SIGTERM):\n    signal.signal(number, signal.SIG_DFL)\ntime.sleep(120)"])
     running = scratch / (scratch_prefix(alive.pid) + "x2")
     other_host = scratch / (scratch_prefix(_ended_pid()).replace("fleetgen-run-", "fleetgen-run-elsewhere") + "x3")
     not_ours = scratch / "fleetgen-runner-notes"
-    for folder in (killed, running, other_host, not_ours):
+    for folder in (killed, killed_too, running, other_host, not_ours):
         (folder / "root").mkdir(parents=True)
     in_task(on_store)
     try:
-        with task_run(on_store, RUN_ID) as run:
-            assert run.mirror.scratch.parent.name.startswith(scratch_prefix(os.getpid()))
-            assert sorted(entry.name for entry in scratch.iterdir()) == sorted(
-                [run.mirror.scratch.parent.name, running.name, other_host.name, not_ours.name])
+        with caplog.at_level("INFO", logger="fleetgen.airflow.run_storage"):
+            with task_run(on_store, RUN_ID) as run:
+                assert run.mirror.scratch.parent.name.startswith(scratch_prefix(os.getpid()))
+                assert sorted(entry.name for entry in scratch.iterdir()) == sorted(
+                    [run.mirror.scratch.parent.name, running.name, other_host.name, not_ours.name])
+        with pytest.raises(subprocess.TimeoutExpired):  # looked at, not signalled
+            alive.wait(timeout=1)
+        swept = ", ".join(sorted([killed.name, killed_too.name]))
+        assert (f"removed the copies of 2 task(s) on {scratch} that ended without removing them (killed): "
+                f"{swept}") in caplog.messages
     finally:
         alive.kill()
         alive.wait()
@@ -347,25 +356,28 @@ def _earlier_run(run_store, *, succeeded: bool, at: float, stats: bytes | None =
 
 
 def test_a_task_that_learns_from_the_previous_run_reads_it_from_the_store_and_writes_nothing_of_it_back(
-        on_store, in_task, object_store):
+        on_store, in_task, object_store, caplog):
     from fleetgen.airflow.run_storage import PREVIOUS_RUN
     from fleetgen.outputs import run_root_of_report
     from fleetgen.report.previous import find_previous_report
 
     _earlier_run(object_store.below("runs", "night1"), succeeded=True, at=100.0, stats=b'{"id": "p1"}\n')
     _earlier_run(object_store.below("runs", "night2"), succeeded=False, at=200.0)  # newer, but it failed
+    _earlier_run(object_store.below("runs", RUN_ID), succeeded=True, at=300.0)  # this run's own (a retry): not earlier
     before = {info.name: info.etag for info in object_store.iter_objects("runs/")}
     in_task(on_store)
-    with task_run(on_store, RUN_ID, reads=[PREVIOUS_RUN]):
-        _, config, layout = run_context()
-        found = find_previous_report(config.inputs.output_root, layout.root.name)
-        previous = RunLayout(run_root_of_report(found))
-        assert previous.root.name == "night1"
-        assert previous.shard_file("stats", 0).read_bytes() == b'{"id": "p1"}\n'
-        assert json.loads(previous.workload_plan.read_text()) == {"node0:30000": {"cap": 80}}
-        assert previous.prompts_identity.is_file()
-        assert (config.inputs.output_root / "night2" / "report" / "report.json").is_file()
+    with caplog.at_level("INFO", logger="fleetgen.airflow.run_storage"):
+        with task_run(on_store, RUN_ID, reads=[PREVIOUS_RUN]):
+            _, config, layout = run_context()
+            found = find_previous_report(config.inputs.output_root, layout.root.name)
+            previous = RunLayout(run_root_of_report(found))
+            assert previous.root.name == "night1"
+            assert previous.shard_file("stats", 0).read_bytes() == b'{"id": "p1"}\n'
+            assert json.loads(previous.workload_plan.read_text()) == {"node0:30000": {"cap": 80}}
+            assert previous.prompts_identity.is_file()
+            assert (config.inputs.output_root / "night2" / "report" / "report.json").is_file()
     assert {info.name: info.etag for info in object_store.iter_objects("runs/")} == before
+    assert f"earlier runs of {object_store.url('runs')}: the previous successful one is night1" in caplog.messages
 
 
 def test_a_task_that_compares_with_earlier_runs_reads_their_reports_only(on_store, in_task, object_store):
@@ -382,14 +394,16 @@ def test_a_task_that_compares_with_earlier_runs_reads_their_reports_only(on_stor
         assert not (root / "night1").exists()
 
 
-def test_no_earlier_successful_run_reads_no_more_than_the_reports(on_store, in_task, object_store):
+def test_no_earlier_successful_run_reads_no_more_than_the_reports(on_store, in_task, object_store, caplog):
     from fleetgen.airflow.run_storage import PREVIOUS_RUN
 
     _earlier_run(object_store.below("runs", "night2"), succeeded=False, at=200.0)
     in_task(on_store)
-    with task_run(on_store, RUN_ID, reads=[PREVIOUS_RUN]):
-        root = run_context()[1].inputs.output_root
-        assert [path.name for path in (root / "night2").rglob("*") if path.is_file()] == ["report.json"]
+    with caplog.at_level("INFO", logger="fleetgen.airflow.run_storage"):
+        with task_run(on_store, RUN_ID, reads=[PREVIOUS_RUN]):
+            root = run_context()[1].inputs.output_root
+            assert [path.name for path in (root / "night2").rglob("*") if path.is_file()] == ["report.json"]
+    assert f"earlier runs of {object_store.url('runs')}: none succeeded" in caplog.messages
 
 
 def test_a_folder_name_of_the_store_that_climbs_out_of_the_copy_is_passed_over(on_store, in_task, object_store,
@@ -405,3 +419,11 @@ def test_a_folder_name_of_the_store_that_climbs_out_of_the_copy_is_passed_over(o
         root = run_context()[1].inputs.output_root
         assert (root / "night1" / "report" / "report.json").is_file()
         assert not (root.parent / "report").exists()
+
+
+@pytest.mark.parametrize("name, host", [("Web-01.example_x", "Web_01.example_x"), ("", "host"), ("a b", "a_b")])
+def test_a_copy_is_named_after_its_host_in_plain_characters(monkeypatch, name, host):
+    from fleetgen.airflow import run_storage
+
+    monkeypatch.setattr(run_storage.socket, "gethostname", lambda: name)
+    assert run_storage.scratch_prefix(42) == f"fleetgen-run-{host}-42-"
