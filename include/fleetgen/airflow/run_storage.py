@@ -177,7 +177,7 @@ def _process_runs(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process: it runs
-        return True
+        pass
     return True
 
 
@@ -279,7 +279,6 @@ def read_earlier_runs(mirror: RunMirror, *, whole_previous: bool) -> str | None:
     """Every earlier run's report under the mirrored output root into the copy, read-only; with ``whole_previous``
     also, of the newest successful one, what the tuner learns from: its prompts' identity, its workload plan and its
     committed stats. The folder of that run, or None."""
-    from fleetgen.generate.commit_log import committed_lines, committed_shards
     from fleetgen.outputs import RunLayout, run_root_of_report
     from fleetgen.report.previous import find_previous_report
 
@@ -293,22 +292,26 @@ def read_earlier_runs(mirror: RunMirror, *, whole_previous: bool) -> str | None:
     if whole_previous:
         mirror.copy_read_only(f"{folder}/{path.as_posix()}" for path in (relative.prompts_identity,
                                                                          relative.workload_plan))
-        previous = mirror.store.below(folder)
-        for shard_id in committed_shards(previous):
-            mirror.write_read_only(f"{folder}/{relative.shard_file('stats', shard_id).as_posix()}",
-                                   committed_lines(previous, shard_id, "stats"))
+        for name, lines in committed_files(mirror.store.below(folder), "stats"):
+            mirror.write_read_only(f"{folder}/{name}", lines)
     return folder
 
 
 def read_committed(mirror: RunMirror, run_store: ObjectStore, kind: str) -> None:
     """Every shard's committed lines of ``kind`` (generate/commit_log.py) as ``<kind>/shard-NNNNN.jsonl`` of the
     copy: what the stages read of a finished shard, never sent back."""
+    for name, lines in committed_files(run_store, kind):
+        mirror.write_derived(name, lines)
+
+
+def committed_files(run_store: ObjectStore, kind: str) -> Iterator[tuple[str, Iterator[bytes]]]:
+    """(``<kind>/shard-NNNNN.jsonl``, its committed lines) for every shard of the run at ``run_store``."""
     from fleetgen.generate.commit_log import committed_lines, committed_shards
     from fleetgen.outputs import RunLayout
 
     layout = RunLayout(Path())  # names relative to the run's folder
     for shard_id in committed_shards(run_store):
-        mirror.write_derived(layout.shard_file(kind, shard_id).as_posix(), committed_lines(run_store, shard_id, kind))
+        yield layout.shard_file(kind, shard_id).as_posix(), committed_lines(run_store, shard_id, kind)
 
 
 def local_config(config, run: StoreRun | None):
